@@ -1,0 +1,519 @@
+"""The RFTJob spec: pydantic v2 models, the one source of truth for the CRD and the runtime config.
+
+Field docstrings become the CRD's descriptions. Strings and lists are bounded (the API server needs
+bounds to cost CEL rules). Cross-field rules are declared with `@rules` next to the model they
+concern and are enforced both as CEL in the CRD and in Python.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+from .constants import DEFAULT_RUNTIME_IMAGE, GROUP_RELATIVE_ALGORITHMS
+from .rules import Rule, RuleChecked, rules
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+KeyName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
+Image = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+PathStr = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+Arg = Annotated[str, StringConstraints(max_length=4096)]
+EnvName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+Quantity = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$")]
+Entrypoint = Annotated[str, StringConstraints(max_length=512, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+
+AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"]
+AdvantageEstimatorName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"]
+PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "reinforce"]
+LossAggregationName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLEstimatorName = Literal["k1", "k2", "k3"]
+BuiltinEvaluatorName = Literal["math", "string_check", "regex", "code_sandbox", "llm_judge"]
+EngineName = Literal["builtin", "vllm", "sglang"]
+
+
+class ApiModel(RuleChecked):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+
+# ---------------------------------------------------------------- shared small types
+class SecretKeySelector(ApiModel):
+    name: Name
+    """Name of a Secret in the job's namespace."""
+    key: KeyName
+    """Key within the Secret."""
+
+
+class ConfigMapKeySelector(ApiModel):
+    name: Name
+    """Name of a ConfigMap in the job's namespace."""
+    key: KeyName
+    """Key within the ConfigMap."""
+
+
+class EnvVarSource(ApiModel):
+    secret_key_ref: SecretKeySelector
+    """The value comes from a Secret key; the value never appears in status, logs or the runtime config."""
+
+
+class EnvVar(ApiModel):
+    name: EnvName
+    """Environment variable name."""
+    value: Optional[Arg] = None
+    """A literal value (not for secrets: use valueFrom.secretKeyRef)."""
+    value_from: Optional[EnvVarSource] = None
+    """A reference to a Secret key."""
+
+
+ResourceList = Annotated[dict[str, int | Quantity], Field(max_length=16)]
+
+
+class Resources(ApiModel):
+    requests: Optional[ResourceList] = None
+    """Minimum resources (cpu, memory, nvidia.com/gpu, ...)."""
+    limits: Optional[ResourceList] = None
+    """Maximum resources."""
+
+
+class VolumeRef(ApiModel):
+    claim_name: Name
+    """An existing PersistentVolumeClaim that holds the data; mounted read-only."""
+    mount_path: PathStr = "/data"
+    """Where the claim is mounted in every pod that needs it."""
+    sub_path: Optional[PathStr] = None
+    """Sub-directory of the claim to mount."""
+
+
+# ---------------------------------------------------------------- model
+class LoraSpec(ApiModel):
+    rank: int = Field(16, ge=1, le=1024)
+    """LoRA rank (r)."""
+    alpha: float = Field(32.0, gt=0, le=4096)
+    """LoRA alpha (scaling = alpha / rank)."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """LoRA dropout."""
+    target_modules: list[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], max_length=32)
+    """Module names to adapt."""
+
+
+@rules(Rule(
+    cel="self.base.startsWith('builtin:') || self.base.startsWith('/') || has(self.volume)",
+    message="model.base must be 'builtin:<name>', an absolute path, or a path relative to model.volume",
+    field=".base",
+    check=lambda m: m.base.startswith("builtin:") or m.base.startswith("/") or m.volume is not None,
+), Rule(
+    cel="!self.base.startsWith('builtin:') || self.base in ['builtin:tiny']",
+    message="unknown builtin model: the builtin models are builtin:tiny",
+    field=".base",
+    check=lambda m: not m.base.startswith("builtin:") or m.base in ("builtin:tiny",),
+))
+class ModelSpec(ApiModel):
+    base: PathStr
+    """The base model: `builtin:tiny` (built offline by the runtime) or a Hugging Face model directory on a volume."""
+    volume: Optional[VolumeRef] = None
+    """The volume holding the model directory (relative paths in `base` resolve against its mount path)."""
+    tokenizer: Optional[PathStr] = None
+    """Tokenizer directory when it differs from the model directory."""
+    chat_template: Optional[Annotated[str, StringConstraints(max_length=32768)]] = None
+    """A Jinja chat template that overrides the tokenizer's."""
+    warm_start_from: Optional[PathStr] = None
+    """Start from these weights (a checkpoint directory) instead of the base weights."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Training and inference dtype; auto is bfloat16 on GPU and float32 on CPU."""
+    lora: Optional[LoraSpec] = None
+    """Train a LoRA adapter instead of all weights; inference then loads adapters only."""
+
+
+# ---------------------------------------------------------------- dataset
+@rules(Rule(
+    cel="[has(self.builtin), has(self.configMapKeyRef), has(self.path)].filter(x, x).size() == 1",
+    message="exactly one of builtin, configMapKeyRef or path must be set",
+    field="",
+    check=lambda d: sum(x is not None for x in (d.builtin, d.config_map_key_ref, d.path)) == 1,
+))
+class DataSource(ApiModel):
+    builtin: Optional[Literal["arithmetic", "gsm8k_synth"]] = None
+    """A dataset generated offline by the runtime."""
+    config_map_key_ref: Optional[ConfigMapKeySelector] = None
+    """JSONL in a ConfigMap key (small datasets only: ConfigMaps are limited to 1 MiB)."""
+    path: Optional[PathStr] = None
+    """A JSONL file on `volume` (each line: `messages` or `prompt`, plus `ground_truth`)."""
+    volume: Optional[VolumeRef] = None
+    """The volume that holds `path`."""
+    size: Optional[int] = Field(None, ge=1, le=10_000_000)
+    """Number of tasks to generate (builtin) or to keep (files); all when unset."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Seed for generation and shuffling."""
+
+
+class DatasetSpec(ApiModel):
+    train: DataSource
+    """Tasks to train on."""
+    eval: Optional[DataSource] = None
+    """Held-out tasks for periodic evaluation."""
+    shuffle: bool = True
+    """Shuffle the training tasks every epoch (deterministically, from the seed)."""
+
+
+# ---------------------------------------------------------------- evaluator
+class BundleSpec(ApiModel):
+    image: Image
+    """Image with the evaluator bundle installed; the rollout pods run it with our processor injected."""
+    entrypoint: Entrypoint
+    """`module:function` that scores a sample: `score(sample, item) -> float | None`."""
+    rollout: Optional[Entrypoint] = None
+    """Optional `module:function` that rolls out one task (multi-turn environments and agents)."""
+
+
+class FileEvaluatorSpec(ApiModel):
+    config_map_key_ref: ConfigMapKeySelector
+    """A ConfigMap key holding a Python file; it runs in the runtime image."""
+    function: Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z_]\w*$")] = "score"
+    """The scoring function in that file."""
+    rollout: Optional[Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z_]\w*$")]] = None
+    """Optional rollout function in that file."""
+
+
+_JUDGE_ENDPOINT = Rule(
+    cel="!has(self.builtin) || self.builtin != 'llm_judge' || (has(self.config) && 'endpoint' in self.config)",
+    message="an llm_judge evaluator needs config.endpoint (an OpenAI-compatible base URL)",
+    field=".config",
+    check=lambda e: e.builtin != "llm_judge" or bool(e.config and "endpoint" in e.config),
+)
+_REGEX_PATTERN = Rule(
+    cel="!has(self.builtin) || self.builtin != 'regex' || (has(self.config) && 'pattern' in self.config)",
+    message="a regex evaluator needs config.pattern",
+    field=".config",
+    check=lambda e: e.builtin != "regex" or bool(e.config and "pattern" in e.config),
+)
+
+
+@rules(Rule(
+    cel="[has(self.builtin), has(self.bundle), has(self.file)].filter(x, x).size() == 1",
+    message="exactly one of builtin, bundle or file must be set",
+    field="",
+    check=lambda e: sum(x is not None for x in (e.builtin, e.bundle, e.file)) == 1,
+), _JUDGE_ENDPOINT, _REGEX_PATTERN)
+class EvaluatorEntry(ApiModel):
+    name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$")]] = None
+    """Name used in per-evaluator metrics; defaults to the builtin kind or the function name."""
+    builtin: Optional[BuiltinEvaluatorName] = None
+    """A builtin evaluator."""
+    bundle: Optional[BundleSpec] = None
+    """The user's evaluator bundle in an image."""
+    file: Optional[FileEvaluatorSpec] = None
+    """The user's evaluator as a Python file from a ConfigMap."""
+    config: Optional[dict[str, Any]] = None
+    """Evaluator settings (e.g. string_check: operation, reference; regex: pattern; llm_judge: endpoint, model, promptTemplate; code_sandbox: timeoutSeconds, memoryMB)."""
+    api_key_secret_ref: Optional[SecretKeySelector] = None
+    """Secret holding an API key (llm_judge); given to the reward pods as an environment variable."""
+    weight: float = Field(1.0, ge=0, le=1000)
+    """Weight in the combined reward (weighted mean over evaluators that apply)."""
+    timeout_seconds: Optional[float] = Field(None, gt=0, le=3600)
+    """Per-sample timeout for this evaluator; defaults to evaluator.timeoutSeconds."""
+
+
+@rules(Rule(
+    cel="has(self.evaluators) != ([has(self.builtin), has(self.bundle), has(self.file)].exists(x, x))",
+    message="set either one evaluator (builtin, bundle or file) or a list in evaluators, not both",
+    field="",
+    check=lambda e: (e.evaluators is not None) != any(x is not None for x in (e.builtin, e.bundle, e.file)),
+), Rule(
+    cel="!has(self.evaluators) || self.evaluators.filter(x, has(x.bundle)).size() <= 1",
+    message="at most one evaluator may be a bundle image (the rollout pods run that image)",
+    field=".evaluators",
+    check=lambda e: e.evaluators is None or sum(x.bundle is not None for x in e.evaluators) <= 1,
+), _JUDGE_ENDPOINT, _REGEX_PATTERN)
+class EvaluatorSpec(EvaluatorEntry):
+    evaluators: Optional[list[EvaluatorEntry]] = Field(None, min_length=1, max_length=16)
+    """Several evaluators combined by weight (instead of the single one above)."""
+    timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    """Per-sample timeout: a sample that takes longer scores 0 with a timeout error flag."""
+    on_error: Literal["zero", "exclude"] = "zero"
+    """What an evaluator error or timeout counts as: reward 0, or excluded from the group baseline."""
+    remote: bool = False
+    """Score in the reward Deployment (isolation, size) instead of in the rollout pods."""
+
+    def entries(self) -> list[EvaluatorEntry]:
+        """The evaluators as a list, whichever form the spec used."""
+        if self.evaluators is not None:
+            return list(self.evaluators)
+        return [EvaluatorEntry.model_validate(self.model_dump(
+            by_alias=True, exclude_none=True, exclude={"evaluators", "on_error", "remote"}))]
+
+    def bundle_image(self) -> str | None:
+        for e in self.entries():
+            if e.bundle is not None:
+                return e.bundle.image
+        return None
+
+    def secret_refs(self) -> list[SecretKeySelector]:
+        return [e.api_key_secret_ref for e in self.entries() if e.api_key_secret_ref is not None]
+
+
+# ---------------------------------------------------------------- rollout
+@rules(Rule(
+    cel="self.topK == -1 || self.topK >= 1",
+    message="rollout.topK must be -1 (disabled) or at least 1",
+    field=".topK",
+    check=lambda r: r.top_k == -1 or r.top_k >= 1,
+))
+class RolloutSpec(ApiModel):
+    samples_per_prompt: int = Field(8, ge=1, le=256)
+    """Completions sampled per prompt (the group size n)."""
+    prompts_per_step: int = Field(16, ge=1, le=4096)
+    """Prompts (groups) per training step."""
+    temperature: float = Field(1.0, gt=0, le=4)
+    """Sampling temperature; logprobs are recorded after temperature (processed logprobs)."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling threshold."""
+    top_k: int = Field(-1, ge=-1, le=100000)
+    """Top-k sampling; -1 disables it."""
+    max_tokens: int = Field(256, ge=1, le=131072)
+    """Maximum completion tokens per turn."""
+    max_prompt_tokens: int = Field(1024, ge=1, le=131072)
+    """Longer prompts are refused with an error naming the task."""
+    max_turns: int = Field(1, ge=1, le=256)
+    """Maximum model turns per episode (multi-turn environments)."""
+    replicas: int = Field(1, ge=0, le=256)
+    """Rollout pods."""
+    concurrency: int = Field(32, ge=1, le=4096)
+    """Concurrent requests per rollout pod."""
+    max_staleness: int = Field(0, ge=0, le=64)
+    """0: on-policy. S > 0: episodes from policies at most S versions old are accepted (bounded-staleness async)."""
+    lease_timeout_seconds: int = Field(300, ge=5, le=86400)
+    """A leased task whose episodes do not arrive in time is re-issued."""
+    request_timeout_seconds: float = Field(120.0, gt=0, le=86400)
+    """Deadline for one inference request, retries included."""
+
+
+# ---------------------------------------------------------------- inference
+class InferenceSpec(ApiModel):
+    engine: EngineName = "builtin"
+    """builtin (our torch server), vllm or sglang."""
+    image: Optional[Image] = None
+    """Engine image; defaults to the runtime image for builtin and an upstream image otherwise."""
+    replicas: int = Field(1, ge=0, le=256)
+    """Inference pods."""
+    resources: Optional[Resources] = None
+    """Resources of each inference pod."""
+    extra_args: list[Arg] = Field(default_factory=list, max_length=64)
+    """Extra command-line arguments for the engine."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    """Extra environment for the engine."""
+    weight_sync: Literal["disk", "lora", "none"] = "disk"
+    """How new weights reach inference: disk (update_weights_from_disk from the shared volume), lora (runtime adapter loading), none (frozen policy, for evaluation)."""
+    max_model_len: int = Field(4096, ge=64, le=1048576)
+    """Context length served."""
+    port: int = Field(8000, ge=1024, le=65535)
+    """Container port."""
+
+
+# ---------------------------------------------------------------- trainer
+@rules(Rule(
+    cel="self.low > 0.0 && self.low < 1.0",
+    message="trainer.clip.low must be in (0, 1)",
+    field=".low",
+    check=lambda c: 0 < c.low < 1,
+), Rule(
+    cel="self.high > 0.0",
+    message="trainer.clip.high must be positive",
+    field=".high",
+    check=lambda c: c.high > 0,
+), Rule(
+    cel="!has(self.dualClipC) || self.dualClipC > 1.0",
+    message="trainer.clip.dualClipC must be greater than 1",
+    field=".dualClipC",
+    check=lambda c: c.dual_clip_c is None or c.dual_clip_c > 1,
+))
+class ClipSpec(ApiModel):
+    low: float = 0.2
+    """Lower clip range: ratios below 1 - low are clipped."""
+    high: float = 0.2
+    """Upper clip range: ratios above 1 + high are clipped (clip-higher when high > low)."""
+    dual_clip_c: Optional[float] = None
+    """Dual-clip constant c (> 1) bounding the loss for negative advantages."""
+
+
+class KLSpec(ApiModel):
+    coef: float = Field(0.0, ge=0, le=100)
+    """KL coefficient against the frozen reference model; 0 disables the reference model."""
+    estimator: KLEstimatorName = "k3"
+    """KL estimator (Schulman): k1, k2 or k3."""
+    placement: Literal["loss", "reward"] = "loss"
+    """Add the KL term to the loss, or subtract it from the reward."""
+
+
+class ImportanceSamplingSpec(ApiModel):
+    level: Literal["token", "sequence"] = "token"
+    """Truncated importance sampling between trainer and inference logprobs, per token or per sequence."""
+    mode: Literal["truncate", "mask"] = "truncate"
+    """Truncate weights at the cap, or mask tokens/sequences above it."""
+    cap: float = Field(2.0, gt=1, le=1000)
+    """Cap on the importance weight."""
+
+
+class DynamicSamplingSpec(ApiModel):
+    enabled: bool = True
+    """Drop groups whose rewards are all equal and sample more to refill the batch (DAPO)."""
+    max_rounds: int = Field(3, ge=0, le=100)
+    """Extra generation rounds at most, per step."""
+
+
+class OverlongSpec(ApiModel):
+    buffer_tokens: int = Field(..., ge=1, le=131072)
+    """Completions longer than maxTokens - bufferTokens are penalised linearly (DAPO overlong shaping)."""
+    penalty_factor: float = Field(1.0, ge=0, le=100)
+    """Penalty at maxTokens."""
+
+
+class SchedulerSpec(ApiModel):
+    kind: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warmup."""
+    warmup_steps: int = Field(0, ge=0, le=1_000_000)
+    """Linear warmup steps."""
+
+
+@rules(Rule(
+    cel="self.learningRate > 0.0",
+    message="trainer.learningRate must be positive",
+    field=".learningRate",
+    check=lambda t: t.learning_rate > 0,
+))
+class TrainerSpec(ApiModel):
+    algorithm: AlgorithmName = "grpo"
+    """Algorithm preset: advantage estimator, policy loss, aggregation and defaults."""
+    advantage_estimator: Optional[AdvantageEstimatorName] = None
+    """Override the preset's advantage estimator."""
+    policy_loss: Optional[PolicyLossName] = None
+    """Override the preset's policy loss."""
+    loss_aggregation: Optional[LossAggregationName] = None
+    """Override the preset's loss aggregation."""
+    learning_rate: float = Field(1.0e-6, le=1.0)
+    """Optimizer learning rate (AdamW)."""
+    weight_decay: float = Field(0.0, ge=0, le=1)
+    """AdamW weight decay."""
+    grad_clip: float = Field(1.0, gt=0, le=1e6)
+    """Gradient-norm clipping."""
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    """Learning-rate schedule."""
+    kl: KLSpec = Field(default_factory=KLSpec)
+    """KL regularisation to the reference model."""
+    clip: Optional[ClipSpec] = None
+    """Ratio clipping; defaults come from the algorithm preset."""
+    importance_sampling: Optional[ImportanceSamplingSpec] = None
+    """Train/inference mismatch correction from the inference logprobs; off when unset."""
+    dynamic_sampling: Optional[DynamicSamplingSpec] = None
+    """Dynamic sampling; the preset decides when unset (on for dapo)."""
+    overlong: Optional[OverlongSpec] = None
+    """Overlong reward shaping."""
+    old_logprobs: Literal["recompute", "inference"] = "recompute"
+    """Old-policy logprobs: recomputed by the trainer before the update, or the inference engine's."""
+    epochs_per_step: int = Field(1, ge=1, le=64)
+    """Passes over each step's batch."""
+    micro_batch_size: int = Field(8, ge=1, le=4096)
+    """Sequences per forward/backward; gradients accumulate to the whole batch."""
+    max_steps: int = Field(100, ge=1, le=10_000_000)
+    """Training steps (optimizer updates of the policy version)."""
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    """Seed for data order, sampling seeds and initialisation."""
+    nodes: int = Field(1, ge=1, le=1024)
+    """Trainer pods."""
+    resources: Optional[Resources] = None
+    """Resources of each trainer pod."""
+    image: Optional[Image] = None
+    """Trainer image; defaults to the runtime image."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    """Extra environment for the trainer."""
+
+
+# ---------------------------------------------------------------- checkpoint, evaluation
+class CheckpointSpec(ApiModel):
+    every_steps: int = Field(10, ge=1, le=1_000_000)
+    """A complete checkpoint (model, optimizer, scheduler, RNG, data cursor) every K steps, and at the end."""
+    keep_last: int = Field(3, ge=1, le=1000)
+    """Checkpoints kept; older ones are deleted after a newer one is complete."""
+    existing_claim: Optional[Name] = None
+    """Use this PersistentVolumeClaim instead of creating one."""
+    size: Quantity = "10Gi"
+    """Size of the checkpoint claim the operator creates."""
+    storage_class_name: Optional[Name] = None
+    """Storage class of the created claim."""
+
+
+class EvaluationSpec(ApiModel):
+    every_steps: int = Field(0, ge=0, le=1_000_000)
+    """Evaluate on dataset.eval every N steps; 0 disables evaluation."""
+    max_tasks: int = Field(64, ge=1, le=100000)
+    """Evaluation tasks per round."""
+    samples_per_prompt: int = Field(1, ge=1, le=64)
+    """Samples per evaluation task."""
+    temperature: float = Field(1.0, gt=0, le=4)
+    """Sampling temperature for evaluation."""
+
+
+# ---------------------------------------------------------------- the job
+def _group_ok(s: "RFTJobSpec") -> bool:
+    return s.trainer.algorithm not in GROUP_RELATIVE_ALGORITHMS or s.rollout.samples_per_prompt >= 2
+
+
+@rules(Rule(
+    cel="!(self.trainer.algorithm in ['" + "', '".join(GROUP_RELATIVE_ALGORITHMS) + "']) || self.rollout.samplesPerPrompt >= 2",
+    message="rollout.samplesPerPrompt must be at least 2 for group-relative algorithms",
+    field=".rollout.samplesPerPrompt",
+    check=_group_ok,
+), Rule(
+    cel="!has(self.trainer.overlong) || self.trainer.overlong.bufferTokens < self.rollout.maxTokens",
+    message="trainer.overlong.bufferTokens must be shorter than rollout.maxTokens",
+    field=".trainer.overlong.bufferTokens",
+    check=lambda s: s.trainer.overlong is None or s.trainer.overlong.buffer_tokens < s.rollout.max_tokens,
+), Rule(
+    cel="!has(self.evaluation) || self.evaluation.everySteps == 0 || has(self.dataset.eval)",
+    message="evaluation.everySteps > 0 needs dataset.eval",
+    field=".evaluation.everySteps",
+    check=lambda s: s.evaluation is None or s.evaluation.every_steps == 0 or s.dataset.eval is not None,
+), Rule(
+    cel="!has(self.model.lora) || self.inference.weightSync != 'disk' || self.inference.engine == 'builtin'",
+    message="with model.lora on vllm or sglang, inference.weightSync must be lora (or none)",
+    field=".inference.weightSync",
+    check=lambda s: s.model.lora is None or s.inference.weight_sync != "disk" or s.inference.engine == "builtin",
+), Rule(
+    cel="has(self.model.lora) || self.inference.weightSync != 'lora'",
+    message="inference.weightSync lora needs model.lora",
+    field=".inference.weightSync",
+    check=lambda s: s.model.lora is not None or s.inference.weight_sync != "lora",
+))
+class RFTJobSpec(ApiModel):
+    model: ModelSpec
+    """The policy to fine-tune."""
+    dataset: DatasetSpec
+    """Training (and evaluation) tasks."""
+    evaluator: EvaluatorSpec
+    """How samples are scored (the reward), and optionally how a task is rolled out."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """Sampling."""
+    inference: InferenceSpec = Field(default_factory=InferenceSpec)
+    """The inference engine."""
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    """The learner."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """Checkpoints and their storage."""
+    evaluation: Optional[EvaluationSpec] = None
+    """Periodic evaluation on held-out tasks."""
+    suspend: bool = False
+    """Suspend: role workloads are removed, the checkpoint volume stays; false resumes from the latest checkpoint."""
+    active_deadline_seconds: Optional[int] = Field(None, ge=1, le=31_536_000)
+    """The job fails with reason DeadlineExceeded after this many seconds of running (suspended time excluded)."""
+    restart_limit: int = Field(3, ge=0, le=1000)
+    """Trainer restarts allowed (each resumes from the latest checkpoint) before the job fails."""
+    runtime_image: Image = DEFAULT_RUNTIME_IMAGE
+    """Image for the roles that do not name their own."""
+    service_account_name: Optional[Name] = None
+    """Extra ServiceAccount for rollout and reward pods (they get none with API access by default)."""

@@ -1,0 +1,107 @@
+"""RFTJob status, written only by the operator."""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field, StringConstraints
+
+from .spec import ApiModel
+
+Phase = Literal["Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended", "ValidationFailed"]
+ConditionType = Literal[
+    "InferenceReady", "RewardReady", "RolloutReady", "TrainerRunning", "Succeeded", "Failed", "Suspended"]
+Text = Annotated[str, StringConstraints(max_length=32768)]
+Short = Annotated[str, StringConstraints(max_length=1024)]
+Time = Annotated[str, StringConstraints(max_length=64)]
+
+
+class Condition(ApiModel):
+    type: ConditionType
+    """Condition type."""
+    status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
+    reason: Annotated[str, StringConstraints(max_length=1024, pattern=r"^([A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?)?$")] = ""
+    """CamelCase reason for the last transition."""
+    message: Text = ""
+    """Human-readable detail."""
+    last_transition_time: Optional[Time] = None
+    """When status last changed (RFC 3339)."""
+    observed_generation: Optional[int] = Field(None, ge=0)
+    """The spec generation this condition was computed from."""
+
+
+class RoleStatus(ApiModel):
+    ready: int = Field(0, ge=0)
+    """Ready replicas."""
+    desired: int = Field(0, ge=0)
+    """Desired replicas."""
+
+
+class RolesStatus(ApiModel):
+    inference: RoleStatus = Field(default_factory=RoleStatus)
+    """Inference replicas."""
+    reward: RoleStatus = Field(default_factory=RoleStatus)
+    """Reward replicas."""
+    rollout: RoleStatus = Field(default_factory=RoleStatus)
+    """Rollout replicas."""
+    trainer: RoleStatus = Field(default_factory=RoleStatus)
+    """Trainer pods."""
+
+
+class CheckpointRecord(ApiModel):
+    step: int = Field(..., ge=0)
+    """Training step of the checkpoint."""
+    path: Short
+    """Directory of the checkpoint on the checkpoint volume."""
+    time: Optional[Time] = None
+    """When it was completed."""
+
+
+class ErrorCounts(ApiModel):
+    timeouts: int = Field(0, ge=0)
+    """Samples whose evaluator timed out."""
+    runtime_errors: int = Field(0, ge=0)
+    """Samples whose evaluator raised."""
+    parse_errors: int = Field(0, ge=0)
+    """Samples from which no answer could be parsed."""
+    dropped_episodes: int = Field(0, ge=0)
+    """Episodes dropped as too stale or duplicated."""
+    reissued_leases: int = Field(0, ge=0)
+    """Task leases that expired and were issued again."""
+
+
+class RFTJobStatus(ApiModel):
+    phase: Phase = "Pending"
+    """Pending, Provisioning, Running, Succeeded, Failed, Suspended or ValidationFailed."""
+    message: Text = ""
+    """Why the job is in its phase."""
+    observed_generation: Optional[int] = Field(None, ge=0)
+    """The spec generation last reconciled."""
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    """Kubernetes-style conditions."""
+    roles: RolesStatus = Field(default_factory=RolesStatus)
+    """Ready and desired replicas per role."""
+    step: int = Field(0, ge=0)
+    """Completed training steps."""
+    total_steps: int = Field(0, ge=0)
+    """trainer.maxSteps."""
+    policy_version: int = Field(0, ge=0)
+    """Version of the policy weights published to inference."""
+    reward_mean: Optional[float] = None
+    """Mean reward of the last step."""
+    reward_std: Optional[float] = None
+    """Standard deviation of the reward in the last step."""
+    eval_score: Optional[float] = None
+    """Mean reward on the evaluation set at the last evaluation."""
+    last_checkpoint: Optional[CheckpointRecord] = None
+    """The latest complete checkpoint."""
+    checkpoints: list[CheckpointRecord] = Field(default_factory=list, max_length=1000)
+    """Checkpoints retained on the volume, oldest first."""
+    errors: ErrorCounts = Field(default_factory=ErrorCounts)
+    """Counters of evaluator errors and coordinator drops."""
+    restarts: int = Field(0, ge=0)
+    """Trainer restarts so far (bounded by spec.restartLimit)."""
+    start_time: Optional[Time] = None
+    """When the job first started running."""
+    completion_time: Optional[Time] = None
+    """When the job reached Succeeded or Failed."""

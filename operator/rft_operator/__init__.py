@@ -1,0 +1,1 @@
+"""rft_operator."""

@@ -1,0 +1,58 @@
+"""`rft`: the user CLI. Subcommands import their modules lazily so `rft crds` needs no torch."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module:function taking argv, help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "crds": ("rft_runtime.cli:_crds", "print the RFTJob CustomResourceDefinition"),
+    "validate": ("rft_runtime.cli:_validate", "validate RFTJob manifests"),
+}
+
+
+def _crds(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="rft crds", description=COMMANDS["crds"][1]).parse_args(argv)
+    from rft_api.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def _validate(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="rft validate", description=COMMANDS["validate"][1])
+    p.add_argument("files", nargs="+")
+    args = p.parse_args(argv)
+    from rft_api.job import InvalidSpec, load_manifest
+
+    bad = 0
+    for f in args.files:
+        try:
+            job = load_manifest(f)
+            print(f"{f}: valid RFTJob {job.name}")
+        except InvalidSpec as e:
+            bad += 1
+            print(f"{f}: invalid", file=sys.stderr)
+            for problem in e.problems:
+                print(f"  {problem}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: rft <command> [args]\n\ncommands:")
+        for name, (_, help_) in COMMANDS.items():
+            print(f"  {name:<18} {help_}")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"rft: unknown command {name!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module, func = COMMANDS[name][0].split(":")
+    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
