@@ -1,0 +1,66 @@
+# rft-operator: see README.md. Every target uses the repo-local .venv (built by hack/venv.sh; its heavy
+# dependencies are cached outside the repo in $(RFT_CACHE)).
+SHELL := /bin/bash
+RFT_CACHE ?= $(HOME)/.cache/rft-operator
+export RFT_CACHE
+VENV := .venv
+PY := $(VENV)/bin/python
+RUN_OUT ?= runs/tiny-arith
+PYTEST_ARGS ?=
+
+.PHONY: help venv run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane bench helm-lint clean
+
+help:
+	@echo "make run          train examples/01-tiny-arith.yaml locally (rft run), ending with the reward curve"
+	@echo "make test         everything CI runs: builds the venv and the control plane first when missing"
+	@echo "make crds         regenerate crds/rftjob.yaml and the chart's copy from the API models"
+	@echo "make cluster-up   start etcd + kube-apiserver + controller-manager + scheduler on loopback"
+	@echo "make cluster-down stop them"
+	@echo "make e2e          end-to-end scenarios on the local control plane"
+	@echo "make bench        benchmarks (JSON under bench/results/)"
+
+$(VENV)/.ready: pyproject.toml hack/venv.sh
+	bash hack/venv.sh
+
+venv: $(VENV)/.ready
+
+control-plane:
+	bash hack/build-control-plane.sh
+
+run: venv
+	$(VENV)/bin/rft run examples/01-tiny-arith.yaml --out $(RUN_OUT)
+
+crds: venv
+	$(VENV)/bin/rft crds > crds/rftjob.yaml
+	cp crds/rftjob.yaml charts/rft-operator/crds/rftjob.yaml
+
+# The whole suite: unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
+# (no tests collected) fails the target like any other non-zero code.
+test: venv control-plane
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-unit: venv
+	RFT_SKIP_CLUSTER=1 $(PY) -m pytest tests -m "not cluster and not e2e" $(PYTEST_ARGS)
+
+test-cluster: venv control-plane
+	$(PY) -m pytest tests -m "cluster" $(PYTEST_ARGS)
+
+e2e: venv control-plane
+	$(PY) -m pytest tests -m "e2e" $(PYTEST_ARGS)
+
+cluster-up: venv control-plane
+	$(PY) -m e2e.cluster up --dir .cluster
+	@echo "export KUBECONFIG=$(CURDIR)/.cluster/kubeconfig"
+
+cluster-down:
+	@if [ -x $(PY) ]; then $(PY) -m e2e.cluster down --dir .cluster; fi
+
+bench: venv
+	$(PY) bench/inference.py
+	$(PY) bench/trainer.py
+
+helm-lint: control-plane
+	$(RFT_CACHE)/k8s/bin/helm lint charts/rft-operator
+
+clean:
+	rm -rf $(VENV) runs .cluster

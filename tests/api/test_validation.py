@@ -1,0 +1,39 @@
+"""The Python validation (shared with the operator) rejects every invalid case, naming the field."""
+import pytest
+
+from rft_api import InvalidSpec, parse_manifest
+
+from tests.api.cases import base_manifest, invalid_cases
+
+CASES = invalid_cases()
+
+
+def test_corpus_is_large_enough():
+    assert len(CASES) >= 20
+    assert len({c["id"] for c in CASES}) == len(CASES)
+
+
+def test_base_manifest_is_valid():
+    job = parse_manifest(base_manifest())
+    assert job.name == "tiny-arith"
+    assert job.spec.rollout.samples_per_prompt == 8
+    assert job.spec.trainer.max_steps == 30
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_invalid_manifest_rejected_naming_field(case):
+    with pytest.raises(InvalidSpec) as err:
+        parse_manifest(case["manifest"])
+    assert any(p.startswith(case["field"]) for p in err.value.problems), err.value.problems
+
+
+def test_all_problems_reported_at_once():
+    m = base_manifest()
+    m["spec"]["trainer"]["learningRate"] = 0
+    m["spec"]["rollout"]["topP"] = 2
+    m["metadata"]["name"] = "Bad"
+    with pytest.raises(InvalidSpec) as err:
+        parse_manifest(m)
+    fields = " ".join(err.value.problems)
+    for f in ("spec.trainer.learningRate", "spec.rollout.topP", "metadata.name"):
+        assert f in fields
