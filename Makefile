@@ -33,6 +33,7 @@ run: venv
 crds: venv
 	$(VENV)/bin/rft crds > crds/rftjob.yaml
 	cp crds/rftjob.yaml charts/rft-operator/crds/rftjob.yaml
+	$(VENV)/bin/rft docs > docs/api.md
 
 # The whole suite: unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
 # (no tests collected) fails the target like any other non-zero code.

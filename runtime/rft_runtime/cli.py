@@ -9,6 +9,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("rft_runtime.cli:_crds", "print the RFTJob CustomResourceDefinition"),
     "validate": ("rft_runtime.cli:_validate", "validate RFTJob manifests"),
+    "docs": ("rft_runtime.cli:_docs", "print the API reference (docs/api.md)"),
 }
 
 
@@ -17,6 +18,14 @@ def _crds(argv: list[str]) -> int:
     from rft_api.crd import crd_yaml
 
     sys.stdout.write(crd_yaml())
+    return 0
+
+
+def _docs(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="rft docs", description=COMMANDS["docs"][1]).parse_args(argv)
+    from rft_api.docs import api_markdown
+
+    sys.stdout.write(api_markdown())
     return 0
 
 

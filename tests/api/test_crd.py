@@ -94,3 +94,13 @@ def test_cel_rules_carry_messages_and_fields():
     for r in flat:
         assert r["message"] and r["rule"]
     assert any("oldSelf" in r["rule"] for r in flat), "immutability rules missing"
+
+
+def test_chart_crd_is_the_generated_one():
+    assert (ROOT / "charts" / "rft-operator" / "crds" / "rftjob.yaml").read_text() == crd_yaml()
+
+
+def test_api_reference_is_generated():
+    from rft_api.docs import api_markdown
+
+    assert (ROOT / "docs" / "api.md").read_text() == api_markdown(), "docs/api.md is stale: run `make crds`"
