@@ -1,0 +1,36 @@
+"""Building evaluators from configuration entries."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from . import builtins as _builtins  # noqa: F401  (registers the builtins)
+from .composite import CompositeEvaluator, Slot
+from .config import EvaluatorEntry, RewardConfig, parse_reward_config
+from .custom import CustomEvaluator, load_function
+from .options import ConfigError
+from .registry import BUILTINS
+
+__all__ = ["build_evaluator", "build_composite"]
+
+
+def build_evaluator(entry: EvaluatorEntry) -> Any:
+    """The evaluator object for one entry; ConfigError names the entry on bad settings."""
+    try:
+        if entry.kind == "builtin":
+            assert entry.builtin is not None
+            return BUILTINS.get(entry.builtin)(entry.config)
+        if entry.kind == "entrypoint":
+            return CustomEvaluator(load_function(entry.entrypoint), entry.entrypoint or "")
+        return CustomEvaluator(load_function(path=entry.path, function=entry.function), f"{entry.path}:{entry.function}")
+    except ConfigError as exc:
+        raise ConfigError(f"evaluator {entry.name!r}: {exc}") from None
+
+
+def build_composite(config: RewardConfig | Mapping[str, Any]) -> CompositeEvaluator:
+    """A CompositeEvaluator for a whole reward config (a RewardConfig or its raw dict form)."""
+    if not isinstance(config, RewardConfig):
+        config = parse_reward_config(config)
+    slots = [Slot(name=e.name, evaluator=build_evaluator(e), weight=e.weight,
+                  timeout_seconds=e.timeout_seconds or config.timeout_seconds) for e in config.evaluators]
+    return CompositeEvaluator(slots, on_error=config.on_error, sync_workers=max(4, config.concurrency))

@@ -1,0 +1,425 @@
+"""Sandbox launcher: a standalone script (stdlib only) run as its own process by the runner.
+
+It is started with ``python -I -S launcher.py CONFIG_JSON`` in a new session and builds the
+isolation around one untrusted program, then execs it. It imports nothing from ``rft_runtime`` so
+it can run before anything else is trusted. Process tree::
+
+    worker ─► L (this script, new session)          writes the uid/gid maps of C
+               └─► C  unshare(user?, mnt, net, ipc, uts, pid); private read-only mounts
+                    └─► G  pid 1 of the new pid namespace: private /proc, drops to the sandbox uid
+                         └─► H  rlimits, empty environment, exec(argv)   ← untrusted code
+
+Isolation modes (``mode`` in the config):
+  * ``userns``: C creates a user namespace too; L (in the parent namespace) maps one inside uid to
+    ``sandbox_uid`` when L is root, or to L's own uid otherwise. Works unprivileged where the kernel
+    allows user namespaces, and as root. RLIMIT_NPROC is then counted per (namespace, uid).
+  * ``root``: C (real root) creates the other namespaces without a user namespace, G setuid()s to
+    ``sandbox_uid``.
+  * ``auto``: ``userns``, then ``root`` if that fails and we are root.
+  * ``none``: no namespaces (only rlimits, empty env, workdir; uid drop when root). Used only when
+    the caller explicitly allows the fallback.
+
+Every stage writes one JSON line to ``report_fd``: ``{"kind": "setup", ...}`` once the namespaces and
+mounts are in place, ``{"kind": "setup_error", "stage", "error"}`` (exit 125) when something required
+failed. The untrusted program gets that pipe as fd 3 (the harness writes its result there).
+Each child sets PR_SET_PDEATHSIG=SIGKILL, so killing L's process group, or L dying, tears the whole
+tree down; G's death (pid 1) makes the kernel kill everything left in the pid namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
+MNT_DETACH = 2
+
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+AT_FDCWD = -100
+AT_RECURSIVE = 0x8000
+SYS_MOUNT_SETATTR = 442  # same number on x86_64 and the asm-generic table (aarch64)
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+SETUP_FAILED_EXIT = 125
+INSIDE_ID = 65534  # uid/gid the untrusted code has inside a user namespace
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.syscall.restype = ctypes.c_long
+
+
+class MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _b(path: str | None) -> bytes | None:
+    return None if path is None else os.fsencode(path)
+
+
+def mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(_libc.mount(_b(src), _b(target), _b(fstype), flags, _b(data)), f"mount {target}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(flags), "unshare")
+
+
+def prctl(option: int, arg: int) -> None:
+    _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl({option})")
+
+
+def mount_setattr(path: str, flags: int, attr_set: int, attr_clr: int) -> None:
+    attr = MountAttr(attr_set, attr_clr, 0, 0)
+    ret = _libc.syscall(SYS_MOUNT_SETATTR, ctypes.c_int(AT_FDCWD), _b(path), ctypes.c_uint(flags),
+                        ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+    _check(0 if ret == 0 else -1, f"mount_setattr {path}")
+
+
+class Reporter:
+    """Writes one JSON line per event to the report pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __call__(self, **obj: object) -> None:
+        data = (json.dumps(obj) + "\n").encode()
+        try:
+            os.write(self.fd, data)
+        except OSError:
+            pass
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        self(kind="setup_error", stage=stage, error=f"{type(exc).__name__}: {exc}")
+        os._exit(SETUP_FAILED_EXIT)
+
+
+def die_with_parent(expected_parent: int) -> None:
+    """SIGKILL this process when its parent dies (and exit now if it already did)."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != expected_parent:
+        raise OSError(f"parent {expected_parent} is gone")
+
+
+def wait_status(pid: int) -> int:
+    """Waits for ``pid`` and returns a shell-style exit code (128 + signal when killed)."""
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return SETUP_FAILED_EXIT
+        if os.WIFEXITED(status):
+            return os.WEXITSTATUS(status)
+        if os.WIFSIGNALED(status):
+            return 128 + os.WTERMSIG(status)
+
+
+# ----------------------------------------------------------------------------- mounts
+
+
+def _mountpoints() -> list[tuple[str, set[str]]]:
+    """(mount point, per-mount options) of this mount namespace, parents before children."""
+    out = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            parts = line.split()
+            point = parts[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+            out.append((point, set(parts[5].split(","))))
+    out.sort(key=lambda p: p[0].count("/") if p[0] != "/" else 0)
+    return out
+
+
+def _readonly_everything(method: str = "auto") -> str:
+    """Makes every mount of this namespace read-only and nosuid; returns the method used:
+    ``mount_setattr`` (Linux ≥ 5.12, recursive in one call) or, failing that or when asked
+    (``method="remount"``), a read-only bind remount of each mount point that keeps its locked flags."""
+    if method != "remount":
+        try:
+            mount_setattr("/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0)
+            return "mount_setattr"
+        except OSError:
+            pass
+    keep = {"nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+            "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+    for point, opts in _mountpoints():
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID
+        for name, bit in keep.items():
+            if name in opts:
+                flags |= bit
+        try:
+            mount(None, point, None, flags)
+        except OSError:
+            if point == "/":
+                raise
+    return "remount"
+
+
+def _deny_paths(paths: list[str], stage_dir: str) -> list[str]:
+    """Hides each existing path behind an inaccessible mode-000 tmpfs (directories) or an empty
+    mode-000 file (files). ``stage_dir`` is any existing directory, used briefly as a mount point."""
+    existing = [p for p in paths if os.path.lexists(p)]
+    if not existing:
+        return []
+    mount("tmpfs", stage_dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=16k,mode=700")
+    blank = os.path.join(stage_dir, "denied")
+    fd = os.open(blank, os.O_CREAT | os.O_WRONLY, 0)
+    os.close(fd)
+    os.chmod(blank, 0)
+    denied = []
+    for path in existing:
+        real = os.path.realpath(path)
+        if os.path.isdir(real):
+            mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=000")
+        else:
+            mount(blank, real, None, MS_BIND)
+        denied.append(path)
+    _check(_libc.umount2(_b(stage_dir), MNT_DETACH), "umount stage")
+    return denied
+
+
+def setup_mounts(cfg: dict) -> dict:
+    """Private, read-only view of the filesystem with only the workdir writable."""
+    workdir = cfg["workdir"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # first: nothing below may propagate to the host
+    denied = _deny_paths(cfg.get("denied_paths", []), workdir)
+    mount(workdir, workdir, None, MS_BIND | MS_REC)
+    method = _readonly_everything(cfg.get("readonly_method", "auto"))
+    mount(None, workdir, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
+    return {"readonly_root": method, "denied": denied}
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def stage_h(cfg: dict, report_fd: int) -> None:
+    """The untrusted process: rlimits, fds, empty environment, exec."""
+    lim = cfg["limits"]
+    if "cpu" in lim:
+        resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu"], lim["cpu"] + 1))
+    if "as" in lim:
+        resource.setrlimit(resource.RLIMIT_AS, (lim["as"], lim["as"]))
+    if "fsize" in lim:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (lim["fsize"], lim["fsize"]))
+    if "nproc" in lim:
+        resource.setrlimit(resource.RLIMIT_NPROC, (lim["nproc"], lim["nproc"]))
+    if "nofile" in lim:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if report_fd != 3:
+        os.dup2(report_fd, 3)
+    os.closerange(4, 65536)
+    os.set_inheritable(3, True)
+    os.chdir(cfg["workdir"])
+    os.execve(cfg["argv"][0], cfg["argv"], {})
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Empties the bounding, ambient, effective, permitted and inheritable capability sets."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
+            break  # EINVAL: past the last capability this kernel knows
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+
+def clear_capability_sets() -> None:
+    """capset() with all sets empty (after setuid, which does not clear them inside a userns)."""
+    hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(hdr), data), "capset")
+
+
+def drop_privileges(cfg: dict, in_userns: bool) -> None:
+    """Become the sandbox uid/gid with no supplementary groups, no capabilities and no way to
+    regain privileges."""
+    uid = INSIDE_ID if in_userns else cfg["sandbox_uid"]
+    gid = INSIDE_ID if in_userns else cfg["sandbox_gid"]
+    if os.geteuid() == 0 or in_userns:
+        drop_capabilities()
+    if os.geteuid() == 0 or in_userns:
+        try:
+            os.setgroups([])
+        except OSError:
+            if not in_userns or cfg.get("outside_root"):
+                raise  # unprivileged user namespaces refuse setgroups; groups stay the caller's own
+        os.setgid(gid)
+        os.setuid(uid)
+    clear_capability_sets()
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def stage_g(cfg: dict, rep: Reporter, parent: int, info: dict) -> None:
+    """pid 1 of the new pid namespace: private /proc, drop privileges, run H, exit with its status."""
+    try:
+        die_with_parent(0 if info["pid_ns"] else parent)  # C lives outside our pid namespace
+        if info["pid_ns"] and info["mount_ns"]:
+            try:
+                mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+                info["proc"] = "private"
+            except OSError:
+                mount("tmpfs", "/proc", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY, "size=4k,mode=555")
+                info["proc"] = "hidden"
+        drop_privileges(cfg, info["user_ns"])
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a credential change clears it
+        info["uid"], info["gid"] = os.getuid(), os.getgid()
+        rep(kind="setup", **info)
+    except Exception as exc:  # noqa: BLE001 - reported to the runner
+        rep.fail("drop_privileges", exc)
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            die_with_parent(me)
+            stage_h(cfg, rep.fd)
+        except Exception as exc:  # noqa: BLE001
+            rep.fail("exec", exc)
+    os._exit(wait_status(pid))
+
+
+def unshare_namespaces(mode: str) -> dict:
+    """Creates the namespaces for ``mode``; returns which were created."""
+    base = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID
+    errors = []
+    if mode in ("auto", "userns"):
+        try:
+            unshare(CLONE_NEWUSER | base)
+            return {"mode": "userns", "user_ns": True}
+        except OSError as exc:
+            errors.append(f"userns: {exc}")
+    if mode in ("auto", "root"):
+        try:
+            if os.geteuid() != 0:
+                raise PermissionError("not root")
+            unshare(base)
+            return {"mode": "root", "user_ns": False}
+        except OSError as exc:
+            errors.append(f"root: {exc}")
+    raise OSError("cannot create namespaces (" + "; ".join(errors) + ")")
+
+
+def stage_c(cfg: dict, rep: Reporter, parent: int, sync_w: int, sync_r: int) -> None:
+    """Creates namespaces, waits for L to write the id maps, mounts, forks G."""
+    mode = cfg.get("mode", "auto")
+    info: dict = {"mode": "none", "user_ns": False, "mount_ns": False, "net_ns": False,
+                  "pid_ns": False, "proc": "shared", "readonly_root": None, "denied": []}
+    try:
+        die_with_parent(parent)
+        if mode != "none":
+            before = os.readlink("/proc/self/ns/mnt")
+            info.update(unshare_namespaces(mode))
+            if os.readlink("/proc/self/ns/mnt") == before:  # never touch the host's mounts
+                raise OSError("mount namespace was not created")
+            info.update(mount_ns=True, net_ns=True, pid_ns=True)
+        os.write(sync_w, json.dumps(info).encode())
+        os.close(sync_w)
+        if os.read(sync_r, 16) != b"ok":
+            raise OSError("parent could not write the id maps")
+        if info["mount_ns"]:
+            info.update(setup_mounts(cfg))
+    except Exception as exc:  # noqa: BLE001
+        rep.fail("namespaces", exc)
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        stage_g(cfg, rep, me, info)
+    os._exit(wait_status(pid))
+
+
+def write_id_maps(pid: int, cfg: dict) -> None:
+    """Maps INSIDE_ID in C's user namespace to the sandbox ids (root) or to our own ids."""
+    if os.geteuid() == 0:
+        # C stays real root (inside 0 = outside 0) so it can set up mounts and create files on
+        # them; the untrusted code runs as INSIDE_ID = the unprivileged sandbox uid.
+        uid_map = f"0 0 1\n{INSIDE_ID} {cfg['sandbox_uid']} 1\n"
+        gid_map = f"0 0 1\n{INSIDE_ID} {cfg['sandbox_gid']} 1\n"
+    else:
+        uid_map = f"{INSIDE_ID} {os.geteuid()} 1\n"
+        gid_map = f"{INSIDE_ID} {os.getegid()} 1\n"
+        with open(f"/proc/{pid}/setgroups", "w") as fh:
+            fh.write("deny")
+    with open(f"/proc/{pid}/uid_map", "w") as fh:
+        fh.write(uid_map)
+    with open(f"/proc/{pid}/gid_map", "w") as fh:
+        fh.write(gid_map)
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    rep = Reporter(cfg["report_fd"])
+    try:
+        die_with_parent(cfg["parent_pid"])
+    except Exception as exc:  # noqa: BLE001
+        rep.fail("launcher", exc)
+    cfg["outside_root"] = os.geteuid() == 0
+    up_r, up_w = os.pipe()
+    down_r, down_w = os.pipe()
+    me = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.close(up_r)
+        os.close(down_w)
+        stage_c(cfg, rep, me, up_w, down_r)
+    os.close(up_w)
+    os.close(down_r)
+    raw = os.read(up_r, 4096)
+    try:
+        info = json.loads(raw) if raw else None
+        if info and info["user_ns"]:
+            write_id_maps(pid, cfg)
+        os.write(down_w, b"ok")
+    except Exception as exc:  # noqa: BLE001
+        rep(kind="setup_error", stage="id_maps", error=f"{type(exc).__name__}: {exc}")
+        os.write(down_w, b"no")
+    os.close(down_w)
+    os._exit(wait_status(pid))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Finding out, once per process and policy, which isolation the launcher achieves here."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from .policy import SandboxPolicy
+from .runner import run_sandboxed
+
+__all__ = ["SandboxUnavailableError", "probe_isolation", "resolve_policy"]
+
+_cache: dict[tuple[Any, ...], tuple[SandboxPolicy, dict[str, Any]]] = {}
+_lock = threading.Lock()
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The sandbox cannot be built with the required isolation on this machine."""
+
+
+def _probe_blocking(policy: SandboxPolicy) -> tuple[dict[str, Any] | None, str]:
+    """Runs ``python -c pass`` under the launcher in a private event loop (a thread of its own, so
+    it also works when called from inside a running loop)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["run"] = asyncio.run(run_sandboxed(policy, {}, ["-c", "pass"]))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            box["error"] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=target, name="rft-sandbox-probe")
+    t.start()
+    t.join()
+    if "error" in box:
+        return None, box["error"]
+    run = box["run"]
+    if run.setup_error:
+        return None, f"{run.setup_error.get('stage')}: {run.setup_error.get('error')}"
+    if run.setup is None or run.exit_code != 0:
+        detail = run.stderr.decode(errors="replace").strip()[-300:]
+        return None, f"probe exited with {run.exit_code}: {detail or 'no output'}"
+    return run.setup, ""
+
+
+def probe_isolation(policy: SandboxPolicy) -> tuple[SandboxPolicy, dict[str, Any]]:
+    """The policy to use (mode resolved) and the isolation the launcher reported.
+
+    Raises SandboxUnavailableError when neither a user namespace nor root namespaces can be made,
+    unless ``allow_network_fallback`` is set: then runs go without namespaces (rlimits, an empty
+    environment, a private workdir and, as root, the sandbox uid still apply)."""
+    key = (policy.python, policy.mode, policy.sandbox_uid, policy.sandbox_gid, policy.allow_network_fallback,
+           policy.denied_paths, policy.work_root)
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+        setup, why = _probe_blocking(policy)
+        if setup is not None and policy.mode != "none":
+            resolved = policy.with_mode(setup["mode"])
+        elif policy.allow_network_fallback:
+            fallback = policy.with_mode("none")
+            setup2, why2 = _probe_blocking(fallback)
+            if setup2 is None:
+                raise SandboxUnavailableError(f"code_sandbox: even the unisolated fallback failed: {why2}")
+            resolved, setup = fallback, dict(setup2, fallback_reason=why)
+        else:
+            raise SandboxUnavailableError(
+                "code_sandbox: cannot isolate untrusted code here (no network/mount/pid namespace): "
+                f"{why}. Allow user namespaces (or run the reward worker as root / with CAP_SYS_ADMIN), "
+                "or set allowNetworkFallback: true to run without namespaces.")
+        _cache[key] = (resolved, setup)
+        return resolved, setup

@@ -1,0 +1,106 @@
+"""``rft reward --config FILE [--host H] [--port P]``: the reward API over HTTP (aiohttp).
+
+Routes: ``POST /v1/score`` (see ``wire.py``), ``GET /health`` (200 with the evaluator names once
+every evaluator is built, which includes the code sandbox's isolation probe), ``GET /metrics``
+(Prometheus text format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from .options import ConfigError
+from .service import RewardService
+from .wire import RequestError, parse_request, result_json
+
+__all__ = ["make_app", "main", "DEFAULT_PORT", "SERVICE_KEY"]
+
+DEFAULT_PORT = 8081
+SERVICE_KEY: web.AppKey[RewardService] = web.AppKey("reward_service", RewardService)
+log = logging.getLogger("rft.reward")
+
+
+async def _score(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        return web.json_response({"error": "request body is not valid JSON"}, status=400)
+    try:
+        entries = parse_request(body)
+    except RequestError as exc:
+        return web.json_response({"error": str(exc)}, status=400)
+    results = await asyncio.gather(*(service.score(s, i) for _, s, i in entries))
+    payload = {"results": [result_json(eid, r) for (eid, _, _), r in zip(entries, results)]}
+    return web.json_response(payload)
+
+
+async def _health(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    return web.json_response({"status": "ok", "evaluators": service.evaluator.names})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    service = request.app[SERVICE_KEY]
+    return web.Response(body=service.metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+def make_app(service: RewardService, max_request_mb: int = 256) -> web.Application:
+    """The aiohttp application serving ``service`` (closed with the app)."""
+    app = web.Application(client_max_size=max_request_mb << 20)
+    app[SERVICE_KEY] = service
+    app.router.add_post("/v1/score", _score)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+
+    async def close(_: web.Application) -> None:
+        await service.aclose()
+
+    app.on_cleanup.append(close)
+    return app
+
+
+async def _serve(service: RewardService, host: str, port: int) -> None:
+    runner = web.AppRunner(make_app(service), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    log.info("reward server on http://%s:%d (evaluators: %s)", host, port, ", ".join(service.evaluator.names))
+    print(json.dumps({"event": "listening", "host": host, "port": port, "evaluators": service.evaluator.names}),
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``rft reward``; returns the exit code (2 for a bad config)."""
+    parser = argparse.ArgumentParser(prog="rft reward", description="serve the reward API (contract 3)")
+    parser.add_argument("--config", required=True, help="YAML/JSON: {evaluators: [...], timeoutSeconds, concurrency}")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        service = RewardService.from_config(args.config)
+    except (ConfigError, RuntimeError) as exc:
+        print(f"rft reward: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_serve(service, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

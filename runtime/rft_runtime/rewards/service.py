@@ -1,0 +1,57 @@
+"""RewardService: scores batches with bounded concurrency and records metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Iterable, Mapping
+
+from .composite import CompositeEvaluator
+from .config import RewardConfig, load_reward_config, parse_reward_config
+from .factory import build_composite
+from .metrics import RewardMetrics
+from .types import Item, Sample, ScoreResult
+
+__all__ = ["RewardService"]
+
+
+class RewardService:
+    """Scores samples with a CompositeEvaluator, at most ``concurrency`` samples at once."""
+
+    def __init__(self, evaluator: CompositeEvaluator, concurrency: int = 16, metrics: RewardMetrics | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.evaluator = evaluator
+        self.concurrency = concurrency
+        self.metrics = metrics or RewardMetrics()
+        self._sem: asyncio.Semaphore | None = None
+
+    @classmethod
+    def from_config(cls, config: RewardConfig | Mapping[str, Any] | str) -> "RewardService":
+        """From a RewardConfig, its raw dict, or a YAML/JSON file path."""
+        if isinstance(config, str):
+            config = load_reward_config(config)
+        elif not isinstance(config, RewardConfig):
+            config = parse_reward_config(config)
+        return cls(build_composite(config), concurrency=config.concurrency)
+
+    async def score(self, sample: Sample | Mapping[str, Any], item: Item | Mapping[str, Any] | None) -> ScoreResult:
+        """Scores one sample (waits for a concurrency slot)."""
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.concurrency)
+        s, i = Sample.from_any(sample), Item.from_any(item)
+        async with self._sem:
+            started = time.perf_counter()
+            result = await self.evaluator.score(s, i)
+            self.metrics.observe(result, time.perf_counter() - started)
+        return result
+
+    async def score_batch(self, samples_with_items: Iterable[tuple[Any, Any]]) -> list[ScoreResult]:
+        """One ScoreResult per (sample, item), in order; samples are converted with
+        ``Sample.from_any`` / ``Item.from_any`` (ValueError names a bad field)."""
+        pairs = [(Sample.from_any(s), Item.from_any(i)) for s, i in samples_with_items]
+        return list(await asyncio.gather(*(self.score(s, i) for s, i in pairs)))
+
+    async def aclose(self) -> None:
+        """Releases the evaluators' resources."""
+        await self.evaluator.aclose()

@@ -1,0 +1,1 @@
+"""Tests of rft_runtime.rewards."""
