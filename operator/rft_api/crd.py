@@ -50,7 +50,9 @@ def _field_defaults(cls: type[BaseModel]) -> dict[str, Any]:
             continue
         value = f.default_factory()
         alias = f.alias or name
-        out[alias] = {} if isinstance(value, BaseModel) else value
+        # A model default is written out in full: the API server validates defaults with the CEL rules
+        # of the object itself, before the nested defaults would fill an empty object.
+        out[alias] = value.model_dump(by_alias=True, exclude_none=True) if isinstance(value, BaseModel) else value
     return out
 
 
@@ -96,10 +98,13 @@ def _convert(node: Any, defs: dict, classes: dict[str, type[BaseModel]]) -> Any:
         if isinstance(node.get(bound), (int, float)) and not isinstance(node.get(bound), bool):
             out[plain] = node[bound]
             out[bound] = True
+    if node.get("type") == "object" and "properties" in node and node.get("additionalProperties") is True:
+        out["x-kubernetes-preserve-unknown-fields"] = True  # a model that keeps extra keys
     if node.get("type") == "object" and "properties" not in node:
         extra = node.get("additionalProperties")
         if extra is True or extra == {}:
-            out["x-kubernetes-preserve-unknown-fields"] = True
+            # A map of arbitrary values: CEL sees map(string, dyn), so rules can test `'key' in self.x`.
+            out["additionalProperties"] = {"x-kubernetes-preserve-unknown-fields": True}
         elif isinstance(extra, dict):
             out["additionalProperties"] = _convert(extra, defs, classes)
     return out

@@ -22,7 +22,7 @@ ROOT_RULES: tuple[Rule, ...] = (
         cel=f"self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {MAX_NAME_LENGTH}",
         message=f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "
                 "(lower case letters, digits and '-', starting with a letter)",
-        field=".metadata.name",
+        field="",  # the API server accepts no fieldPath into metadata; the message names the field
         check=None,
     ),
     Rule(

@@ -6,7 +6,7 @@ concern and are enforced both as CEL in the CRD and in Python.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
@@ -181,17 +181,30 @@ class FileEvaluatorSpec(ApiModel):
     """Optional rollout function in that file."""
 
 
+class EvaluatorConfig(ApiModel):
+    """Settings of one evaluator. The fields below are the ones rules check; any other key is kept
+    and passed to the evaluator as is (string_check: operation, reference; regex: flags, fullMatch;
+    llm_judge: model, promptTemplate, scoreRegex, maxTokens; code_sandbox: timeoutSeconds, memoryMB)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    endpoint: Optional[Annotated[str, StringConstraints(min_length=1, max_length=2048)]] = None
+    """llm_judge: base URL of an OpenAI-compatible server."""
+    pattern: Optional[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = None
+    """regex: the pattern a completion must match."""
+
+
 _JUDGE_ENDPOINT = Rule(
-    cel="!has(self.builtin) || self.builtin != 'llm_judge' || (has(self.config) && 'endpoint' in self.config)",
+    cel="!has(self.builtin) || self.builtin != 'llm_judge' || (has(self.config) && has(self.config.endpoint))",
     message="an llm_judge evaluator needs config.endpoint (an OpenAI-compatible base URL)",
     field=".config",
-    check=lambda e: e.builtin != "llm_judge" or bool(e.config and "endpoint" in e.config),
+    check=lambda e: e.builtin != "llm_judge" or (e.config is not None and e.config.endpoint is not None),
 )
 _REGEX_PATTERN = Rule(
-    cel="!has(self.builtin) || self.builtin != 'regex' || (has(self.config) && 'pattern' in self.config)",
+    cel="!has(self.builtin) || self.builtin != 'regex' || (has(self.config) && has(self.config.pattern))",
     message="a regex evaluator needs config.pattern",
     field=".config",
-    check=lambda e: e.builtin != "regex" or bool(e.config and "pattern" in e.config),
+    check=lambda e: e.builtin != "regex" or (e.config is not None and e.config.pattern is not None),
 )
 
 
@@ -210,7 +223,7 @@ class EvaluatorEntry(ApiModel):
     """The user's evaluator bundle in an image."""
     file: Optional[FileEvaluatorSpec] = None
     """The user's evaluator as a Python file from a ConfigMap."""
-    config: Optional[dict[str, Any]] = None
+    config: Optional[EvaluatorConfig] = None
     """Evaluator settings (e.g. string_check: operation, reference; regex: pattern; llm_judge: endpoint, model, promptTemplate; code_sandbox: timeoutSeconds, memoryMB)."""
     api_key_secret_ref: Optional[SecretKeySelector] = None
     """Secret holding an API key (llm_judge); given to the reward pods as an environment variable."""

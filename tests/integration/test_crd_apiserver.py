@@ -4,7 +4,6 @@ Helm chart's rendered output validates with `kubectl apply --dry-run=server`."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -19,7 +18,7 @@ CASES = invalid_cases()
 
 
 def kubectl(cluster, *args, stdin: str | None = None, check=True) -> subprocess.CompletedProcess:
-    p = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
+    p = subprocess.run([cluster.binary("kubectl"), "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
                        capture_output=True, text=True, timeout=60)
     if check and p.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed: {p.stderr}")
@@ -86,13 +85,8 @@ def test_every_example_is_accepted(crd_installed, namespace):
                 stdin=yaml.safe_dump_all(docs))
 
 
-def _helm() -> str:
-    cache = Path(os.environ.get("RFT_CACHE", Path.home() / ".cache" / "rft-operator"))
-    return str(cache / "k8s" / "bin" / "helm")
-
-
 def test_chart_renders_and_validates_on_server(crd_installed, namespace):
-    rendered = subprocess.run([_helm(), "template", "rft", str(ROOT / "charts" / "rft-operator"), "-n", namespace,
+    rendered = subprocess.run([crd_installed.binary("helm"), "template", "rft", str(ROOT / "charts" / "rft-operator"), "-n", namespace,
                                "--include-crds"], capture_output=True, text=True, check=True).stdout
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(rendered) if d)
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Service",
