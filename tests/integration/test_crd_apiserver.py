@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,14 @@ def kubectl(cluster, *args, stdin: str | None = None, check=True) -> subprocess.
 @pytest.fixture(scope="module")
 def crd_installed(cluster):
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "rftjob.yaml"))
-    kubectl(cluster, "wait", "--for=condition=Established", "crd/rftjobs.rft.dev", "--timeout=60s")
-    return cluster
+    # Poll instead of `kubectl wait`, which can exit early on a CRD whose conditions are still empty.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = json.loads(kubectl(cluster, "get", "crd", "rftjobs.rft.dev", "-o", "json").stdout)
+        if any(c["type"] == "Established" and c["status"] == "True" for c in got.get("status", {}).get("conditions", [])):
+            return cluster
+        time.sleep(0.2)
+    raise AssertionError("CRD rftjobs.rft.dev not Established within 60s")
 
 
 def test_sample_manifest_is_accepted_and_printed(crd_installed, namespace):

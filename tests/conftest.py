@@ -1,0 +1,113 @@
+"""Session-wide fixtures for tests that need the real local Kubernetes control plane.
+
+Mark such tests ``@pytest.mark.cluster`` and use the fixtures:
+
+- ``cluster``: the :class:`e2e.cluster.LocalCluster` (session scope). With ``RFT_KUBECONFIG`` set to
+  a running cluster's admin kubeconfig (``make cluster-up`` writes ``.cluster/kubeconfig``) it is
+  reused and left running; otherwise one is started in a temporary directory and stopped at the end.
+- ``kube``: a ``kubernetes.client.ApiClient`` authenticated as the cluster admin (session scope).
+- ``namespace``: a fresh namespace for one test, deleted afterwards.
+
+When the control-plane binaries are missing they are built once, before the first test runs (so no
+per-test timeout cuts the build short). A build failure FAILS every test that needs the cluster, with
+the build's error; ``RFT_SKIP_CLUSTER=1`` skips them instead.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import BuildError, LocalCluster, ensure_binaries
+
+_build_error: BuildError | None = None
+
+
+def _skip_cluster() -> bool:
+    return os.environ.get("RFT_SKIP_CLUSTER") == "1"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build missing control-plane binaries before any test when a collected test needs them."""
+    global _build_error
+    if _skip_cluster() or os.environ.get("RFT_KUBECONFIG"):
+        return
+    if not any(item.get_closest_marker("cluster") for item in session.items):
+        return
+    try:
+        ensure_binaries()
+    except BuildError as e:
+        _build_error = e
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The running local control plane (see the module docstring)."""
+    if _skip_cluster():
+        pytest.skip("RFT_SKIP_CLUSTER=1: tests needing the local control plane are skipped")
+    kubeconfig = os.environ.get("RFT_KUBECONFIG")
+    if kubeconfig:
+        c = LocalCluster.attach(Path(kubeconfig))
+        if not c.ready():
+            pytest.fail(f"RFT_KUBECONFIG={kubeconfig}: the API server at {c.server} is not ready",
+                        pytrace=False)
+        yield c
+        return
+    if _build_error is not None:
+        pytest.fail(str(_build_error), pytrace=False)
+    try:
+        bin_path = ensure_binaries()
+    except BuildError as e:
+        pytest.fail(str(e), pytrace=False)
+    c = LocalCluster(tmp_path_factory.mktemp("cluster"), bin=bin_path, die_with_parent=True)
+    c.start(timeout=300)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: LocalCluster) -> Iterator["kubernetes.client.ApiClient"]:  # noqa: F821
+    """A ``kubernetes.client.ApiClient`` for the admin kubeconfig."""
+    from kubernetes import config
+
+    client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def namespace(kube: "kubernetes.client.ApiClient") -> Iterator[str]:  # noqa: F821
+    """A new namespace ``t-<8 hex>`` with its ``default`` ServiceAccount; deleted (without waiting for finalisation) afterwards."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(kube)
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    try:
+        # Pods are refused until the controller-manager has created the namespace's `default` SA.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                core.read_namespaced_service_account("default", name)
+                break
+            except ApiException as e:
+                if e.status != 404 or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
