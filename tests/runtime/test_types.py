@@ -1,0 +1,233 @@
+"""Token-contract types: JSON round trips, length checks, grouping, the Eval Protocol row view."""
+
+from __future__ import annotations
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+
+from rft_runtime.data import Task
+from rft_runtime.types import (
+    Episode,
+    ErrorFlags,
+    EvaluateResult,
+    EvaluationRow,
+    MetricResult,
+    Step,
+    Trajectory,
+    apply_evaluation_result,
+    episode_id,
+    group_key,
+    parse_episode_id,
+    read_evaluation_result,
+    to_evaluation_row,
+)
+
+
+def make_step(n: int = 4, *, seed: int = 0, version: int = 1, **kw) -> Step:
+    rng = random.Random(seed)
+    fields = dict(
+        prompt_ids=[1] + [rng.randrange(3, 259) for _ in range(5)],
+        response_ids=[rng.randrange(3, 259) for _ in range(n)],
+        logprobs=[-rng.random() * 5 for _ in range(n)],
+        policy_version=version,
+        finish_reason="stop",
+        response_text="42",
+    )
+    fields.update(kw)
+    return Step(**fields)
+
+
+def make_episode(task_id: str = "arith-7", idx: int = 0, reward: float | None = 1.0, **kw) -> Episode:
+    return Episode(task_id=task_id, rollout_idx=idx,
+                   trajectories=[Trajectory(steps=[make_step(seed=idx)], reward=reward)], **kw)
+
+
+# ---------------------------------------------------------------- JSON round trips
+
+
+def test_step_json_round_trip_is_exact_for_awkward_floats():
+    rng = random.Random(3)
+    lps = [-rng.random() * 20 for _ in range(500)] + [-1e-300, -5e-324, -0.1, -2.0 / 3.0, 0.0]
+    step = Step(prompt_ids=[1, 2], response_ids=list(range(3, 3 + len(lps))), logprobs=lps, policy_version=0,
+                metadata={"k": [1, "x", None, {"y": 2.5}]}, messages=[{"role": "user", "content": "héllo"}])
+    back = Step.from_json(step.to_json())
+    assert back == step
+    assert back.logprobs == lps  # bit-exact floats
+    assert json.loads(step.to_json())["response_mask"] == [1] * len(lps)
+
+
+def test_episode_json_round_trip_with_everything_set():
+    ep = Episode(
+        task_id="gsm:12", rollout_idx=3,
+        trajectories=[
+            Trajectory(name="solver", steps=[make_step(seed=1), make_step(seed=2, version=2)], reward=0.5,
+                       metadata={"turns": 2}),
+            Trajectory(name="judge", steps=[make_step(seed=3)], reward=None),
+        ],
+        is_correct=False, reward_reason="wrong", metrics={"format": 1.0, "len": 3},
+        termination_reason="max_turns", errors=ErrorFlags(timeout=True, message="slow"),
+        metadata={"lease": "abc"},
+    )
+    text = ep.to_json()
+    back = Episode.from_json(text)
+    assert back == ep
+    assert back.to_json() == text
+    assert back.id == "gsm:12:3"
+    assert back.errors.any and back.metrics == {"format": 1.0, "len": 3.0}
+
+
+# ---------------------------------------------------------------- length checks
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"logprobs": [-0.5]}, "logprobs has 1 entries but response_ids has 4 tokens"),
+        ({"logprobs": [-0.5] * 5}, "logprobs has 5 entries but response_ids has 4 tokens"),
+        ({"response_mask": [1, 1, 1]}, "response_mask has 3 entries but response_ids has 4 tokens"),
+        ({"response_mask": [1, 2, 1, 1]}, "response_mask values must be 0 or 1"),
+        ({"response_mask": [1, 0, 1, 1]}, "logprobs[1] = "),  # mask-0 token with a non-zero logprob
+        ({"logprobs": [-0.1, 0.3, -0.1, -0.1]}, "logprobs must be finite and <= 0"),
+        ({"logprobs": [-0.1, float("nan"), -0.1, -0.1]}, "logprobs must be finite and <= 0"),
+        ({"logprobs": [-0.1, float("-inf"), -0.1, -0.1]}, "logprobs must be finite and <= 0"),
+        ({"prompt_ids": []}, "prompt_ids must not be empty"),
+        ({"prompt_ids": [1, -3]}, "prompt_ids must be non-negative"),
+        ({"response_ids": [5, 6, -1, 7]}, "response_ids must be non-negative"),
+        ({"policy_version": -1}, "policy_version must be >= 0"),
+    ],
+)
+def test_step_checks_raise_with_clear_message(override, message):
+    with pytest.raises(ValidationError) as err:
+        make_step(4, **override)
+    assert message in str(err.value)
+
+
+def test_step_rejects_non_integer_token_ids():
+    with pytest.raises(ValidationError, match="response_ids"):
+        make_step(2, response_ids=[5, "6"])
+    with pytest.raises(ValidationError, match="response_mask"):
+        make_step(2, response_mask=[True, 1])
+
+
+def test_mask_zero_tokens_carry_zero_logprob_and_count_as_not_sampled():
+    step = make_step(4, response_mask=[1, 0, 0, 1], logprobs=[-0.2, 0.0, 0.0, -1.5])
+    assert step.num_sampled_tokens == 2
+    assert step.sampled_logprobs() == [-0.2, -1.5]
+    assert step.full_ids == step.prompt_ids + step.response_ids
+
+
+def test_episode_id_checks_and_group_key():
+    ep = make_episode("t:with:colons", 5)
+    assert ep.id == episode_id("t:with:colons", 5) == "t:with:colons:5"
+    assert parse_episode_id(ep.id) == ("t:with:colons", 5)
+    assert group_key(ep, ep.trajectories[0]) == "t:with:colons:default"
+    with pytest.raises(ValidationError, match="does not match"):
+        Episode(id="t:4", task_id="t", rollout_idx=5)
+    with pytest.raises(ValidationError, match="unique"):
+        Episode(task_id="t", rollout_idx=0, trajectories=[Trajectory(), Trajectory()])
+    with pytest.raises(ValidationError, match="rollout_idx"):
+        Episode(task_id="t", rollout_idx=-1)
+    with pytest.raises(ValueError, match="not of the form"):
+        parse_episode_id("no-index")
+
+
+def test_group_key_is_shared_by_rollouts_of_a_task_and_split_by_trajectory_name():
+    a, b = make_episode("task", 0), make_episode("task", 1)
+    solver = Trajectory(name="solver", steps=[make_step()])
+    assert group_key(a, a.trajectories[0]) == group_key(b, b.trajectories[0])
+    assert group_key(a, solver) != group_key(a, a.trajectories[0])
+
+
+# ---------------------------------------------------------------- multi-turn merge
+
+
+def test_merged_trajectory_appends_environment_tokens_with_mask_zero():
+    s1 = Step(prompt_ids=[1, 10, 11], response_ids=[20, 21], logprobs=[-0.1, -0.2], policy_version=3,
+              response_text="call")
+    s2 = Step(prompt_ids=[1, 10, 11, 20, 21, 30, 31, 32], response_ids=[40], logprobs=[-0.3], policy_version=4,
+              response_text="done", finish_reason="stop", done=True)
+    merged = Trajectory(steps=[s1, s2], reward=1.0).merged()
+    assert merged.prompt_ids == [1, 10, 11]
+    assert merged.response_ids == [20, 21, 30, 31, 32, 40]
+    assert merged.response_mask == [1, 1, 0, 0, 0, 1]
+    assert merged.logprobs == [-0.1, -0.2, 0.0, 0.0, 0.0, -0.3]
+    assert merged.policy_version == 3 and merged.metadata["policy_versions"] == [3, 4]
+    assert merged.reward == 1.0 and merged.done and merged.response_text == "done"
+
+
+def test_merge_refuses_a_step_that_retokenised_the_history():
+    s1 = Step(prompt_ids=[1, 10], response_ids=[20, 21], logprobs=[-0.1, -0.2], policy_version=0)
+    s2 = Step(prompt_ids=[1, 10, 20, 99, 30], response_ids=[40], logprobs=[-0.3], policy_version=0)
+    with pytest.raises(ValueError, match=r"steps\[1\].prompt_ids does not extend .* position 3"):
+        Trajectory(steps=[s1, s2]).merged()
+
+
+# ---------------------------------------------------------------- evaluation rows
+
+
+def test_evaluation_row_view_of_one_episode_round_trips_and_reads_back():
+    task = Task(task_id="arith-7", prompt="What is 40 + 2?", ground_truth="42")
+    ep = make_episode("arith-7", 2, reward=1.0, reward_reason="correct", metrics={"format": 1.0})
+    row = to_evaluation_row(ep, task)
+    assert [m.role for m in row.messages] == ["user", "assistant"]
+    assert row.messages[0].content == "What is 40 + 2?" and row.last_assistant_message().content == "42"
+    assert row.ground_truth == "42"
+    extra = row.execution_metadata.extra
+    step = ep.trajectories[0].steps[0]
+    assert extra["prompt_ids"] == [step.prompt_ids]
+    assert extra["completion_ids"] == [step.response_ids]
+    assert extra["inference_logprobs"] == [step.logprobs]
+    assert extra["completions_text"] == ["42"] and extra["finish_reasons"] == ["stop"]
+    assert extra["truncated"] == [False] and extra["episode_ids"] == ["arith-7:2"]
+    assert row.execution_metadata.rollout_id == "arith-7:2"
+    back = EvaluationRow.model_validate_json(row.model_dump_json())
+    assert back == row
+    verdict = read_evaluation_result(back)
+    assert verdict.score == 1.0 and verdict.reason == "correct" and verdict.metrics == {"format": 1.0}
+
+
+def test_evaluation_row_of_a_group_has_one_entry_per_sample():
+    eps = [make_episode("g", i, reward=float(i % 2)) for i in range(4)]
+    row = to_evaluation_row(eps, {"task_id": "g", "messages": [{"role": "user", "content": "q"}],
+                                  "ground_truth": 7})
+    extra = row.execution_metadata.extra
+    for key in ("prompt_ids", "completion_ids", "inference_logprobs", "completions_text", "truncated",
+                "finish_reasons", "episode_ids", "rewards", "completion_masks", "policy_versions"):
+        assert len(extra[key]) == 4, key
+    assert extra["completion_ids"] == [e.trajectories[0].steps[0].response_ids for e in eps]
+    assert extra["rewards"] == [0.0, 1.0, 0.0, 1.0]
+    assert row.input_metadata.row_id == "g" and row.ground_truth == 7
+    with pytest.raises(ValueError, match="share one task_id"):
+        to_evaluation_row([make_episode("a", 0), make_episode("b", 0)], {"prompt": "x", "ground_truth": 1})
+
+
+def test_score_written_by_a_row_evaluator_is_applied_to_the_episode():
+    ep = make_episode("arith-1", 0, reward=None)
+    row = to_evaluation_row(ep, Task(task_id="arith-1", prompt="q", ground_truth="42"))
+    assert row.evaluation_result is None and read_evaluation_result(row).score is None
+
+    # an evaluator written for rows: reads the last assistant message, sets evaluation_result
+    text = row.messages[-1].content
+    row.evaluation_result = EvaluateResult(score=float(text == row.ground_truth), reason="exact match",
+                                           metrics={"exact": MetricResult(score=1.0, reason="ok")})
+    scored = apply_evaluation_result(ep, row)
+    assert scored.reward == 1.0 and scored.reward_reason == "exact match" and scored.metrics == {"exact": 1.0}
+    assert ep.reward is None  # the input is not mutated
+
+
+def test_read_back_accepts_dicts_foreign_objects_and_invalid_scores():
+    as_dict = {"evaluation_result": {"score": 0.25, "reason": "r", "metrics": {"m": {"score": 0.5}}}}
+    assert read_evaluation_result(as_dict).score == 0.25
+    assert read_evaluation_result(as_dict).metrics == {"m": 0.5}
+    foreign = SimpleNamespace(evaluation_result=SimpleNamespace(score=1, is_score_valid=True, reason=None,
+                                                                metrics={}, error=None))
+    assert read_evaluation_result(foreign).score == 1.0
+    invalid = {"evaluation_result": {"score": 0.0, "is_score_valid": False, "error": "parse failed"}}
+    verdict = read_evaluation_result(invalid)
+    assert verdict.score is None and verdict.error == "parse failed"
+    ep = apply_evaluation_result(make_episode(), invalid)
+    assert ep.reward is None and ep.errors.runtime_error and ep.errors.message == "parse failed"
