@@ -1,0 +1,304 @@
+"""The engine: one worker thread that owns the model and batches requests continuously.
+
+Requests wait in a FIFO queue. Between decode steps the thread admits waiting requests as a whole
+(all prompts x n choices of a request join together) while the batch has room, runs one step of the
+:class:`~rft_runtime.serve.batch.RunningBatch`, and hands finished requests back to the event loop.
+
+Weight updates are applied by the same thread between steps, only once the batch has drained: while
+an update is pending no request is admitted, so every request runs on one set of weights and reports
+the policy version it was admitted under.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from .batch import RunningBatch, Sequence
+from .model import LoadedModel
+from .protocol import SamplingParams
+
+log = logging.getLogger(__name__)
+
+# While sequences are running, newcomers are admitted at most every this many steps (unless they would
+# fill the batch): each admission costs a prefill forward, so admitting several at once is cheaper.
+ADMIT_EVERY_STEPS = 4
+
+
+class EngineMetrics(Protocol):
+    """Hooks the engine reports through (see :mod:`rft_runtime.serve.metrics`)."""
+
+    def observe_step(self, batch_size: int, new_tokens: int) -> None: ...
+
+    def set_queue(self, running: int, waiting: int) -> None: ...
+
+    def observe_aborted(self, sequences: int) -> None: ...
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (answered with 500)."""
+
+
+@dataclass
+class GenerationResult:
+    """Finished sequences of one request, in submission order, and the policy version that made them."""
+
+    sequences: list[Sequence]
+    policy_version: int
+
+
+@dataclass
+class _Request:
+    seqs: list[Sequence]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    remaining: int = 0
+    version: int | None = None
+    cancelled: bool = False
+
+
+@dataclass
+class _Swap:
+    weights: dict[str, torch.Tensor]
+    version: int | None
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _resolve(fut: asyncio.Future, value: Any = None, exc: BaseException | None = None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(value)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any = None,
+             exc: BaseException | None = None) -> None:
+    """Resolve ``fut`` on its event loop from the worker thread (a closed loop is ignored)."""
+    try:
+        loop.call_soon_threadsafe(_resolve, fut, value, exc)
+    except RuntimeError:
+        pass
+
+
+class Engine:
+    """Continuous-batching generation over one loaded model."""
+
+    def __init__(self, lm: LoadedModel, *, max_batch_size: int = 32, metrics: EngineMetrics | None = None,
+                 policy_version: int = 0):
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        self.lm = lm
+        self.max_batch_size = max_batch_size
+        self.metrics = metrics
+        self.policy_version = policy_version
+        self.last_step_ok: float | None = None  # time.monotonic() of the last successful step
+        self.last_error: str | None = None
+        self._batch = RunningBatch(lm.model, pad_token_id=lm.pad_token_id, eos_token_ids=lm.eos_token_ids,
+                                   device=lm.device, decode_text=lm.codec.decode_text)
+        self._waiting: deque[_Request] = deque()
+        self._swap: _Swap | None = None
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._steps_since_admit = 0
+        self.num_aborted = 0  # sequences dropped because their client went away
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the worker thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rft-serve-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the worker thread; waiting requests fail."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        """True while the worker thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_running(self) -> int:
+        """Sequences in the running batch."""
+        return len(self._batch)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for admission."""
+        return len(self._waiting)
+
+    # ------------------------------------------------------------------ API for the event loop
+
+    async def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> GenerationResult:
+        """Generate one sequence per (prompt, params) pair; all of them run under one policy version."""
+        if len(prompts) != len(params) or not prompts:
+            raise ValueError("generate needs one SamplingParams per prompt, and at least one prompt")
+        if not self.alive:
+            raise EngineError("the engine is not running")
+        loop = asyncio.get_running_loop()
+        seqs = [Sequence(prompt=list(p), params=sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        req = _Request(seqs=seqs, loop=loop, future=loop.create_future(), remaining=len(seqs))
+        for s in seqs:
+            s.owner = req
+        with self._cv:
+            self._waiting.append(req)
+            self._cv.notify_all()
+        try:
+            return await asyncio.shield(req.future)
+        except asyncio.CancelledError:
+            req.cancelled = True  # the client went away: the engine drops the rows at its next step
+            with self._cv:
+                self._cv.notify_all()
+            raise
+
+    async def swap_weights(self, weights: dict[str, torch.Tensor], version: int | None = None) -> int:
+        """Load ``weights`` (names as in the model's state dict) once the batch drains; returns the new
+        policy version (``version`` when given, else the current one plus one)."""
+        if not self.alive:
+            raise EngineError("the engine is not running")
+        loop = asyncio.get_running_loop()
+        swap = _Swap(weights=weights, version=version, loop=loop, future=loop.create_future())
+        with self._cv:
+            if self._swap is not None:
+                raise EngineError("a weight update is already in progress")
+            self._swap = swap
+            self._cv.notify_all()
+        return await asyncio.shield(swap.future)
+
+    # ------------------------------------------------------------------ worker thread
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - the thread dies: fail everything instead of hanging
+            log.exception("engine thread crashed")
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._fail_all(EngineError(f"the engine crashed: {self.last_error}"))
+            raise
+        self._fail_all(EngineError("the engine stopped"))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not len(self._batch) and self._swap is None:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                swap = self._swap
+                newcomers = [] if swap is not None else self._admit()
+            self._drop_cancelled()
+            if swap is not None and not len(self._batch):
+                self._apply_swap(swap)
+                continue
+            if not newcomers and not len(self._batch):
+                continue
+            self._step(newcomers)
+
+    def _admit(self) -> list[_Request]:
+        """Pop waiting requests (FIFO) that fit in the batch; a request larger than the batch runs alone."""
+        taken: list[_Request] = []
+        room = self.max_batch_size - len(self._batch)
+        if len(self._batch) and self._steps_since_admit < ADMIT_EVERY_STEPS:
+            if sum(len(r.seqs) for r in self._waiting) < room:
+                return taken
+        while self._waiting:
+            req = self._waiting[0]
+            if req.cancelled:
+                self._waiting.popleft()
+                self._count_aborted(len(req.seqs))
+                continue
+            size = len(req.seqs)
+            if size > room and (taken or len(self._batch)):
+                break
+            self._waiting.popleft()
+            req.version = self.policy_version
+            taken.append(req)
+            room -= size
+        return taken
+
+    def _drop_cancelled(self) -> None:
+        rows = [i for i, s in enumerate(self._batch.seqs) if s.owner.cancelled]
+        if rows:
+            self._batch.retire(rows)
+            self._count_aborted(len(rows))
+
+    def _count_aborted(self, n: int) -> None:
+        self.num_aborted += n
+        if self.metrics is not None:
+            self.metrics.observe_aborted(n)
+
+    def _step(self, newcomers: list[_Request]) -> None:
+        new_seqs = [s for r in newcomers for s in r.seqs]
+        self._steps_since_admit = 0 if new_seqs else self._steps_since_admit + 1
+        try:
+            finished = self._batch.step(new_seqs)
+        except Exception as exc:  # noqa: BLE001 - any model failure fails the requests involved
+            log.exception("engine step failed")
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            owners = {id(s.owner): s.owner for s in self._batch.seqs + new_seqs}
+            self._batch.clear()
+            for req in owners.values():
+                _deliver(req.loop, req.future, None, EngineError(self.last_error))
+            return
+        self.last_step_ok = time.monotonic()
+        if self.metrics is not None:
+            stepped = len(self._batch) + len(finished)
+            self.metrics.observe_step(stepped, stepped)
+            self.metrics.set_queue(len(self._batch), len(self._waiting))
+        for s in finished:
+            req = s.owner
+            req.remaining -= 1
+            if req.remaining == 0 and not req.cancelled:
+                result = GenerationResult(sequences=req.seqs, policy_version=int(req.version or 0))
+                _deliver(req.loop, req.future, result)
+
+    def _apply_swap(self, swap: _Swap) -> None:
+        try:
+            params = self.lm.model.state_dict()
+            for name, tensor in swap.weights.items():  # check everything before changing anything
+                if name not in params or tuple(params[name].shape) != tuple(tensor.shape):
+                    raise ValueError(f"weight {name!r} does not match the served model")
+            for name, tensor in swap.weights.items():
+                params[name].copy_(tensor.to(device=params[name].device, dtype=params[name].dtype))
+        except Exception as exc:  # noqa: BLE001
+            log.exception("weight update failed")
+            with self._cv:
+                self._swap = None
+            _deliver(swap.loop, swap.future, None, EngineError(f"weight update failed: {exc}"))
+            return
+        with self._cv:
+            self.policy_version = swap.version if swap.version is not None else self.policy_version + 1
+            self._swap = None
+        _deliver(swap.loop, swap.future, self.policy_version)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cv:
+            reqs = list(self._waiting)
+            self._waiting.clear()
+            swap, self._swap = self._swap, None
+        owners = {id(s.owner): s.owner for s in self._batch.seqs}
+        self._batch.clear()
+        for req in reqs + list(owners.values()):
+            _deliver(req.loop, req.future, None, exc)
+        if swap is not None:
+            _deliver(swap.loop, swap.future, None, exc)

@@ -1,0 +1,242 @@
+"""HTTP handlers of the builtin server (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from .engine import Engine, EngineError
+from .errors import APIError, bad_request, invalid_param, model_not_found
+from .metrics import ServeMetrics
+from .protocol import (DEFAULT_MAX_LOGPROBS, GenerationRequest, PromptInput, SamplingParams, check_token_ids,
+                       get_bool, get_int, parse_chat, parse_completion, parse_messages, resolve_max_tokens)
+from .render import chat_body, completion_body
+from .weights import WeightLoadError, read_weights
+
+VERSION_HEADER = "x-policy-version"
+HEALTH_FRESH_S = 2.0  # a successful step this recent proves the engine can generate
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON, or a 400 naming the problem."""
+    raw = await request.read()
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"Invalid JSON body: {exc}") from exc
+
+
+def json_response(body: Any, status: int = 200, version: int | None = None) -> web.Response:
+    """A JSON response, with the policy-version header when ``version`` is given."""
+    headers = {VERSION_HEADER: str(version)} if version is not None else None
+    return web.json_response(body, status=status, headers=headers, dumps=lambda o: json.dumps(o, allow_nan=False))
+
+
+class ServeRoutes:
+    """The routes, bound to one engine and served model name."""
+
+    def __init__(self, engine: Engine, served_model_name: str, metrics: ServeMetrics, *,
+                 health_timeout: float = 10.0, max_logprobs: int = DEFAULT_MAX_LOGPROBS):
+        self.engine = engine
+        self.name = served_model_name
+        self.metrics = metrics
+        self.health_timeout = health_timeout
+        self.max_logprobs = max_logprobs
+        self.codec = engine.lm.codec
+        self._update_lock = asyncio.Lock()
+        self._probe: asyncio.Task | None = None
+
+    def register(self, app: web.Application) -> None:
+        """Add every route to ``app``."""
+        r = app.router
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
+        r.add_get("/metrics", self.metrics_route)
+        r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_get("/get_policy_version", self.get_policy_version)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.name:
+            raise model_not_found(model, self.name)
+
+    def _expand(self, req: GenerationRequest, field: str) -> tuple[list[list[int]], list[SamplingParams]]:
+        """One (prompt, params) pair per choice; choice j of a seeded request uses seed + j (as vLLM)."""
+        prompts, params = [], []
+        limit = self.engine.lm.max_model_len
+        for p in req.prompts:
+            sp = resolve_max_tokens(req.params, len(p.token_ids), limit, field)
+            for j in range(req.n):
+                prompts.append(p.token_ids)
+                params.append(sp if sp.seed is None else replace(sp, seed=sp.seed + j))
+        return prompts, params
+
+    async def _generate(self, prompts: list[list[int]], params: list[SamplingParams]):
+        try:
+            return await self.engine.generate(prompts, params)
+        except EngineError as exc:
+            raise APIError(500, str(exc)) from exc
+
+    # ------------------------------------------------------------------ OpenAI routes
+
+    async def completions(self, request: web.Request) -> web.Response:
+        """POST /v1/completions."""
+        body = await read_json(request)
+        req, raw = parse_completion(body, vocab_size=self.codec.vocab_size, max_logprobs=self.max_logprobs)
+        self._check_model(req.model)
+        for p in raw:
+            if isinstance(p, str):
+                req.prompts.append(PromptInput(self.codec.encode(p), p))
+            else:
+                check_token_ids(p, self.codec.vocab_size)
+                req.prompts.append(PromptInput(p))
+        result = await self._generate(*self._expand(req, "prompt"))
+        self.metrics.prompt_tokens.inc(sum(len(p.token_ids) for p in req.prompts))
+        return json_response(completion_body(req, result, self.codec, self.name), version=result.policy_version)
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        """POST /v1/chat/completions."""
+        body = await read_json(request)
+        req, messages = parse_chat(body, vocab_size=self.codec.vocab_size, max_logprobs=self.max_logprobs)
+        self._check_model(req.model)
+        ids = self.codec.apply_chat(messages, **req.extra)
+        req.prompts.append(PromptInput(ids))
+        result = await self._generate(*self._expand(req, "messages"))
+        self.metrics.prompt_tokens.inc(len(ids))
+        return json_response(chat_body(req, result, self.codec, self.name), version=result.policy_version)
+
+    async def models(self, request: web.Request) -> web.Response:
+        """GET /v1/models."""
+        now = int(time.time())
+        card = {
+            "id": self.name, "object": "model", "created": now, "owned_by": "rft", "root": self.engine.lm.model_dir,
+            "parent": None, "max_model_len": self.engine.lm.max_model_len,
+            "permission": [{"id": f"modelperm-{self.name}", "object": "model_permission", "created": now,
+                            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                            "organization": "*", "group": None, "is_blocking": False}],
+        }
+        return json_response({"object": "list", "data": [card]})
+
+    # ------------------------------------------------------------------ health
+
+    async def _probe_once(self) -> None:
+        pad = self.engine.lm.pad_token_id
+        await self.engine.generate([[pad]], [SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)])
+
+    async def health(self, request: web.Request) -> web.Response:
+        """GET /health: 200 only when the engine generated a token within the last seconds or does now."""
+        if not self.engine.alive:
+            raise APIError(503, "the engine is not running")
+        last = self.engine.last_step_ok
+        if last is not None and time.monotonic() - last < HEALTH_FRESH_S:
+            return web.Response(status=200, text="")
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self._probe_once())
+        try:
+            await asyncio.wait_for(asyncio.shield(self._probe), self.health_timeout)
+        except asyncio.TimeoutError as exc:
+            raise APIError(503, f"the engine did not generate a token within {self.health_timeout}s") from exc
+        except Exception as exc:  # noqa: BLE001 - any failure to generate is unhealthy
+            raise APIError(503, f"the engine cannot generate: {exc}") from exc
+        return web.Response(status=200, text="")
+
+    # ------------------------------------------------------------------ tokenizer routes
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """POST /tokenize with ``prompt`` or chat ``messages``."""
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise bad_request("The request body must be a JSON object")
+        self._check_model(body.get("model"))
+        if "messages" in body:
+            messages = parse_messages(body)
+            kwargs = body.get("chat_template_kwargs") or {}
+            if not isinstance(kwargs, dict):
+                raise invalid_param("chat_template_kwargs", kwargs, "must be an object")
+            ids = self.codec.apply_chat(
+                messages, add_generation_prompt=get_bool(body, "add_generation_prompt", True),
+                continue_final_message=get_bool(body, "continue_final_message", False),
+                chat_template_kwargs=kwargs, tools=body.get("tools"))
+        elif isinstance(body.get("prompt"), str):
+            ids = self.codec.encode(body["prompt"], add_special_tokens=get_bool(body, "add_special_tokens", True))
+        else:
+            raise invalid_param("prompt", body.get("prompt"), "must be a string (or send messages)")
+        strs = None
+        if get_bool(body, "return_token_strs", False):
+            strs = self.codec.tokenizer.convert_ids_to_tokens(ids)
+        return json_response({"count": len(ids), "max_model_len": self.engine.lm.max_model_len, "tokens": ids,
+                              "token_strs": strs})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        """POST /detokenize ``{"tokens": [...]}``."""
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("tokens"), list):
+            raise invalid_param("tokens", None if not isinstance(body, dict) else body.get("tokens"),
+                                "must be a list of token ids")
+        self._check_model(body.get("model"))
+        ids = body["tokens"]
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise invalid_param("tokens", ids, "must be a list of token ids")
+        check_token_ids(ids, self.codec.vocab_size)
+        return json_response({"prompt": self.codec.tokenizer.decode(ids)})
+
+    async def metrics_route(self, request: web.Request) -> web.Response:
+        """GET /metrics (Prometheus text format)."""
+        self.metrics.policy_version.set(self.engine.policy_version)
+        self.metrics.set_queue(self.engine.num_running, self.engine.num_waiting)
+        resp = web.Response(body=self.metrics.render())
+        resp.headers["Content-Type"] = self.metrics.content_type
+        return resp
+
+    # ------------------------------------------------------------------ weights
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        """POST /update_weights_from_disk ``{"model_path", "policy_version"?}`` (SGLang's route).
+
+        Loads a full safetensors checkpoint or a PEFT LoRA adapter (merged into the base weights) between
+        batches, then sets the policy version (given, or the current one plus one)."""
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            return self._update_failed("The request body must be a JSON object")
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            return self._update_failed("model_path is required (a directory with safetensors weights or a "
+                                       "LoRA adapter)")
+        try:
+            version = get_int(body, "policy_version", None, lo=0)
+        except APIError as exc:
+            return self._update_failed(exc.message)
+        async with self._update_lock:
+            try:
+                weights, kind = await asyncio.to_thread(read_weights, path, base_dir=self.engine.lm.model_dir,
+                                                        model=self.engine.lm.model)
+                new_version = await self.engine.swap_weights(weights, version)
+            except (WeightLoadError, EngineError, OSError) as exc:
+                self.metrics.weight_updates.labels(result="error").inc()
+                return self._update_failed(str(exc), status=400 if not isinstance(exc, EngineError) else 500)
+        self.metrics.weight_updates.labels(result="ok").inc()
+        self.metrics.policy_version.set(new_version)
+        return json_response({"success": True, "message": "Succeeded to update model weights.",
+                              "num_paused_requests": 0, "policy_version": new_version, "load_format": kind},
+                             version=new_version)
+
+    def _update_failed(self, message: str, status: int = 400) -> web.Response:
+        return json_response({"success": False, "message": message, "policy_version": self.engine.policy_version},
+                             status=status)
+
+    async def get_policy_version(self, request: web.Request) -> web.Response:
+        """GET /get_policy_version."""
+        return json_response({"policy_version": self.engine.policy_version})

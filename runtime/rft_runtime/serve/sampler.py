@@ -1,0 +1,131 @@
+"""Token selection and processed logprobs for one decode step of a batch.
+
+Processed logprobs follow vLLM's ``--logprobs-mode processed_logprobs``:
+
+* sampling rows (temperature >= 1e-5): ``log_softmax(filter(logits / T))`` where ``filter`` sets the
+  logits outside top-k / top-p to ``-inf`` (so filtered tokens get ``-inf`` and the kept ones are
+  renormalised);
+* greedy rows (temperature < 1e-5): ``log_softmax(logits)``, no filtering (vLLM's greedy path).
+
+Sampling draws ``q ~ Exp(1)`` per vocabulary entry from the sequence's own ``torch.Generator`` and picks
+``argmax(probs / q)`` (an exact sample from ``probs``), so a seeded sequence gives the same tokens
+whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .protocol import SamplingParams
+
+
+@dataclass
+class StepSample:
+    """What one step chose for each row (Python lists, ready to append)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]] | None]  # per row, top-k (id, logprob) or None when not asked
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask logits outside each row's top-k and top-p (nucleus) sets with ``-inf``.
+
+    ``top_k[b]`` equal to the vocabulary size and ``top_p[b] == 1`` disable the filters for row ``b``.
+    Ties with the k-th largest logit are kept. The nucleus keeps the smallest set of largest logits whose
+    probability mass reaches ``p`` (at least one token).
+    """
+    if top_k is None and top_p is None:
+        return logits
+    vocab = logits.shape[-1]
+    ordered, order = logits.sort(dim=-1, descending=False)
+    if top_k is not None:
+        kth = ordered.gather(1, (vocab - top_k).clamp(0, vocab - 1).unsqueeze(1))
+        ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    if top_p is not None:
+        cum = ordered.softmax(dim=-1).cumsum(dim=-1)
+        drop = cum <= (1.0 - top_p).unsqueeze(1)
+        drop[:, -1] = False
+        ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, ordered)
+
+
+def processed_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Processed logprobs ``[B, V]`` (float32) for rows with the given sampling parameters."""
+    logits = logits.float()
+    vocab = logits.shape[-1]
+    greedy = [p.greedy for p in params]
+    temps = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)],
+                         dtype=torch.float32, device=logits.device)
+    scaled = logits / temps.unsqueeze(1)
+    ks = [vocab if (g or p.top_k <= 0) else min(p.top_k, vocab) for g, p in zip(greedy, params)]
+    ps = [1.0 if g else p.top_p for g, p in zip(greedy, params)]
+    top_k = torch.tensor(ks, device=logits.device) if any(k < vocab for k in ks) else None
+    top_p = torch.tensor(ps, dtype=torch.float32, device=logits.device) if any(p < 1.0 for p in ps) else None
+    return torch.log_softmax(filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
+
+
+def sample_step(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> StepSample:
+    """Choose one token per row and report its processed logprob and the requested top alternatives."""
+    logprobs = processed_logprobs(logits, params)
+    greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+    chosen = logprobs.argmax(dim=-1)
+    if not bool(greedy.all()):
+        q = torch.empty_like(logprobs)
+        for i, (p, g) in enumerate(zip(params, generators)):
+            if p.greedy:
+                q[i].fill_(1.0)
+            else:
+                q[i].exponential_(generator=g)
+        sampled = (logprobs.exp() / q).argmax(dim=-1)
+        chosen = torch.where(greedy, chosen, sampled)
+    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    kmax = max((p.logprobs or 0) for p in params)
+    top: list[list[tuple[int, float]] | None] = [None] * len(params)
+    if kmax > 0:
+        vals, idx = logprobs.topk(kmax, dim=-1)
+        vals_l, idx_l = vals.tolist(), idx.tolist()
+        for i, p in enumerate(params):
+            if p.logprobs:
+                top[i] = list(zip(idx_l[i][: p.logprobs], vals_l[i][: p.logprobs]))
+    return StepSample(tokens=chosen.tolist(), logprobs=chosen_lp.tolist(), top=top)
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[dict | None]:
+    """Raw (temperature-free) logprobs of each prompt token given its prefix, as vLLM reports them.
+
+    ``logits[t]`` predicts ``prompt[t + 1]``. Entry 0 is None; entry ``t`` is
+    ``{token_id: (logprob, rank)}`` for the prompt token first, then the top ``k`` alternatives.
+    vLLM computes prompt logprobs before temperature in both logprobs modes.
+    """
+    n = len(prompt)
+    out: list[dict | None] = [None]
+    if n < 2:
+        return out
+    lp = torch.log_softmax(logits[: n - 1].float(), dim=-1)
+    target = torch.tensor(prompt[1:], device=lp.device)
+    tok_lp = lp.gather(1, target.unsqueeze(1))
+    ranks = (lp > tok_lp).sum(dim=-1) + 1
+    tok_l, rank_l = tok_lp.squeeze(1).tolist(), ranks.tolist()
+    if k > 0:
+        vals, idx = lp.topk(k, dim=-1)
+        vals_l, idx_l = vals.tolist(), idx.tolist()
+    for t in range(n - 1):
+        entry = {prompt[t + 1]: (tok_l[t], rank_l[t])}
+        if k > 0:
+            for r, (tid, v) in enumerate(zip(idx_l[t], vals_l[t])):
+                entry.setdefault(tid, (v, r + 1))
+        out.append(entry)
+    return out
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """A per-sequence generator: seeded when the request gave a seed, otherwise from fresh entropy."""
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
+    return g

@@ -1,0 +1,112 @@
+"""The builtin server's app factory and CLI: ``rft serve --model DIR --host H --port P``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from .engine import Engine
+from .errors import APIError
+from .metrics import ServeMetrics
+from .model import load_model
+from .routes import VERSION_HEADER, ServeRoutes
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error_middleware(metrics: ServeMetrics, engine: Engine):
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        try:
+            resp = await handler(request)
+        except APIError as exc:
+            resp = web.json_response(exc.body(), status=exc.status)
+        except web.HTTPNotFound:
+            resp = web.json_response({"detail": "Not Found"}, status=404)
+        except web.HTTPMethodNotAllowed:
+            resp = web.json_response({"detail": "Method Not Allowed"}, status=405)
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - answer 500 with vLLM's body instead of a bare traceback
+            log.exception("unhandled error on %s", request.path)
+            resp = web.json_response(APIError(500, f"{type(exc).__name__}: {exc}").body(), status=500)
+        if VERSION_HEADER not in resp.headers:
+            resp.headers[VERSION_HEADER] = str(engine.policy_version)
+        metrics.observe_request(route, resp.status, time.perf_counter() - start)
+        return resp
+
+    return middleware
+
+
+def create_app(engine: Engine, served_model_name: str, *, health_timeout: float = 10.0,
+               stop_engine_on_cleanup: bool = False) -> web.Application:
+    """The aiohttp application serving ``engine`` as ``served_model_name``.
+
+    The engine thread starts with the app; it stops with the app only if ``stop_engine_on_cleanup``.
+    """
+    metrics = engine.metrics if isinstance(engine.metrics, ServeMetrics) else ServeMetrics()
+    engine.metrics = metrics
+    app = web.Application(middlewares=[_error_middleware(metrics, engine)], client_max_size=64 * 1024 * 1024)
+    ServeRoutes(engine, served_model_name, metrics, health_timeout=health_timeout).register(app)
+
+    async def on_startup(_app: web.Application) -> None:
+        engine.start()
+
+    async def on_cleanup(_app: web.Application) -> None:
+        if stop_engine_on_cleanup:
+            engine.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of ``rft serve``."""
+    p = argparse.ArgumentParser(prog="rft serve", description="Serve a model with a vLLM-compatible OpenAI API.")
+    p.add_argument("--model", required=True, help="Hugging Face model directory")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="model name clients use (default: --model)")
+    p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    p.add_argument("--max-batch-size", type=int, default=32, help="sequences decoded together")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    p.add_argument("--policy-version", type=int, default=0, help="policy version of the initial weights")
+    p.add_argument("--health-timeout", type=float, default=10.0, help="seconds /health waits for a token")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the server until interrupted (SIGINT/SIGTERM stop it gracefully)."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    lm = load_model(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
+    engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=args.policy_version)
+    name = args.served_model_name or args.model
+    app = create_app(engine, name, health_timeout=args.health_timeout, stop_engine_on_cleanup=True)
+    log.info("serving %s as %r on %s:%d (device %s, dtype %s, max_model_len %d, max_batch_size %d)",
+             args.model, name, args.host, args.port, lm.device, lm.dtype, lm.max_model_len, args.max_batch_size)
+    # handler_cancellation: a client that disconnects cancels its request, freeing its batch rows
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
