@@ -194,3 +194,10 @@ def test_interleave_validates_weights_and_n():
         interleave({"a": a}, {"a": 0}, seed=0)
     with pytest.raises(DatasetError, match="'n' must be between 0 and 4"):
         interleave({"a": a}, {"a": 1}, seed=0, n=5)
+
+
+def test_builtin_dataset_registry_equals_crd_enum():
+    from rft_api.constants import BUILTIN_DATASETS
+    from rft_runtime.data import list_datasets
+
+    assert sorted(list_datasets()) == sorted(BUILTIN_DATASETS)
