@@ -100,3 +100,20 @@ def test_chart_renders_and_validates_on_server(crd_installed, namespace):
                      "ServiceAccount"]
     kubectl(crd_installed, "apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=rendered)
 
+
+
+def test_chart_cluster_role_is_exactly_the_operator_rules(cluster):
+    from rft_operator.permissions import OPERATOR_RULES
+
+    rendered = subprocess.run([cluster.binary("helm"), "template", "rft", str(ROOT / "charts" / "rft-operator")],
+                              capture_output=True, text=True, check=True).stdout
+    roles = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterRole"]
+    assert len(roles) == 1 and roles[0]["rules"] == OPERATOR_RULES
+    deploy = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+    # The chart's flags are ones the operator accepts.
+    from rft_operator.main import parse_args
+
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = parse_args(args)
+    assert parsed.health_port == 8081 and parsed.all_namespaces

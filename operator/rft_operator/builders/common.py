@@ -1,0 +1,268 @@
+"""Shared pieces of the child builders: metadata with owner references, pod security, volumes, env.
+
+All pure functions of the job; nothing here talks to the API server.
+"""
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
+
+from rft_api.constants import API_VERSION, KIND
+from rft_api.job import RFTJob
+from rft_api.spec import DataSource, EnvVar, Resources, RFTJobSpec, VolumeRef
+
+from .. import names
+
+Obj = dict[str, Any]
+
+CONFIG_DIR = "/etc/rft"
+CONFIG_PATH = f"{CONFIG_DIR}/{names.CONFIG_KEY}"
+CHAT_TEMPLATE_KEY = "chat_template.jinja"
+EVALUATOR_DIR = f"{CONFIG_DIR}/evaluator"
+DATASET_DIR = f"{CONFIG_DIR}/datasets"
+CHECKPOINT_DIR = "/checkpoints"
+CACHE_DIR = "/var/cache/rft"
+MODEL_CACHE_DIR = f"{CACHE_DIR}/models"
+TMP_DIR = "/tmp"
+RUN_AS = 1000
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """Inputs of the builders beyond the job itself (all deterministic)."""
+
+    trainer_attempt: int = 0
+    """The trainer attempt whose Job is built (``status.restarts``)."""
+    coordinator_port: int = 8100
+    reward_port: int = 8200
+
+
+def owner_reference(job: RFTJob) -> Obj:
+    """The controller owner reference to the RFTJob (garbage collection deletes the child with it)."""
+    return {
+        "apiVersion": API_VERSION, "kind": KIND, "name": job.name, "uid": job.metadata.get("uid", ""),
+        "controller": True, "blockOwnerDeletion": True,
+    }
+
+
+def metadata(job: RFTJob, name: str, role: str, annotations: Optional[dict[str, str]] = None) -> Obj:
+    """Metadata of a child: deterministic name, the job's namespace, labels, owner reference."""
+    meta: Obj = {
+        "name": name, "namespace": job.namespace, "labels": names.labels(job.name, role),
+        "ownerReferences": [owner_reference(job)],
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def pod_security_context() -> Obj:
+    return {
+        "runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context(read_only_root: bool = True) -> Obj:
+    return {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+        "runAsUser": RUN_AS, "readOnlyRootFilesystem": read_only_root,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def resources(r: Optional[Resources]) -> Obj:
+    """Container resources from the spec (quantities passed through)."""
+    if r is None:
+        return {}
+    out: Obj = {}
+    if r.requests:
+        out["requests"] = {k: v for k, v in sorted(r.requests.items())}
+    if r.limits:
+        out["limits"] = {k: v for k, v in sorted(r.limits.items())}
+    return out
+
+
+def env_var(name: str, value: str) -> Obj:
+    return {"name": name, "value": value}
+
+
+def field_env(name: str, field_path: str) -> Obj:
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
+
+
+# Servers in role pods listen on the pod's own address (`--host $(POD_IP)`, or RFT_BIND_HOST for the
+# runtime's servers), not 0.0.0.0: equivalent on a cluster, and each pod keeps its own address where
+# pods share a network stack (the e2e process harness gives each pod its own loopback address).
+BIND_HOST = "$(POD_IP)"
+
+
+def base_env(job: RFTJob) -> list[Obj]:
+    """Environment every container gets: its address, where the config is, who it runs for, writable home."""
+    return [
+        field_env("POD_IP", "status.podIP"),
+        field_env("POD_NAME", "metadata.name"),
+        env_var("RFT_BIND_HOST", BIND_HOST),
+        env_var("RFT_CONFIG", CONFIG_PATH),
+        env_var("RFT_JOB_NAME", job.name),
+        env_var("RFT_NAMESPACE", job.namespace),
+        env_var("HOME", TMP_DIR),
+        env_var("XDG_CACHE_HOME", f"{CACHE_DIR}/xdg"),
+        env_var("HF_HOME", f"{CACHE_DIR}/hf"),
+        env_var("HF_HUB_OFFLINE", "1"),
+    ]
+
+
+def user_env(env: Iterable[EnvVar]) -> list[Obj]:
+    """The spec's extra env (literal values or secretKeyRef references, never resolved here)."""
+    return [e.model_dump(by_alias=True, exclude_none=True, mode="json") for e in env]
+
+
+def secret_env(name: str, secret: str, key: str) -> Obj:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+# ------------------------------------------------------------------------------------------ volumes
+def config_volume(job: RFTJob) -> Obj:
+    return {"name": "config", "configMap": {"name": names.config(job.name)}}
+
+
+def config_mount() -> Obj:
+    return {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}
+
+
+def scratch_volumes() -> list[Obj]:
+    return [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
+
+
+def scratch_mounts() -> list[Obj]:
+    return [{"name": "tmp", "mountPath": TMP_DIR}, {"name": "cache", "mountPath": CACHE_DIR}]
+
+
+def checkpoint_claim(job: RFTJob) -> str:
+    return job.spec.checkpoint.existing_claim or names.checkpoints(job.name)
+
+
+def checkpoint_volume(job: RFTJob) -> Obj:
+    return {"name": "checkpoints", "persistentVolumeClaim": {"claimName": checkpoint_claim(job)}}
+
+
+def checkpoint_mount(read_only: bool) -> Obj:
+    mount: Obj = {"name": "checkpoints", "mountPath": CHECKPOINT_DIR}
+    if read_only:
+        mount["readOnly"] = True
+    return mount
+
+
+def claim_volumes(refs: Iterable[Optional[VolumeRef]], prefix: str) -> tuple[list[Obj], list[Obj]]:
+    """Read-only volumes and mounts for data claims, one per distinct (claim, mountPath, subPath)."""
+    seen: list[tuple[str, str, Optional[str]]] = []
+    vols, mounts = [], []
+    for ref in refs:
+        if ref is None:
+            continue
+        key = (ref.claim_name, ref.mount_path, ref.sub_path)
+        if key in seen:
+            continue
+        seen.append(key)
+        vname = f"{prefix}-{len(seen) - 1}"
+        vols.append({"name": vname, "persistentVolumeClaim": {"claimName": ref.claim_name, "readOnly": True}})
+        mount = {"name": vname, "mountPath": ref.mount_path, "readOnly": True}
+        if ref.sub_path:
+            mount["subPath"] = ref.sub_path
+        mounts.append(mount)
+    return vols, mounts
+
+
+def model_path(spec: RFTJobSpec) -> str:
+    """Where the base model is inside the pods (``builtin:<name>`` stays symbolic)."""
+    base = spec.model.base
+    if base.startswith("builtin:") or base.startswith("/"):
+        return base
+    assert spec.model.volume is not None  # guaranteed by the ModelSpec rule
+    return posixpath.join(spec.model.volume.mount_path, base)
+
+
+def exported_model_path(spec: RFTJobSpec) -> str:
+    """Where an engine that needs a model directory finds a builtin model (exported by an init container)."""
+    return f"{MODEL_CACHE_DIR}/{spec.model.base.split(':', 1)[1]}" if spec.model.base.startswith("builtin:") \
+        else model_path(spec)
+
+
+def tokenizer_path(spec: RFTJobSpec) -> Optional[str]:
+    tok = spec.model.tokenizer
+    if tok is None or tok.startswith("/") or spec.model.volume is None:
+        return tok
+    return posixpath.join(spec.model.volume.mount_path, tok)
+
+
+def dataset_path(split: str, src: Optional[DataSource]) -> Optional[str]:
+    """Where the trainer reads a dataset split (``None`` for builtin datasets and absent splits)."""
+    if src is None or src.builtin is not None:
+        return None
+    if src.config_map_key_ref is not None:
+        return f"{DATASET_DIR}/{split}/{src.config_map_key_ref.key}"
+    assert src.path is not None
+    if src.path.startswith("/") or src.volume is None:
+        return src.path
+    return posixpath.join(src.volume.mount_path, src.path)
+
+
+def pod_spec(containers: list[Obj], volumes: list[Obj], *, init_containers: Optional[list[Obj]] = None,
+             service_account: Optional[str] = None, automount_token: Optional[bool] = False,
+             restart_policy: Optional[str] = None, extra: Optional[Obj] = None) -> Obj:
+    """A pod spec with the security defaults every role shares."""
+    spec: Obj = {}
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    if automount_token is not None:
+        spec["automountServiceAccountToken"] = automount_token
+    spec["enableServiceLinks"] = False
+    spec["securityContext"] = pod_security_context()
+    if init_containers:
+        spec["initContainers"] = init_containers
+    spec["containers"] = containers
+    spec["volumes"] = volumes
+    if restart_policy:
+        spec["restartPolicy"] = restart_policy
+    if extra:
+        spec.update(extra)
+    return spec
+
+
+def http_probe(path: str, port: int, period: int = 5, failures: int = 3) -> Obj:
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "failureThreshold": failures}
+
+
+def service(job: RFTJob, name: str, role: str, port: int, port_name: str, *, headless: bool = False,
+            extra_selector: Optional[dict[str, str]] = None) -> Obj:
+    """A Service selecting a role's pods."""
+    spec: Obj = {
+        "selector": {**names.selector(job.name, role), **(extra_selector or {})},
+        "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
+    }
+    if headless:
+        spec["clusterIP"] = "None"
+        spec["publishNotReadyAddresses"] = True
+    else:
+        spec["type"] = "ClusterIP"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(job, name, role), "spec": spec}
+
+
+def deployment(job: RFTJob, name: str, role: str, replicas: int, pod: Obj) -> Obj:
+    """A Deployment of a role (Recreate: never two generations of a role at once)."""
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(job, name, role),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": names.selector(job.name, role)},
+            "strategy": {"type": "Recreate"},
+            "revisionHistoryLimit": 2,
+            "template": {"metadata": {"labels": names.labels(job.name, role)}, "spec": pod},
+        },
+    }
+
+
+def service_url(job: RFTJob, service_name: str, port: int) -> str:
+    return f"http://{service_name}.{job.namespace}.svc:{port}"

@@ -1,0 +1,64 @@
+"""Where the evaluators run and what their pods need: file evaluators' ConfigMaps, API-key Secrets.
+
+Scoring happens in the reward pods when the job has a reward role (``topology.reward_required``),
+else in the rollout pods; evaluator files and API keys go only to the pods that score.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rft_api.job import RFTJob
+from rft_api.spec import RFTJobSpec
+
+from .common import EVALUATOR_DIR, secret_env
+
+Obj = dict[str, Any]
+
+
+def api_key_env_name(index: int) -> str:
+    """Env var holding evaluator ``index``'s API key (the config names it; the value comes from a Secret)."""
+    return f"RFT_EVALUATOR_{index}_API_KEY"
+
+
+def file_entries(spec: RFTJobSpec) -> list[Obj]:
+    """File evaluators: index in ``evaluator.entries()``, path in the pod, functions."""
+    out = []
+    for i, e in enumerate(spec.evaluator.entries()):
+        if e.file is not None:
+            out.append({"index": i, "path": f"{EVALUATOR_DIR}/{i}/{e.file.config_map_key_ref.key}",
+                        "function": e.file.function, "rollout": e.file.rollout})
+    return out
+
+
+def secret_entries(spec: RFTJobSpec) -> list[Obj]:
+    """Evaluators with an API key: index and the env var that holds the key (never the key)."""
+    return [{"index": i, "env": api_key_env_name(i)}
+            for i, e in enumerate(spec.evaluator.entries()) if e.api_key_secret_ref is not None]
+
+
+def secret_envs(spec: RFTJobSpec) -> list[Obj]:
+    """``valueFrom.secretKeyRef`` env vars for the scoring pods."""
+    out = []
+    for i, e in enumerate(spec.evaluator.entries()):
+        ref = e.api_key_secret_ref
+        if ref is not None:
+            out.append(secret_env(api_key_env_name(i), ref.name, ref.key))
+    return out
+
+
+def file_volumes(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
+    """A projected volume at ``/etc/rft/evaluator`` with each file evaluator at ``<index>/<key>``."""
+    sources = []
+    for i, e in enumerate(job.spec.evaluator.entries()):
+        if e.file is not None:
+            ref = e.file.config_map_key_ref
+            sources.append({"configMap": {"name": ref.name, "items": [{"key": ref.key, "path": f"{i}/{ref.key}"}]}})
+    if not sources:
+        return [], []
+    return ([{"name": "evaluator", "projected": {"sources": sources}}],
+            [{"name": "evaluator", "mountPath": EVALUATOR_DIR, "readOnly": True}])
+
+
+def scoring_image(job: RFTJob) -> str:
+    """The evaluator bundle's image when there is one, else the runtime image."""
+    return job.spec.evaluator.bundle_image() or job.spec.runtime_image

@@ -1,0 +1,133 @@
+"""The inference role: a Deployment serving the policy (builtin, vLLM or SGLang) and its Service.
+
+Every engine serves the policy under the job's name (``--served-model-name <job>``), on
+``spec.inference.port``, with ``/health`` as readiness probe, and mounts the checkpoint claim
+read-only at ``/checkpoints`` to load the weights the trainer publishes there.
+
+- builtin: ``rft serve`` in the runtime image (weight reload: ``/update_weights_from_disk``).
+- vllm: ``python -m vllm.entrypoints.openai.api_server`` with ``--logprobs-mode processed_logprobs``
+  (logprobs after temperature, as the trainer computes them). weightSync=lora adds ``--enable-lora``
+  and runtime adapter loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``); weightSync=disk enables vLLM's
+  development routes (``VLLM_SERVER_DEV_MODE``) for weight reloads.
+- sglang: ``python -m sglang.launch_server`` (native ``/update_weights_from_disk``); lora as above.
+
+vLLM and SGLang need a model directory: for a ``builtin:`` model an init container running the
+runtime image exports it (``rft model export``) into the pod's cache. Their root filesystems stay
+writable (both write caches outside ``$HOME``); the runtime image's is read-only.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rft_api.constants import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE
+from rft_api.job import RFTJob
+
+from .. import names
+from .common import (BIND_HOST, CHAT_TEMPLATE_KEY, CONFIG_DIR, BuildContext, base_env, checkpoint_mount, checkpoint_volume,
+                     claim_volumes, config_mount, config_volume, container_security_context, deployment,
+                     env_var, exported_model_path, http_probe, model_path, pod_spec, resources, scratch_mounts,
+                     scratch_volumes, service, tokenizer_path, user_env)
+
+Obj = dict[str, Any]
+ROLE = "inference"
+MAX_LORAS = 2
+STARTUP_PERIOD_S = 5
+STARTUP_FAILURES = 120  # up to 10 minutes to load a model
+
+
+def image(job: RFTJob) -> str:
+    inf = job.spec.inference
+    if inf.image:
+        return inf.image
+    return {"builtin": job.spec.runtime_image, "vllm": DEFAULT_VLLM_IMAGE, "sglang": DEFAULT_SGLANG_IMAGE}[inf.engine]
+
+
+def command(job: RFTJob) -> list[str]:
+    """The engine's command line."""
+    spec, inf = job.spec, job.spec.inference
+    port = str(inf.port)
+    lora = spec.model.lora if inf.weight_sync == "lora" else None
+    tok = tokenizer_path(spec)
+    template = f"{CONFIG_DIR}/{CHAT_TEMPLATE_KEY}" if spec.model.chat_template else None
+    if inf.engine == "builtin":
+        cmd = ["rft", "serve", "--model", model_path(spec), "--host", BIND_HOST, "--port", port,
+               "--served-model-name", job.name]
+    elif inf.engine == "vllm":
+        cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", exported_model_path(spec),
+               "--served-model-name", job.name, "--host", BIND_HOST, "--port", port,
+               "--max-model-len", str(inf.max_model_len), "--logprobs-mode", "processed_logprobs"]
+        if spec.model.dtype != "auto":
+            cmd += ["--dtype", spec.model.dtype]
+        if tok:
+            cmd += ["--tokenizer", tok]
+        if template:
+            cmd += ["--chat-template", template]
+        if lora is not None:
+            cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--max-loras", str(MAX_LORAS)]
+    else:  # sglang
+        cmd = ["python", "-m", "sglang.launch_server", "--model-path", exported_model_path(spec),
+               "--served-model-name", job.name, "--host", BIND_HOST, "--port", port,
+               "--context-length", str(inf.max_model_len)]
+        if spec.model.dtype != "auto":
+            cmd += ["--dtype", spec.model.dtype]
+        if tok:
+            cmd += ["--tokenizer-path", tok]
+        if template:
+            cmd += ["--chat-template", template]
+        if lora is not None:
+            cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--max-loras-per-batch", str(MAX_LORAS)]
+    return cmd + list(inf.extra_args)
+
+
+def _engine_env(job: RFTJob) -> list[Obj]:
+    inf = job.spec.inference
+    if inf.engine == "vllm":
+        env = []
+        if inf.weight_sync == "lora":
+            env.append(env_var("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"))
+        elif inf.weight_sync == "disk":
+            env.append(env_var("VLLM_SERVER_DEV_MODE", "1"))
+        return env
+    return []
+
+
+def _init_containers(job: RFTJob, mounts: list[Obj]) -> list[Obj]:
+    spec = job.spec
+    if spec.inference.engine == "builtin" or not spec.model.base.startswith("builtin:"):
+        return []
+    return [{
+        "name": "export-model", "image": spec.runtime_image,
+        "command": ["rft", "model", "export", "--model", spec.model.base, "--out", exported_model_path(spec)],
+        "env": base_env(job), "volumeMounts": mounts,
+        "securityContext": container_security_context(read_only_root=True),
+    }]
+
+
+def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
+    """The inference Deployment."""
+    spec, inf = job.spec, job.spec.inference
+    data_vols, data_mounts = claim_volumes([spec.model.volume], "model")
+    volumes = [config_volume(job), checkpoint_volume(job), *scratch_volumes(), *data_vols]
+    mounts = [config_mount(), checkpoint_mount(read_only=True), *scratch_mounts(), *data_mounts]
+    if inf.engine != "builtin":
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+    container: Obj = {
+        "name": ROLE, "image": image(job), "command": command(job),
+        "ports": [{"name": "http", "containerPort": inf.port, "protocol": "TCP"}],
+        "env": base_env(job) + _engine_env(job) + user_env(inf.env),
+        "volumeMounts": mounts,
+        "readinessProbe": http_probe("/health", inf.port),
+        "startupProbe": http_probe("/health", inf.port, STARTUP_PERIOD_S, STARTUP_FAILURES),
+        "securityContext": container_security_context(read_only_root=inf.engine == "builtin"),
+    }
+    res = resources(inf.resources)
+    if res:
+        container["resources"] = res
+    pod = pod_spec([container], volumes, init_containers=_init_containers(job, mounts), automount_token=False)
+    return deployment(job, names.inference(job.name), ROLE, inf.replicas, pod)
+
+
+def service_for(job: RFTJob, ctx: BuildContext) -> Obj:
+    """The inference Service (``http://<job>-inference.<ns>.svc:<port>``)."""
+    return service(job, names.inference(job.name), ROLE, job.spec.inference.port, "http")

@@ -1,0 +1,38 @@
+"""The rollout role: ``rft rollout`` workers that lease tasks, sample, keep tokens and logprobs, score.
+
+The image is the evaluator bundle's when there is one (it must have the runtime's ``rft`` installed),
+else the runtime image. When the job has no reward role the rollout pods score in process: they then
+get the evaluator files (``/etc/rft/evaluator/<index>/<key>``) and API-key Secrets. No ServiceAccount
+token is mounted unless ``spec.serviceAccountName`` names an account (whose own setting then decides).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rft_api.job import RFTJob
+
+from .. import names
+from ..topology import reward_required
+from . import evaluator
+from .common import (CONFIG_PATH, BuildContext, base_env, config_mount, config_volume, container_security_context,
+                     deployment, pod_spec, scratch_mounts, scratch_volumes)
+
+Obj = dict[str, Any]
+ROLE = "rollout"
+
+
+def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
+    """The rollout Deployment."""
+    scores_here = not reward_required(job.spec)
+    ev_vols, ev_mounts = evaluator.file_volumes(job) if scores_here else ([], [])
+    container = {
+        "name": ROLE, "image": evaluator.scoring_image(job),
+        "command": ["rft", "rollout", "--config", CONFIG_PATH],
+        "env": base_env(job) + (evaluator.secret_envs(job.spec) if scores_here else []),
+        "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts],
+        "securityContext": container_security_context(read_only_root=True),
+    }
+    sa = job.spec.service_account_name
+    pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols],
+                   service_account=sa, automount_token=None if sa else False)
+    return deployment(job, names.rollout(job.name), ROLE, job.spec.rollout.replicas, pod)

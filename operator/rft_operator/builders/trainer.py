@@ -1,0 +1,87 @@
+"""The trainer role: an Indexed Job (``rft trainer``) and the headless coordinator Service.
+
+- ``backoffLimit: 0``: the operator owns the restart budget (``policies.failure``); each attempt is
+  a new Job annotated with ``rft.dev/trainer-attempt`` and the pods get ``RFT_TRAINER_ATTEMPT``.
+- ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; rank = the pod's
+  ``JOB_COMPLETION_INDEX``. Rank 0 runs the coordinator on port 8100; the Service
+  ``<job>-trainer`` selects only the rank-0 pod, so ``http://<job>-trainer.<ns>.svc:8100`` is the
+  coordinator whatever the node count.
+- The only pods with a ServiceAccount token: ``<job>-trainer``, allowed to get and patch
+  ``<job>-progress`` and nothing else.
+- The checkpoint claim is mounted read-write at ``/checkpoints``; datasets are read here.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from rft_api.job import RFTJob
+
+from .. import names
+from .common import (DATASET_DIR, BuildContext, base_env, checkpoint_mount, checkpoint_volume, claim_volumes,
+                     config_mount, config_volume, container_security_context, env_var, metadata, pod_spec,
+                     resources, scratch_mounts, scratch_volumes, service, user_env)
+
+Obj = dict[str, Any]
+ROLE = "trainer"
+
+
+def _dataset_configmaps(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
+    vols, mounts = [], []
+    for split, src in (("train", job.spec.dataset.train), ("eval", job.spec.dataset.eval)):
+        if src is not None and src.config_map_key_ref is not None:
+            ref = src.config_map_key_ref
+            vols.append({"name": f"dataset-{split}",
+                         "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]}})
+            mounts.append({"name": f"dataset-{split}", "mountPath": f"{DATASET_DIR}/{split}", "readOnly": True})
+    return vols, mounts
+
+
+def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
+    """The trainer Job of attempt ``ctx.trainer_attempt``."""
+    spec, tr = job.spec, job.spec.trainer
+    ds = spec.dataset
+    claim_vols, claim_mounts = claim_volumes(
+        [spec.model.volume, ds.train.volume, ds.eval.volume if ds.eval else None], "data")
+    cm_vols, cm_mounts = _dataset_configmaps(job)
+    attempt = str(ctx.trainer_attempt)
+    env = base_env(job) + [
+        env_var("RFT_PROGRESS_CONFIGMAP", names.progress(job.name)),
+        env_var("RFT_TRAINER_ATTEMPT", attempt),
+        env_var("RFT_NUM_NODES", str(tr.nodes)),
+        env_var("RFT_COORDINATOR_PORT", str(ctx.coordinator_port)),
+    ] + user_env(tr.env)
+    container: Obj = {
+        "name": ROLE, "image": tr.image or spec.runtime_image,
+        "command": ["rft", "trainer", "--config", "/etc/rft/config.json"],
+        "ports": [{"name": "coordinator", "containerPort": ctx.coordinator_port, "protocol": "TCP"}],
+        "env": env,
+        "volumeMounts": [config_mount(), checkpoint_mount(read_only=False), *scratch_mounts(), *claim_mounts,
+                         *cm_mounts],
+        "securityContext": container_security_context(read_only_root=True),
+    }
+    res = resources(tr.resources)
+    if res:
+        container["resources"] = res
+    pod = pod_spec([container], [config_volume(job), checkpoint_volume(job), *scratch_volumes(), *claim_vols,
+                                 *cm_vols],
+                   service_account=names.trainer(job.name), automount_token=True, restart_policy="Never",
+                   extra={"subdomain": names.trainer(job.name)})
+    annotations = {names.ANNOTATION_ATTEMPT: attempt}
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": metadata(job, names.trainer(job.name), ROLE, annotations),
+        "spec": {
+            "backoffLimit": 0,
+            "completions": tr.nodes,
+            "parallelism": tr.nodes,
+            "completionMode": "Indexed",
+            "template": {"metadata": {"labels": names.labels(job.name, ROLE), "annotations": annotations},
+                         "spec": pod},
+        },
+    }
+
+
+def service_for(job: RFTJob, ctx: BuildContext) -> Obj:
+    """Headless Service for the coordinator (rank 0): ``http://<job>-trainer.<ns>.svc:8100``."""
+    return service(job, names.trainer(job.name), ROLE, ctx.coordinator_port, "coordinator", headless=True,
+                   extra_selector={names.LABEL_COMPLETION_INDEX: "0"})

@@ -1,0 +1,65 @@
+"""``rft-operator``: run the RFTJob operator.
+
+    rft-operator [--namespace NS ... | --all-namespaces] [--metrics-port 8080] [--kubeconfig PATH]
+                 [--resync-seconds 10] [--health-port 8081]
+                 [--log-level INFO]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from typing import Optional
+
+from . import faults
+from .app import OperatorConfig, run
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="rft-operator", description="Kubernetes operator for RFTJobs (rft.dev/v1alpha1)")
+    scope = ap.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=[],
+                       help="watch this namespace (repeatable); default: $WATCH_NAMESPACE or all namespaces")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    ap.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics (-1 disables; default 8080)")
+    ap.add_argument("--metrics-addr", default="0.0.0.0", help="address of /metrics (default 0.0.0.0)")
+    ap.add_argument("--health-port", type=int, default=-1,
+                    help="port of the liveness endpoint /healthz (-1 disables; the chart uses 8081)")
+    ap.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
+    ap.add_argument("--resync-seconds", type=float, default=10.0,
+                    help="period of the level-triggered resync of every job (default 10)")
+    ap.add_argument("--log-level", default=os.environ.get("RFT_OPERATOR_LOG_LEVEL", "INFO"), type=str.upper,
+                    choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    a = ap.parse_args(argv)
+    if a.resync_seconds <= 0:
+        ap.error("--resync-seconds must be positive")
+    return a
+
+
+def config_from_args(a: argparse.Namespace) -> OperatorConfig:
+    namespaces: tuple[str, ...] = ()
+    if not a.all_namespaces:
+        env = [n for n in os.environ.get("WATCH_NAMESPACE", "").split(",") if n.strip()]
+        namespaces = tuple(a.namespace or [n.strip() for n in env])
+    return OperatorConfig(kubeconfig=a.kubeconfig, namespaces=namespaces,
+                          metrics_port=None if a.metrics_port < 0 else a.metrics_port,
+                          metrics_addr=a.metrics_addr, resync_seconds=a.resync_seconds,
+                          health_port=None if a.health_port < 0 else a.health_port)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Console script entry point."""
+    a = parse_args(argv)
+    logging.basicConfig(level=a.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if a.log_level != "DEBUG":  # kopf logs every handled child event at INFO
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        asyncio.run(run(config_from_args(a), before_apply=faults.from_env()))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

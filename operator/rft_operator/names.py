@@ -1,0 +1,91 @@
+"""Deterministic names and labels of an RFTJob's children.
+
+Every child name is ``<job>-<suffix>``; job names are at most 40 characters (``rft_api.job``), so the
+longest child name (``<job>-checkpoints``) is 52 characters: a valid DNS-1035 label (Services need
+that) and short enough for the controllers' generated pod names.
+"""
+from __future__ import annotations
+
+import re
+
+MANAGED_BY = "rft-operator"
+FIELD_MANAGER = "rft-operator"
+APP_NAME = "rft"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_ROLE = "rft.dev/role"
+# The trainer attempt a trainer Job belongs to (0 for the first, +1 per restart).
+ANNOTATION_ATTEMPT = "rft.dev/trainer-attempt"
+# Label the job controller puts on the pods of an Indexed Job.
+LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+ROLES = ("config", "progress", "inference", "reward", "rollout", "trainer", "checkpoints")
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+PROGRESS_KEY = "progress.json"
+CONFIG_KEY = "config.json"
+
+
+def config(job: str) -> str:
+    """ConfigMap with the resolved runtime config (``config.json``)."""
+    return f"{job}-config"
+
+
+def progress(job: str) -> str:
+    """ConfigMap the trainer patches with its progress (``progress.json``)."""
+    return f"{job}-progress"
+
+
+def inference(job: str) -> str:
+    """Inference Deployment and Service."""
+    return f"{job}-inference"
+
+
+def reward(job: str) -> str:
+    """Reward Deployment and Service."""
+    return f"{job}-reward"
+
+
+def rollout(job: str) -> str:
+    """Rollout Deployment."""
+    return f"{job}-rollout"
+
+
+def trainer(job: str) -> str:
+    """Trainer Job, its headless coordinator Service, and the trainer ServiceAccount/Role/RoleBinding."""
+    return f"{job}-trainer"
+
+
+def checkpoints(job: str) -> str:
+    """Checkpoint PersistentVolumeClaim (unless ``spec.checkpoint.existingClaim``)."""
+    return f"{job}-checkpoints"
+
+
+def all_names(job: str) -> list[str]:
+    """Every child name of a job (used by the name-length test)."""
+    return [config(job), progress(job), inference(job), reward(job), rollout(job), trainer(job),
+            checkpoints(job)]
+
+
+def labels(job: str, role: str) -> dict[str, str]:
+    """Labels on every child (and every pod) of ``job`` in ``role``."""
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: job,
+        LABEL_ROLE: role,
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+
+
+def selector(job: str, role: str) -> dict[str, str]:
+    """The (immutable) pod selector of a role's workload."""
+    return {LABEL_INSTANCE: job, LABEL_ROLE: role}
+
+
+def job_selector(job: str) -> str:
+    """Label selector (string form) matching every child of ``job``."""
+    return f"{LABEL_INSTANCE}={job},{LABEL_MANAGED_BY}={MANAGED_BY}"

@@ -1,0 +1,30 @@
+"""The Kubernetes permissions the operator needs: the rules of its (Cluster)Role.
+
+The Helm chart's ClusterRole must grant exactly these (a test runs the operator with a ServiceAccount
+bound to them and nothing else). Notes:
+
+- server-side apply of an object that does not exist yet creates it: both ``create`` and ``patch``;
+- ``rftjobs``: ``patch`` for kopf's bookkeeping annotations (its progress and last-handled
+  configuration live in annotations, not status); ``rftjobs/status``: the status writes;
+- ``configmaps`` ``get``/``patch`` are also what the per-job trainer Role grants (on one name): the
+  API server lets a subject create a Role or RoleBinding only with permissions it holds itself;
+- ``events``: the operator's and kopf's Events (core/v1);
+- no access to Secrets: secret values never pass through the operator; no access to pods.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+CHILD_VERBS = ["get", "list", "watch", "create", "patch", "delete"]
+
+OPERATOR_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["rft.dev"], "resources": ["rftjobs"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["rft.dev"], "resources": ["rftjobs/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["configmaps", "services", "serviceaccounts", "persistentvolumeclaims"],
+     "verbs": CHILD_VERBS},
+    {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": CHILD_VERBS},
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": CHILD_VERBS},
+    {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": CHILD_VERBS},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]

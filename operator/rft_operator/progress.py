@@ -1,0 +1,122 @@
+"""The progress record: what the trainer writes to ConfigMap ``<job>-progress``, key ``progress.json``.
+
+The trainer is the only writer of that ConfigMap (its Role allows get and patch of it and nothing
+else); the operator reads it and folds it into ``RFTJob.status``. The format is documented in
+``docs/progress.md``. Rules for readers:
+
+- missing keys take their defaults (a trainer that has not reached a step yet writes ``{}``);
+- unknown keys are ignored (newer trainers may add fields);
+- wrong types, negative counters, non-finite floats or invalid JSON are refused with
+  :class:`ProgressError`, whose message names the offending field.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic.alias_generators import to_camel
+
+from .names import PROGRESS_KEY
+
+MAX_CHECKPOINTS = 10_000
+Count = Annotated[int, Field(ge=0)]
+
+
+class ProgressError(ValueError):
+    """The progress ConfigMap holds something that is not a progress record; the message says where."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
+                              allow_inf_nan=False, frozen=True)
+
+
+class ProgressCheckpoint(_Model):
+    step: Count
+    """Training step whose state the checkpoint holds."""
+    path: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    """Directory of the checkpoint on the checkpoint volume (e.g. ``/checkpoints/step-000010``)."""
+    time: Optional[Annotated[str, StringConstraints(max_length=64)]] = None
+    """When the checkpoint became complete (RFC 3339)."""
+
+
+class ProgressErrors(_Model):
+    timeouts: Count = 0
+    """Samples whose evaluator timed out (cumulative)."""
+    runtime_errors: Count = 0
+    """Samples whose evaluator raised (cumulative)."""
+    parse_errors: Count = 0
+    """Samples from which the evaluator could parse no answer (cumulative)."""
+    dropped_episodes: Count = 0
+    """Episodes the coordinator dropped as too stale or duplicated (cumulative)."""
+    reissued_leases: Count = 0
+    """Task leases that expired and were issued again (cumulative)."""
+
+
+class Progress(_Model):
+    """One progress record (all counters cumulative over the whole job, across trainer restarts)."""
+
+    attempt: Count = 0
+    """The trainer attempt that wrote the record (env ``RFT_TRAINER_ATTEMPT``)."""
+    step: Count = 0
+    """Completed training steps."""
+    total_steps: Optional[Count] = None
+    """Steps the trainer will run (``trainer.maxSteps``)."""
+    policy_version: Count = 0
+    """Version of the policy weights published to inference."""
+    reward_mean: Optional[float] = None
+    """Mean reward of the last step's samples."""
+    reward_std: Optional[float] = None
+    """Standard deviation of the last step's rewards."""
+    eval_score: Optional[float] = None
+    """Mean reward on the evaluation set at the last evaluation."""
+    samples_scored: Count = 0
+    """Samples that reached the evaluator (cumulative); the denominator of the error counters."""
+    errors: ProgressErrors = Field(default_factory=ProgressErrors)
+    """Error counters (cumulative)."""
+    checkpoints: list[ProgressCheckpoint] = Field(default_factory=list, max_length=MAX_CHECKPOINTS)
+    """Complete checkpoints retained on the volume."""
+    done: bool = False
+    """The trainer finished every step and wrote its final checkpoint; it exits 0 next."""
+    message: Annotated[str, StringConstraints(max_length=1024)] = ""
+    """A short human-readable note (e.g. ``resumed from step 10``)."""
+    update_time: Optional[Annotated[str, StringConstraints(max_length=64)]] = None
+    """When the record was written (RFC 3339)."""
+
+    def to_data(self) -> dict[str, str]:
+        """The ConfigMap ``data`` that carries this record (what a writer patches)."""
+        return {PROGRESS_KEY: self.model_dump_json(by_alias=True, exclude_none=True)}
+
+
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+def parse_text(text: str) -> Progress:
+    """Parse the JSON text of ``progress.json``; raises :class:`ProgressError` naming the bad field."""
+    try:
+        return Progress.model_validate_json(text, strict=True)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            where = _where(tuple(err["loc"]))
+            if err["type"] in ("json_invalid", "model_type"):
+                problems.append(f"{PROGRESS_KEY}: not a JSON object ({err['msg']})")
+            else:
+                problems.append(f"{PROGRESS_KEY}: {where}: {err['msg']}")
+        raise ProgressError("; ".join(problems)) from None
+
+
+def parse(data: Optional[dict[str, Any]]) -> Optional[Progress]:
+    """Parse a progress ConfigMap's ``data``: ``None`` when the trainer has written nothing yet."""
+    if not data or PROGRESS_KEY not in data:
+        return None
+    text = data[PROGRESS_KEY]
+    if not isinstance(text, str):
+        raise ProgressError(f"{PROGRESS_KEY}: expected a string of JSON, got {type(text).__name__}")
+    if not text.strip():
+        return None
+    return parse_text(text)

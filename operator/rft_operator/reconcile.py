@@ -1,0 +1,193 @@
+"""``reconcile``: one level-triggered pass over one RFTJob.
+
+validate → observe children → plan → apply desired children (server-side apply) → delete children
+that should not exist → compute status from what the API server answered → write status once, only
+if it changed → emit Events for the transitions. Called for every trigger (create, update, resume,
+the periodic resync, a child's event); it looks only at the current state, never at what triggered it.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from rft_api.job import InvalidSpec, RFTJob, validate_name, validate_spec
+from rft_api.status import RFTJobStatus
+
+from . import names
+from .builders import BuildContext, desired_children, key_of
+from .events import JobEvent, event_object, transition_events
+from .kube import CHILD_KINDS, Kube, KubeError
+from .observe import observe
+from .plan import TrainerStep, make_plan
+from .policies.suspend import WORKLOAD_KINDS
+from .status import compute_status, status_dict, validation_failed_status
+from .timeutil import format_time
+from .timeutil import now as utcnow
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+REQUEUE_SOON_S = 1.0
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did."""
+
+    phase: Optional[str] = None
+    applied: list[tuple[str, str]] = field(default_factory=list)
+    deleted: list[tuple[str, str]] = field(default_factory=list)
+    status_written: bool = False
+    events: list[JobEvent] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    requeue_after: Optional[float] = None
+    skipped: str = ""
+
+
+def parse_status(raw: Optional[Obj]) -> Optional[RFTJobStatus]:
+    """The stored status, or None when absent or unreadable (it is then rewritten)."""
+    if not raw:
+        return None
+    try:
+        return RFTJobStatus.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def parse_job(job_obj: Obj) -> RFTJob:
+    """The RFTJob with its validated spec and previous status; raises InvalidSpec naming the fields."""
+    meta = job_obj.get("metadata") or {}
+    problems: list[str] = []
+    try:
+        validate_name(meta.get("name", ""))
+    except InvalidSpec as e:
+        problems += e.problems
+    try:
+        spec = validate_spec(job_obj.get("spec") or {})
+    except InvalidSpec as e:
+        problems += e.problems
+    if problems:
+        raise InvalidSpec(problems)
+    return RFTJob(metadata=dict(meta), spec=spec, status=parse_status(job_obj.get("status")))
+
+
+def owned_children(api: Kube, job_obj: Obj) -> list[Obj]:
+    """The job's children: labelled as its, and controlled by this very RFTJob (uid)."""
+    meta = job_obj["metadata"]
+    uid = meta.get("uid")
+    out = []
+    for kind in CHILD_KINDS:
+        for obj in api.list(kind, meta.get("namespace"), names.job_selector(meta["name"])):
+            refs = obj["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") == uid and r.get("controller") for r in refs):
+                out.append(obj)
+    return out
+
+
+def _write_status(api: Kube, job_obj: Obj, new: RFTJobStatus, outcome: Outcome) -> None:
+    prev = parse_status(job_obj.get("status"))
+    if prev is not None and status_dict(prev) == status_dict(new) and job_obj.get("status") is not None:
+        return
+    meta = job_obj["metadata"]
+    api.replace_status("RFTJob", meta.get("namespace"), meta["name"], status_dict(new))
+    outcome.status_written = True
+    outcome.events = transition_events(prev, new)
+
+
+def _emit(api: Kube, job_obj: Obj, outcome: Outcome, now: str) -> None:
+    for ev in outcome.events:
+        try:
+            api.create(event_object(job_obj, ev, now))
+        except KubeError as e:  # an Event is best effort; the status already says it
+            log.warning("could not post event %s for %s: %s", ev.reason, job_obj["metadata"]["name"], e)
+
+
+def _reconcile_invalid(api: Kube, job_obj: Obj, err: InvalidSpec, now: dt.datetime, outcome: Outcome) -> Outcome:
+    meta = job_obj["metadata"]
+    for obj in owned_children(api, job_obj):
+        if obj["kind"] in WORKLOAD_KINDS:
+            if api.delete(obj["kind"], meta.get("namespace"), obj["metadata"]["name"], uid=obj["metadata"].get("uid")):
+                outcome.deleted.append(key_of(obj))
+    status = validation_failed_status(job_obj.get("status"), str(err), meta.get("generation"), format_time(now))
+    outcome.phase = status.phase
+    _write_status(api, job_obj, status, outcome)
+    _emit(api, job_obj, outcome, format_time(now))
+    return outcome
+
+
+def _apply_all(api: Kube, desired: list[Obj], current: dict[tuple[str, str], Obj], outcome: Outcome,
+               before_apply: Optional[Callable[[Obj], None]]) -> None:
+    """Server-side apply each desired child; record what the API server answered in ``current``."""
+    for obj in desired:
+        if before_apply is not None:
+            before_apply(obj)
+        try:
+            current[key_of(obj)] = api.apply(obj)
+            outcome.applied.append(key_of(obj))
+        except KubeError as e:
+            if e.transient:
+                raise
+            outcome.errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {e}")
+
+
+def _delete_unwanted(api: Kube, namespace: str, observed: list[Obj], keep: set[tuple[str, str]],
+                     current: dict[tuple[str, str], Obj], outcome: Outcome) -> None:
+    """Delete every observed child not in ``keep`` (only that very object: uid precondition)."""
+    for obj in observed:
+        key = key_of(obj)
+        if key in keep:
+            continue
+        if api.delete(obj["kind"], namespace, key[1], uid=obj["metadata"].get("uid")):
+            outcome.deleted.append(key)
+        current.pop(key, None)
+
+
+def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
+              before_apply: Optional[Callable[[Obj], None]] = None) -> Outcome:
+    """Bring one RFTJob's children and status in line with its spec (idempotent).
+
+    ``before_apply`` is called with each object just before it is applied (fault injection in tests).
+    Transient API errors propagate (the caller retries with backoff); a child the API server refuses
+    (e.g. an immutable field changed) is reported in ``Outcome.errors`` and the rest proceeds.
+    """
+    now = now or utcnow()
+    outcome = Outcome()
+    meta = job_obj["metadata"]
+    if meta.get("deletionTimestamp"):
+        outcome.skipped = "being deleted: the garbage collector removes the children"
+        return outcome
+    try:
+        job = parse_job(job_obj)
+    except InvalidSpec as e:
+        return _reconcile_invalid(api, job_obj, e, now, outcome)
+
+    observed_objs = owned_children(api, job_obj)
+    observed = observe(job.name, observed_objs, now)
+    first = compute_status(job, observed)
+    persisted_restarts = job.status.restarts if job.status else 0
+    plan = make_plan(job.spec.suspend, first.phase, observed, persisted_restarts)
+
+    desired = desired_children(job, BuildContext(trainer_attempt=plan.attempt), deployments=plan.deployments,
+                               trainer_job=plan.trainer == TrainerStep.APPLY) if plan.stateful else []
+    current: dict[tuple[str, str], Obj] = {key_of(o): o for o in observed_objs}
+    _apply_all(api, desired, current, outcome, before_apply)
+    keep = {key_of(o) for o in desired}
+    if not plan.stateful:
+        keep |= {key_of(o) for o in observed_objs if o["kind"] not in WORKLOAD_KINDS}
+    if plan.trainer == TrainerStep.KEEP:
+        keep.add(("Job", names.trainer(job.name)))
+    _delete_unwanted(api, job.namespace, observed_objs, keep, current, outcome)
+
+    final = compute_status(job, observe(job.name, current.values(), now))
+    if outcome.errors:
+        final = final.model_copy(update={"message": f"{final.message}; not applied: {'; '.join(outcome.errors)}"[:4096]})
+    outcome.phase = final.phase
+    _write_status(api, job_obj, final, outcome)
+    if outcome.status_written:  # once per distinct error, not once per resync
+        outcome.events += [JobEvent("Warning", "ApplyFailed", err) for err in outcome.errors]
+    _emit(api, job_obj, outcome, format_time(now))
+    if plan.trainer == TrainerStep.DELETE or (job.status is not None and (
+            final.phase != job.status.phase or final.restarts != job.status.restarts)):
+        outcome.requeue_after = REQUEUE_SOON_S
+    return outcome

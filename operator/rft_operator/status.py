@@ -1,0 +1,199 @@
+"""``compute_status``: the whole RFTJob status from the spec, the previous status and the observation.
+
+Pure: no API calls, no clock (the observation carries ``now``). Conditions follow Kubernetes
+conventions: one per type (all seven always present, in a fixed order), ``lastTransitionTime`` changes
+only when ``status`` changes, ``observedGeneration`` is the generation they were computed from.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from rft_api.constants import CONDITION_TYPES
+from rft_api.job import RFTJob
+from rft_api.spec import RFTJobSpec
+from rft_api.status import Condition, ErrorCounts, RFTJobStatus, RoleStatus, RolesStatus
+
+from .observe import Observed, TrainerObs
+from .policies import checkpoint, failure, suspend
+from .policies.phase import PhaseDecision, Signals, is_terminal, next_phase
+from .timeutil import format_time
+from .topology import desired_replicas
+
+MAX_CONDITION_MESSAGE = 4096
+
+
+def set_condition(previous: list[Condition], ctype: str, status: str, reason: str, message: str,
+                  generation: Optional[int], now: str) -> Condition:
+    """A condition; its lastTransitionTime is kept from ``previous`` unless its status changed."""
+    old = next((c for c in previous if c.type == ctype), None)
+    ltt = old.last_transition_time if old is not None and old.status == status and old.last_transition_time else now
+    return Condition(type=ctype, status=status, reason=reason, message=message[:MAX_CONDITION_MESSAGE],
+                     last_transition_time=ltt, observed_generation=generation)
+
+
+def _role_condition(role: str, ready: int, desired: int, allowed: bool, why_removed: str) -> tuple[str, str, str]:
+    if not allowed:
+        return "False", "Removed", f"the {role} workload is removed: {why_removed}"
+    if desired == 0:
+        return "False", "NoReplicas", f"{role} has 0 replicas"
+    if ready >= desired:
+        return "True", "Ready", f"{ready}/{desired} {role} replicas ready"
+    return "False", "NotReady", f"{ready}/{desired} {role} replicas ready"
+
+
+def _trainer_condition(t: Optional[TrainerObs], allowed: bool, restarting: bool, why_removed: str) -> tuple[str, str, str]:
+    if not allowed:
+        return "False", "Removed", f"the trainer Job is removed: {why_removed}"
+    if restarting:
+        return "False", "Restarting", "the trainer failed; a new attempt resumes from the latest checkpoint"
+    if t is None:
+        return "False", "NotCreated", "the trainer Job does not exist yet"
+    if t.complete:
+        return "False", "Completed", "the trainer Job completed"
+    if t.failed_condition:
+        return "False", "Failed", f"the trainer Job failed: {t.reason} {t.message}".strip()
+    if t.ready > 0:
+        return "True", "Running", f"{t.ready}/{t.desired} trainer pods ready (attempt {t.attempt})"
+    return "False", "Starting", f"{t.ready}/{t.desired} trainer pods ready (attempt {t.attempt})"
+
+
+def _removal_reason(spec_suspend: bool, phase: str) -> str:
+    if spec_suspend:
+        return "the job is suspended"
+    return f"the job is {phase}"
+
+
+def compute_status(job: RFTJob, observed: Observed) -> RFTJobStatus:
+    """The status to write for ``job`` (whose ``status`` is the previous one) after ``observed``."""
+    spec = job.spec
+    prev = job.status or RFTJobStatus()
+    if job.status is not None and prev.phase == "ValidationFailed":
+        return prev  # terminal, and about a spec this one replaced: nothing here is observed any more
+    generation = job.metadata.get("generation")
+    now = format_time(observed.now)
+    t = observed.trainer
+
+    # suspend policy first: the Suspended condition (the deadline clock restarts on resume)
+    suspended = set_condition(prev.conditions, "Suspended", *_suspended_condition(spec.suspend, prev), generation, now)
+
+    # failure policy: restart budget, deadline, evaluator
+    if is_terminal(prev.phase) and job.status is not None:
+        restarts, budget_failure = prev.restarts, None
+    else:
+        restarts, budget_failure = failure.next_restarts(t, prev.restarts, spec.restart_limit)
+    restarting = restarts > prev.restarts or (t is not None and t.attempt < restarts)
+    fail = (budget_failure
+            or (None if spec.suspend else failure.deadline_failure(
+                spec, suspend.clock_start(prev.start_time, suspended), observed.now))
+            or failure.evaluator_failure(spec, observed.progress))
+
+    # phase machine
+    replicas = desired_replicas(spec)
+    ready = {role: w.ready for role, w in observed.workloads.items()}
+    signals = Signals(
+        suspend=spec.suspend, failure=fail,
+        trainer_succeeded=t is not None and t.complete and t.attempt >= restarts,
+        trainer_running=t is not None and t.ready > 0 and not t.finished,
+        inference_ready=replicas["inference"] > 0 and ready.get("inference", 0) >= replicas["inference"],
+        children_exist=observed.any_children, restarting=restarting)
+    decision = next_phase(None if job.status is None else prev.phase, _reason_of(prev), prev.message, signals)
+    phase = decision.phase
+
+    roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts)
+    conditions = [suspended if ct == "Suspended" else set_condition(prev.conditions, ct, *values[ct], generation, now)
+                  for ct in CONDITION_TYPES]
+
+    # progress and checkpoint view
+    p = observed.progress
+    checkpoints = checkpoint.retained(p, spec.checkpoint.keep_last, prev.checkpoints)
+    message = decision.message
+    if observed.progress_error:
+        message = f"{message}; progress ConfigMap ignored: {observed.progress_error}"
+    started = prev.start_time or (now if phase in ("Provisioning", "Running", "Succeeded", "Failed") else None)
+    completed = prev.completion_time or (now if phase in ("Succeeded", "Failed") else None)
+
+    return RFTJobStatus(
+        phase=phase, message=message[:MAX_CONDITION_MESSAGE], observed_generation=generation,
+        conditions=conditions, roles=roles,
+        step=p.step if p else prev.step,
+        total_steps=spec.trainer.max_steps,
+        policy_version=p.policy_version if p else prev.policy_version,
+        reward_mean=p.reward_mean if p else prev.reward_mean,
+        reward_std=p.reward_std if p else prev.reward_std,
+        eval_score=p.eval_score if p else prev.eval_score,
+        last_checkpoint=checkpoint.latest(checkpoints, prev.last_checkpoint),
+        checkpoints=checkpoints,
+        errors=ErrorCounts(**p.errors.model_dump()) if p else prev.errors,
+        restarts=restarts,
+        start_time=started,
+        completion_time=completed,
+    )
+
+
+def _roles_and_conditions(spec: RFTJobSpec, phase: str, decision: PhaseDecision, replicas: dict[str, int],
+                          ready: dict[str, int], t: Optional[TrainerObs], restarting: bool, restarts: int,
+                          ) -> tuple[RolesStatus, dict[str, tuple[str, str, str]]]:
+    """Ready/desired per role and the (status, reason, message) of every condition but Suspended."""
+    deploy_ok = suspend.deployments_allowed(spec.suspend, phase)
+    trainer_ok = suspend.trainer_allowed(spec.suspend, phase) and not (is_terminal(phase) and t is None)
+    why = _removal_reason(spec.suspend, phase)
+
+    def role(name: str) -> RoleStatus:
+        return RoleStatus(ready=ready.get(name, 0), desired=replicas[name] if deploy_ok else 0)
+
+    roles = RolesStatus(
+        inference=role("inference"), reward=role("reward"), rollout=role("rollout"),
+        trainer=RoleStatus(ready=t.ready if t else 0,
+                           desired=replicas["trainer"] if trainer_ok and not is_terminal(phase) else 0))
+    values = {
+        "InferenceReady": _role_condition("inference", roles.inference.ready, replicas["inference"], deploy_ok, why),
+        "RewardReady": (("True", "NotRequired", "the evaluator scores in the rollout pods")
+                        if replicas["reward"] == 0 and deploy_ok else
+                        _role_condition("reward", roles.reward.ready, replicas["reward"], deploy_ok, why)),
+        "RolloutReady": _role_condition("rollout", roles.rollout.ready, replicas["rollout"], deploy_ok, why),
+        "TrainerRunning": _trainer_condition(t, trainer_ok, restarting, why),
+        "Succeeded": (("True", decision.reason, decision.message) if phase == "Succeeded"
+                      else ("False", "NotSucceeded", f"the job is {phase}")),
+        "Failed": (("True", decision.reason, decision.message) if phase in ("Failed", "ValidationFailed")
+                   else ("False", "NoFailure", f"restarts {restarts}/{spec.restart_limit}")),
+    }
+    return roles, values
+
+
+def _reason_of(prev: RFTJobStatus) -> str:
+    for c in prev.conditions:
+        if c.type == ("Succeeded" if prev.phase == "Succeeded" else "Failed") and c.status == "True":
+            return c.reason
+    return prev.phase
+
+
+def _suspended_condition(spec_suspend: bool, prev: RFTJobStatus) -> tuple[str, str, str]:
+    if spec_suspend:
+        return "True", "Suspended", "spec.suspend is true"
+    old = next((c for c in prev.conditions if c.type == "Suspended"), None)
+    if old is not None and (old.status == "True" or old.reason == suspend.RESUMED):
+        return "False", suspend.RESUMED, "resumed from suspension"
+    return "False", "NotSuspended", "spec.suspend is false"
+
+
+def validation_failed_status(previous: Optional[dict[str, Any]], message: str, generation: Optional[int],
+                             observed_now: str) -> RFTJobStatus:
+    """The terminal status of a job whose spec does not validate (its previous status is kept if terminal)."""
+    try:
+        prev = RFTJobStatus.model_validate(previous) if previous else RFTJobStatus()
+    except Exception:  # a previous status we cannot read is replaced
+        prev = RFTJobStatus()
+    if previous and is_terminal(prev.phase):
+        return prev
+    values = {ct: ("False", "InvalidSpec", "the spec does not validate") for ct in CONDITION_TYPES}
+    values["Failed"] = ("True", "InvalidSpec", message)
+    values["Suspended"] = ("False", "NotSuspended", "the spec does not validate")
+    conds = [set_condition(prev.conditions, ct, *values[ct], generation, observed_now) for ct in CONDITION_TYPES]
+    return RFTJobStatus(phase="ValidationFailed", message=message[:MAX_CONDITION_MESSAGE],
+                        observed_generation=generation, conditions=conds, restarts=prev.restarts,
+                        start_time=prev.start_time, completion_time=prev.completion_time or observed_now)
+
+
+def status_dict(status: RFTJobStatus) -> dict[str, Any]:
+    """The status as the API server stores it (camelCase, no nulls)."""
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")

@@ -1,0 +1,270 @@
+"""Targeted properties of the child builders (beyond the golden files)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import pytest
+
+from rft_api.presets import resolve_algorithm
+from rft_api.spec import RFTJobSpec
+from rft_operator import names
+from rft_operator.builders import BuildContext, desired_children, stateful_children
+from rft_operator.builders.common import CHECKPOINT_DIR, EVALUATOR_DIR
+from rft_operator.topology import reward_required
+from tests.operator.support import FIXED_UID, GOLDEN_INPUTS, make_job, manifest
+
+ALL_JOBS = {
+    "tiny": lambda: make_job(),
+    "vllm-lora": lambda: make_job(manifest(GOLDEN_INPUTS / "vllm-lora.yaml")),
+    "bundle": lambda: make_job(manifest(GOLDEN_INPUTS / "bundle.yaml")),
+    "sglang": lambda: make_job(inference={"engine": "sglang", "replicas": 1}),
+    "judge": lambda: make_job(evaluator={"builtin": "llm_judge", "config": {"endpoint": "http://j"},
+                                         "apiKeySecretRef": {"name": "judge", "key": "k"}}),
+}
+
+
+def children(job) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in desired_children(job, BuildContext())}
+
+
+def pod_templates(objs) -> Iterator[tuple[dict, dict]]:
+    for o in objs:
+        if o["kind"] in ("Deployment", "Job"):
+            yield o, o["spec"]["template"]
+
+
+def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield f"{path}.{k}", v
+            yield from walk(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from walk(v, f"{path}[{i}]")
+
+
+@pytest.mark.parametrize("which", sorted(ALL_JOBS))
+def test_every_child_is_owned_labelled_and_namespaced(which: str) -> None:
+    job = ALL_JOBS[which]()
+    for (kind, name), o in children(job).items():
+        meta = o["metadata"]
+        assert meta["namespace"] == job.namespace
+        assert name.startswith(job.name + "-")
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "rft.dev/v1alpha1", "kind": "RFTJob", "name": job.name, "uid": FIXED_UID,
+            "controller": True, "blockOwnerDeletion": True}], f"{kind}/{name}"
+        labels = meta["labels"]
+        assert labels[names.LABEL_NAME] == "rft" and labels[names.LABEL_INSTANCE] == job.name
+        assert labels[names.LABEL_MANAGED_BY] == "rft-operator" and labels[names.LABEL_ROLE]
+        assert "status" not in o
+
+
+@pytest.mark.parametrize("which", sorted(ALL_JOBS))
+def test_pods_are_locked_down(which: str) -> None:
+    job = ALL_JOBS[which]()
+    for o, tmpl in pod_templates(children(job).values()):
+        pod = tmpl["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 1000
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["enableServiceLinks"] is False
+        role = o["metadata"]["labels"][names.LABEL_ROLE]
+        if role == "trainer":
+            assert pod["automountServiceAccountToken"] is True
+            assert pod["serviceAccountName"] == names.trainer(job.name)
+        elif job.spec.service_account_name and role in ("rollout", "reward"):
+            assert pod["serviceAccountName"] == job.spec.service_account_name
+            assert "automountServiceAccountToken" not in pod
+        else:
+            assert pod["automountServiceAccountToken"] is False
+            assert "serviceAccountName" not in pod
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["runAsNonRoot"] is True
+            if c["image"] == job.spec.runtime_image:
+                assert sc["readOnlyRootFilesystem"] is True
+                assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+        assert tmpl["metadata"]["labels"] == names.labels(job.name, o["metadata"]["labels"][names.LABEL_ROLE])
+
+
+def test_trainer_rbac_allows_only_get_and_patch_of_the_progress_configmap(tiny_job) -> None:
+    c = children(tiny_job)
+    n = names.trainer(tiny_job.name)
+    assert c[("Role", n)]["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                                        "resourceNames": ["tiny-arith-progress"], "verbs": ["get", "patch"]}]
+    rb = c[("RoleBinding", n)]
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": n}
+    assert rb["subjects"] == [{"kind": "ServiceAccount", "name": n, "namespace": "default"}]
+    assert c[("ServiceAccount", n)]["automountServiceAccountToken"] is False
+    assert [k for k in c if k[0] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding")] == [
+        ("Role", n), ("RoleBinding", n)]
+
+
+@pytest.mark.parametrize("which", sorted(ALL_JOBS))
+def test_secrets_only_as_secret_key_refs_in_env(which: str) -> None:
+    job = ALL_JOBS[which]()
+    objs = list(children(job).values())
+    for o in objs:
+        assert o["kind"] != "Secret"
+        for path, value in walk(o):
+            if path.endswith(".secretKeyRef"):
+                assert path.endswith(".valueFrom.secretKeyRef") and ".env[" in path, path
+            if path.endswith(".volumes") and value:
+                assert all("secret" not in v for v in value), path
+    for o, tmpl in pod_templates(objs):
+        for c in tmpl["spec"]["containers"]:
+            for e in c.get("env", []):
+                if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]:
+                    assert "value" not in e
+
+
+def test_llm_judge_key_goes_to_reward_pods_only() -> None:
+    job = ALL_JOBS["judge"]()
+    c = children(job)
+    expected = {"name": "RFT_EVALUATOR_0_API_KEY", "valueFrom": {"secretKeyRef": {"name": "judge", "key": "k"}}}
+    reward_env = c[("Deployment", names.reward(job.name))]["spec"]["template"]["spec"]["containers"][0]["env"]
+    rollout_env = c[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert expected in reward_env
+    assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in rollout_env)
+    config = json.loads(c[("ConfigMap", names.config(job.name))]["data"]["config.json"])
+    assert config["secretEnv"] == [{"index": 0, "env": "RFT_EVALUATOR_0_API_KEY"}]
+    assert config["scoring"] == "reward"
+
+
+@pytest.mark.parametrize("evaluator,expected", [
+    ({"builtin": "math"}, False),
+    ({"builtin": "math", "remote": True}, True),
+    ({"builtin": "code_sandbox"}, True),
+    ({"builtin": "llm_judge", "config": {"endpoint": "http://j"}}, True),
+    ({"bundle": {"image": "b:1", "entrypoint": "m:f"}}, False),
+    ({"evaluators": [{"builtin": "math"}, {"builtin": "code_sandbox"}]}, True),
+])
+def test_reward_role_exists_exactly_when_required(evaluator: dict, expected: bool) -> None:
+    job = make_job(evaluator=evaluator)
+    assert reward_required(job.spec) is expected
+    c = children(job)
+    assert (("Deployment", names.reward(job.name)) in c) is expected
+    assert (("Service", names.reward(job.name)) in c) is expected
+    config = json.loads(c[("ConfigMap", names.config(job.name))]["data"]["config.json"])
+    assert (config["endpoints"]["reward"] is not None) is expected
+
+
+def test_rollout_runs_the_bundle_image_and_mounts_file_evaluators() -> None:
+    job = ALL_JOBS["bundle"]()
+    c = children(job)
+    pod = c[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.example.com/calc-bundle:1.2"
+    assert pod["containers"][0]["command"] == ["rft", "rollout", "--config", "/etc/rft/config.json"]
+    assert {"name": "evaluator", "mountPath": EVALUATOR_DIR, "readOnly": True} in pod["containers"][0]["volumeMounts"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "evaluator")
+    assert vol["projected"]["sources"] == [
+        {"configMap": {"name": "extra-evals", "items": [{"key": "brevity.py", "path": "1/brevity.py"}]}}]
+    config = json.loads(c[("ConfigMap", names.config(job.name))]["data"]["config.json"])
+    assert config["paths"]["evaluatorFiles"] == [
+        {"index": 1, "path": f"{EVALUATOR_DIR}/1/brevity.py", "function": "score", "rollout": None}]
+    assert c[("Deployment", names.rollout(job.name))]["spec"]["replicas"] == 3
+
+
+def test_rollout_uses_the_runtime_image_without_a_bundle(tiny_job) -> None:
+    pod = children(tiny_job)[("Deployment", "tiny-arith-rollout")]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == tiny_job.spec.runtime_image
+
+
+def test_existing_claim_replaces_the_pvc() -> None:
+    job = ALL_JOBS["bundle"]()
+    c = children(job)
+    assert not any(k[0] == "PersistentVolumeClaim" for k in c)
+    trainer = c[("Job", names.trainer(job.name))]["spec"]["template"]["spec"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in trainer["volumes"]
+
+
+def test_pvc_from_spec() -> None:
+    job = ALL_JOBS["vllm-lora"]()
+    pvc = children(job)[("PersistentVolumeClaim", names.checkpoints(job.name))]
+    assert pvc["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "50Gi"}},
+                           "storageClassName": "fast"}
+
+
+def test_trainer_job(tiny_job) -> None:
+    job2 = make_job(trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 30, "nodes": 3})
+    tj = {o["kind"]: o for o in desired_children(job2, BuildContext(trainer_attempt=2))}["Job"]
+    assert tj["metadata"]["annotations"] == {names.ANNOTATION_ATTEMPT: "2"}
+    spec = tj["spec"]
+    assert spec["backoffLimit"] == 0 and spec["parallelism"] == 3 and spec["completions"] == 3
+    assert spec["completionMode"] == "Indexed"
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["subdomain"] == "tiny-arith-trainer"
+    c = pod["containers"][0]
+    assert c["command"] == ["rft", "trainer", "--config", "/etc/rft/config.json"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["RFT_JOB_NAME"]["value"] == "tiny-arith" and env["RFT_NAMESPACE"]["value"] == "default"
+    assert env["POD_NAME"] == {"name": "POD_NAME",
+                               "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["RFT_PROGRESS_CONFIGMAP"]["value"] == "tiny-arith-progress"
+    assert env["RFT_TRAINER_ATTEMPT"]["value"] == "2"
+    assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR} in c["volumeMounts"]
+
+
+def test_coordinator_service_is_headless_and_selects_rank_zero(tiny_job) -> None:
+    svc = children(tiny_job)[("Service", "tiny-arith-trainer")]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {names.LABEL_INSTANCE: "tiny-arith", names.LABEL_ROLE: "trainer",
+                                       names.LABEL_COMPLETION_INDEX: "0"}
+    assert svc["spec"]["ports"][0]["port"] == 8100
+
+
+def test_builtin_inference(tiny_job) -> None:
+    c = children(tiny_job)
+    dep = c[("Deployment", "tiny-arith-inference")]
+    assert dep["spec"]["strategy"] == {"type": "Recreate"} and dep["spec"]["replicas"] == 1
+    ctr = dep["spec"]["template"]["spec"]["containers"][0]
+    assert ctr["command"] == ["rft", "serve", "--model", "builtin:tiny", "--host", "$(POD_IP)", "--port", "8000",
+                              "--served-model-name", "tiny-arith"]
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR, "readOnly": True} in ctr["volumeMounts"]
+    svc = c[("Service", "tiny-arith-inference")]
+    assert svc["spec"]["ports"][0]["port"] == 8000 and svc["spec"]["type"] == "ClusterIP"
+
+
+def test_vllm_and_sglang_get_an_exported_builtin_model() -> None:
+    for engine, marker in (("vllm", "--logprobs-mode"), ("sglang", "sglang.launch_server")):
+        job = make_job(inference={"engine": engine})
+        pod = children(job)[("Deployment", "tiny-arith-inference")]["spec"]["template"]["spec"]
+        cmd = pod["containers"][0]["command"]
+        assert marker in cmd
+        assert "/var/cache/rft/models/tiny" in cmd
+        init = pod["initContainers"][0]
+        assert init["command"] == ["rft", "model", "export", "--model", "builtin:tiny", "--out",
+                                   "/var/cache/rft/models/tiny"]
+    vllm = make_job(inference={"engine": "vllm"})
+    cmd = children(vllm)[("Deployment", "tiny-arith-inference")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
+
+
+def test_runtime_config(tiny_job) -> None:
+    cm = children(tiny_job)[("ConfigMap", "tiny-arith-config")]
+    config = json.loads(cm["data"]["config.json"])
+    assert config["job"] == {"name": "tiny-arith", "namespace": "default"}
+    assert config["endpoints"]["coordinator"] == "http://tiny-arith-trainer.default.svc:8100"
+    assert config["endpoints"]["inference"] == ["http://tiny-arith-inference.default.svc:8000"]
+    assert config["paths"]["checkpoints"] == "/checkpoints"
+    assert config["algorithm"] == resolve_algorithm(tiny_job.spec).to_dict()
+    assert RFTJobSpec.model_validate(config["spec"]) == tiny_job.spec
+    assert config["progress"] == {"configMap": "tiny-arith-progress", "key": "progress.json"}
+
+
+def test_progress_configmap_carries_no_data(tiny_job) -> None:
+    cm = children(tiny_job)[("ConfigMap", "tiny-arith-progress")]
+    assert set(cm) == {"apiVersion", "kind", "metadata"}
+
+
+def test_suspended_job_keeps_state_children(tiny_job) -> None:
+    kept = {(o["kind"], o["metadata"]["name"]) for o in desired_children(
+        tiny_job, BuildContext(), deployments=False, trainer_job=False)}
+    assert kept == {(o["kind"], o["metadata"]["name"]) for o in stateful_children(tiny_job, BuildContext())}
+    assert ("PersistentVolumeClaim", "tiny-arith-checkpoints") in kept
+    assert not any(k[0] in ("Deployment", "Job") for k in kept)

@@ -1,0 +1,58 @@
+"""Metrics served over HTTP, and the command line."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from rft_operator.app import make_settings
+from rft_operator.main import config_from_args, parse_args
+from rft_operator.metrics import Metrics
+
+
+def test_metrics_are_served() -> None:
+    m = Metrics()
+    port = m.serve(0, "127.0.0.1")
+    try:
+        m.reconciles.labels(result="ok").inc(3)
+        m.errors.labels(kind="transient").inc()
+        m.duration.observe(0.2)
+        m.set_phases(["Running", "Running", "Succeeded", "Weird"])
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        m.close()
+    assert 'rft_operator_reconciles_total{result="ok"} 3.0' in text
+    assert 'rft_operator_reconcile_errors_total{kind="transient"} 1.0' in text
+    assert "rft_operator_reconcile_duration_seconds_count 1.0" in text
+    assert 'rft_operator_jobs{phase="Running"} 2.0' in text
+    assert 'rft_operator_jobs{phase="Succeeded"} 1.0' in text
+    assert 'rft_operator_jobs{phase="Pending"} 1.0' in text
+    assert 'rft_operator_jobs{phase="Failed"} 0.0' in text
+
+
+def test_two_metrics_instances_do_not_collide() -> None:
+    Metrics(), Metrics()
+
+
+def test_cli(monkeypatch) -> None:
+    monkeypatch.delenv("WATCH_NAMESPACE", raising=False)
+    c = config_from_args(parse_args([]))
+    assert c.namespaces == () and c.metrics_port == 8080 and c.resync_seconds == 10.0
+    c = config_from_args(parse_args(["-n", "a", "--namespace", "b", "--metrics-port", "-1", "--kubeconfig", "/k"]))
+    assert c.namespaces == ("a", "b") and c.metrics_port is None and c.kubeconfig == "/k"
+    monkeypatch.setenv("WATCH_NAMESPACE", "x,y")
+    assert config_from_args(parse_args([])).namespaces == ("x", "y")
+    assert config_from_args(parse_args(["--all-namespaces"])).namespaces == ()
+    with pytest.raises(SystemExit):
+        parse_args(["-n", "a", "-A"])
+    with pytest.raises(SystemExit):
+        parse_args(["--resync-seconds", "0"])
+
+
+def test_kopf_settings_keep_bookkeeping_out_of_status() -> None:
+    import kopf
+
+    s = make_settings()
+    assert isinstance(s.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert isinstance(s.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert s.peering.standalone is True
+    assert s.posting.level >= 30

@@ -1,0 +1,67 @@
+"""The progress record: tolerant of missing and unknown keys, strict about garbage, documented."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rft_operator.progress import Progress, ProgressError, parse, parse_text
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "progress.md"
+
+
+def test_missing_configmap_data_or_key_is_no_record() -> None:
+    assert parse(None) is None and parse({}) is None and parse({"other": "x"}) is None
+    assert parse({"progress.json": "  "}) is None
+
+
+def test_missing_keys_default_and_unknown_keys_are_ignored() -> None:
+    p = parse({"progress.json": json.dumps({"step": 3, "futureField": {"x": 1}})})
+    assert p.step == 3 and p.policy_version == 0 and p.reward_mean is None and p.checkpoints == []
+    assert p.errors.timeouts == 0 and p.done is False
+
+
+def test_full_record_round_trips() -> None:
+    record = {
+        "attempt": 1, "step": 20, "totalSteps": 30, "policyVersion": 20, "rewardMean": 0.75, "rewardStd": 0.2,
+        "evalScore": 0.6, "samplesScored": 2560,
+        "errors": {"timeouts": 1, "runtimeErrors": 2, "parseErrors": 3, "droppedEpisodes": 4, "reissuedLeases": 5},
+        "checkpoints": [{"step": 10, "path": "/checkpoints/step-10", "time": "2025-01-01T00:00:00Z"}],
+        "done": False, "message": "resumed from step 10", "updateTime": "2025-01-01T00:01:00Z"}
+    p = parse_text(json.dumps(record))
+    assert json.loads(p.to_data()["progress.json"]) == record
+    assert parse(p.to_data()) == p
+
+
+@pytest.mark.parametrize("text,where", [
+    ("not json", "not a JSON object"),
+    ("[1, 2]", "not a JSON object"),
+    ('{"step": "abc"}', "step:"),
+    ('{"step": -1}', "step:"),
+    ('{"step": 1.5}', "step:"),
+    ('{"step": true}', "step:"),
+    ('{"rewardMean": NaN}', "rewardMean:"),
+    ('{"rewardMean": "high"}', "rewardMean:"),
+    ('{"errors": {"timeouts": -2}}', "errors.timeouts:"),
+    ('{"checkpoints": [{"step": 1}]}', "checkpoints[0].path:"),
+    ('{"checkpoints": {"step": 1}}', "checkpoints:"),
+    ('{"done": "yes"}', "done:"),
+])
+def test_garbage_is_refused_naming_the_field(text: str, where: str) -> None:
+    with pytest.raises(ProgressError) as e:
+        parse_text(text)
+    assert where in str(e.value) and str(e.value).startswith("progress.json")
+
+
+def test_non_string_value_is_refused() -> None:
+    with pytest.raises(ProgressError, match="expected a string"):
+        parse({"progress.json": 5})
+
+
+def test_every_field_is_documented() -> None:
+    doc = DOC.read_text()
+    for name, field in Progress.model_fields.items():
+        assert f"`{field.alias}`" in doc, f"docs/progress.md does not document {field.alias}"
+    for name, field in Progress.model_fields["errors"].annotation.model_fields.items():
+        assert f"`{field.alias}`" in doc, f"docs/progress.md does not document errors.{field.alias}"
