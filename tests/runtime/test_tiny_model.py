@@ -171,3 +171,16 @@ def test_make_tiny_model_cli(tmp_path, capsys):
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "m").config.vocab_size == VOCAB_SIZE
     assert make_tiny_model_cli([str(tmp_path / "n"), "--warm-start-steps", "1", "--dataset", "nope"]) == 2
     assert "known: arithmetic, gsm8k_synth" in capsys.readouterr().err
+
+
+def test_model_export_writes_a_loadable_directory(tmp_path, tiny_random_dir):
+    tiny_dir = tiny_random_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rft_runtime.model.export import export_model, model_cli
+
+    out = export_model(str(tiny_dir), tmp_path / "exported")
+    assert (out / "model.safetensors").read_bytes() == (tiny_dir / "model.safetensors").read_bytes()
+    AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    AutoTokenizer.from_pretrained(out, local_files_only=True)
+    assert model_cli(["export", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rft reward``; returns the exit code (2 for a bad config)."""
     parser = argparse.ArgumentParser(prog="rft reward", description="serve the reward API (contract 3)")
     parser.add_argument("--config", required=True, help="YAML/JSON: {evaluators: [...], timeoutSeconds, concurrency}")
-    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--host", default=os.environ.get("RFT_BIND_HOST", "0.0.0.0"),
+                        help="listen address (default: $RFT_BIND_HOST, else 0.0.0.0)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

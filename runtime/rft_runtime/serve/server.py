@@ -73,8 +73,9 @@ def create_app(engine: Engine, served_model_name: str, *, health_timeout: float 
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``rft serve``."""
     p = argparse.ArgumentParser(prog="rft serve", description="Serve a model with a vLLM-compatible OpenAI API.")
-    p.add_argument("--model", required=True, help="Hugging Face model directory")
-    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--model", required=True, help="Hugging Face model directory, or builtin:<name>")
+    p.add_argument("--host", default=os.environ.get("RFT_BIND_HOST", "0.0.0.0"),
+                   help="listen address (default: $RFT_BIND_HOST, else 0.0.0.0)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: --model)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
@@ -97,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.model.startswith("builtin:"):
+        from ..model import resolve_builtin_model
+
+        args.served_model_name = args.served_model_name or args.model
+        args.model = str(resolve_builtin_model(args.model))
     lm = load_model(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
     engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=args.policy_version)
     name = args.served_model_name or args.model
