@@ -1,0 +1,197 @@
+"""`InferenceClient`: token-id completions against one or more vLLM-compatible servers.
+
+n samples per prompt are n parallel single-sample requests, each with its own seed (the caller's
+`sampling.seed + i`, or a fresh random seed). A failed sample is retried alone, with the same seed,
+so a retry cannot change which sample a slot holds, and one slow or failed replica never costs the
+other samples. Retries: 425, 429, 5xx, connection errors and engine aborts, with capped exponential
+backoff and jitter, at most `retry.max_attempts` attempts within `retry.deadline_s`; any other 4xx
+raises `InferenceHTTPError` at once with the server's message. The concurrency limit counts HTTP
+requests in flight (a request waiting out its backoff holds no slot). Replicas are used round-robin,
+so a retry normally lands on another replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import random
+import time
+from typing import Any, Mapping, Sequence
+
+import httpx
+
+from .concurrency import run_all
+from .errors import InferenceHTTPError, InferenceUnavailableError, SampleAborted, TokenContractError
+from .response import parse_completions
+from .retry import RetryPolicy, is_retryable_status, parse_retry_after
+from .sampling import SampleOut, SamplingParams, check_ids
+
+log = logging.getLogger(__name__)
+
+SEED_RANGE = 2**31 - 1
+
+
+class InferenceClient:
+    """Async client for `/v1/completions` with token-id prompts and the token contract enforced.
+
+    Use as `async with InferenceClient(...) as client:` or call `aclose()`.
+    """
+
+    def __init__(
+        self,
+        base_urls: str | Sequence[str],
+        model: str,
+        *,
+        max_concurrency: int = 64,
+        retry: RetryPolicy | None = None,
+        api_key: str | None = None,
+        require_prompt_echo: bool = True,
+        rng: random.Random | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"base_urls must be one or more http(s) URLs, got {base_urls!r}")
+        if not model:
+            raise ValueError("model must be the served model name")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.base_urls = [u.rstrip("/") for u in urls]
+        self.model = model
+        self.retry = retry or RetryPolicy()
+        self.require_prompt_echo = require_prompt_echo
+        self._rr = itertools.cycle(range(len(self.base_urls)))
+        self._sem = asyncio.Semaphore(max_concurrency)
+        self._rng = rng or random.Random()
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+        self._http = httpx.AsyncClient(headers=headers, limits=limits, transport=transport, timeout=None)
+        self.stats = {"requests": 0, "retries": 0, "failures": 0}
+
+    async def __aenter__(self) -> "InferenceClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    def new_seed(self) -> int:
+        """A fresh random seed for one sample."""
+        return self._rng.randrange(SEED_RANGE)
+
+    async def complete(
+        self,
+        prompt_ids: Sequence[int],
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        *,
+        policy_version: int | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> list[SampleOut]:
+        """Sample `n` completions of `prompt_ids`; returns them in seed order.
+
+        `policy_version` is recorded on samples whose engine does not report one. `seeds` overrides
+        the per-sample seeds (length `n`). Raises `InferenceHTTPError`, `InferenceUnavailableError`
+        or `TokenContractError`; on any error the other samples of the call are cancelled.
+        """
+        ids = list(prompt_ids)
+        check_ids("prompt_ids", ids)
+        if not ids:
+            raise ValueError("prompt_ids must not be empty")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        sampling = sampling or SamplingParams()
+        if seeds is None:
+            seeds = [sampling.seed + i if sampling.seed is not None else self.new_seed() for i in range(n)]
+        elif len(seeds) != n:
+            raise ValueError(f"got {len(seeds)} seeds for n={n}")
+        if n == 1:
+            return [await self.complete_one(ids, sampling, seed=seeds[0], policy_version=policy_version)]
+        return await run_all([self.complete_one(ids, sampling, seed=s, policy_version=policy_version) for s in seeds])
+
+    async def complete_one(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, seed: int | None, policy_version: int | None
+    ) -> SampleOut:
+        """One single-sample request (retried alone) → one `SampleOut`."""
+        body = {"model": self.model, "prompt": prompt_ids, "n": 1, **sampling.request_fields(seed)}
+
+        def parse(resp_body: Any, headers: Mapping[str, str], url: str) -> SampleOut:
+            return parse_completions(
+                resp_body,
+                headers,
+                prompt_ids=prompt_ids,
+                n=1,
+                max_tokens=sampling.max_tokens,
+                seeds=[seed],
+                policy_version=policy_version,
+                server=url,
+                require_prompt_echo=self.require_prompt_echo,
+            )[0]
+
+        return await self.post_json("/v1/completions", body, parse)
+
+    async def post_json(self, path: str, body: dict[str, Any], parse: Any) -> Any:
+        """POST `body` with retries; `parse(json, headers, url)` turns a 200 answer into the result.
+
+        A `SampleAborted` raised by `parse` is retried like a 5xx.
+        """
+        deadline = time.monotonic() + self.retry.deadline_s
+        last_error = "no attempt made"
+        attempt = 0
+        while attempt < self.retry.max_attempts:
+            attempt += 1
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            url = self.base_urls[next(self._rr)] + path
+            retry_after = None
+            try:
+                async with self._sem:
+                    self.stats["requests"] += 1
+                    resp = await self._http.post(url, json=body, timeout=min(remaining, self.retry.attempt_timeout_s))
+                if resp.status_code == 200:
+                    return parse(_json(resp, url), resp.headers, url.removesuffix(path))
+                message, param = _error_message(resp)
+                if not is_retryable_status(resp.status_code):
+                    self.stats["failures"] += 1
+                    raise InferenceHTTPError(resp.status_code, message, url=url, param=param)
+                last_error = f"HTTP {resp.status_code} from {url}: {message}"
+                retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            except (httpx.TransportError, SampleAborted) as e:
+                last_error = f"{type(e).__name__} from {url}: {e}"
+            if attempt >= self.retry.max_attempts:
+                break
+            delay = self.retry.backoff(attempt, self._rng, retry_after)
+            if time.monotonic() + delay >= deadline:
+                break
+            self.stats["retries"] += 1
+            log.info("retrying %s in %.2fs (attempt %d): %s", path, delay, attempt, last_error)
+            await asyncio.sleep(delay)
+        self.stats["failures"] += 1
+        raise InferenceUnavailableError(f"POST {path} failed", attempts=attempt, last_error=last_error)
+
+
+def _json(resp: httpx.Response, url: str) -> Any:
+    try:
+        return resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenContractError(f"{url}: 200 response is not JSON: {e}") from None
+
+
+def _error_message(resp: httpx.Response) -> tuple[str, str | None]:
+    """The server's error message and parameter from an OpenAI/vLLM error body, else the raw text."""
+    try:
+        data = resp.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return resp.text[:500] or resp.reason_phrase, None
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message", err)), err.get("param")
+    if isinstance(data, dict) and "message" in data:
+        return str(data["message"]), data.get("param")
+    return str(data)[:500], None
