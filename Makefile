@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 RUN_OUT ?= runs/tiny-arith
 PYTEST_ARGS ?=
 
-.PHONY: help venv run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane bench helm-lint clean
+.PHONY: help venv vllm run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane bench helm-lint clean
 
 help:
 	@echo "make run          train examples/01-tiny-arith.yaml locally (rft run), ending with the reward curve"
@@ -27,6 +27,10 @@ venv: $(VENV)/.ready
 control-plane:
 	bash hack/build-control-plane.sh
 
+# vLLM for the CPU in its own cached venv (tests against live vLLM use it through RFT_VLLM_PYTHON).
+vllm: venv
+	bash hack/vllm-venv.sh
+
 run: venv
 	$(VENV)/bin/rft run examples/01-tiny-arith.yaml --out $(RUN_OUT)
 
@@ -37,8 +41,8 @@ crds: venv
 
 # The whole suite: unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
 # (no tests collected) fails the target like any other non-zero code.
-test: venv control-plane
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+test: venv control-plane vllm
+	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) $(PY) -m pytest tests $(PYTEST_ARGS)
 
 test-unit: venv
 	RFT_SKIP_CLUSTER=1 $(PY) -m pytest tests -m "not cluster and not e2e" $(PYTEST_ARGS)
@@ -56,8 +60,8 @@ cluster-up: venv control-plane
 cluster-down:
 	@if [ -x $(PY) ]; then $(PY) -m e2e.cluster down --dir .cluster; fi
 
-bench: venv
-	$(PY) bench/inference.py
+bench: venv vllm
+	$(PY) bench/inference.py --vllm-python $$(bash hack/vllm-venv.sh)
 	$(PY) bench/trainer.py
 
 helm-lint: control-plane
