@@ -213,9 +213,18 @@ def run_launcher(workdir: Path, code: str, run_as: int | None = None, **cfg: obj
     import json
     import subprocess
 
-    from rft_runtime.rewards.sandbox.runner import LAUNCHER
+    from rft_runtime.rewards.sandbox.runner import LAUNCHER as launcher_path
+
+    LAUNCHER = str(launcher_path)
 
     driver = workdir.parent / f"driver-{os.getpid()}.py"
+    if run_as is not None:
+        # The checkout may sit in a directory the unprivileged uid cannot enter (a 0700 temp dir):
+        # run a world-readable copy of the launcher (it is self-contained, stdlib only).
+        copy = workdir.parent / "launcher.py"
+        shutil.copyfile(LAUNCHER, copy)
+        os.chmod(copy, 0o644)
+        LAUNCHER = str(copy)
     config = {"workdir": str(workdir), "argv": ["/usr/bin/python3", "-I", "-c", code], "sandbox_uid": SANDBOX_UID,
               "sandbox_gid": SANDBOX_UID, "limits": {"cpu": 5, "nproc": 16}, "mode": "auto", "denied_paths": [],
               **cfg}
