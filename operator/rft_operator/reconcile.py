@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from rft_api.job import InvalidSpec, RFTJob, validate_name, validate_spec
+from rft_api.job import InvalidSpec, RFTJob, parse_manifest
 from rft_api.status import RFTJobStatus
 
 from . import names
@@ -57,19 +57,8 @@ def parse_status(raw: Optional[Obj]) -> Optional[RFTJobStatus]:
 
 def parse_job(job_obj: Obj) -> RFTJob:
     """The RFTJob with its validated spec and previous status; raises InvalidSpec naming the fields."""
-    meta = job_obj.get("metadata") or {}
-    problems: list[str] = []
-    try:
-        validate_name(meta.get("name", ""))
-    except InvalidSpec as e:
-        problems += e.problems
-    try:
-        spec = validate_spec(job_obj.get("spec") or {})
-    except InvalidSpec as e:
-        problems += e.problems
-    if problems:
-        raise InvalidSpec(problems)
-    return RFTJob(metadata=dict(meta), spec=spec, status=parse_status(job_obj.get("status")))
+    job = parse_manifest(job_obj)
+    return job.model_copy(update={"status": parse_status(job_obj.get("status"))})
 
 
 def owned_children(api: Kube, job_obj: Obj) -> list[Obj]:
