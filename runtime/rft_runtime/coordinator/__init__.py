@@ -1,0 +1,21 @@
+"""The coordinator (DESIGN.md contract 4): trainer ↔ rollout workers over HTTP.
+
+* :mod:`.core` — the pure state machine (tasks, leases, groups, staleness, counters).
+* :mod:`.service` — thread-safe wrapper; the trainer blocks on it for complete groups.
+* :mod:`.http` / :mod:`.server` — the aiohttp API, served from a thread of the trainer process.
+* :mod:`.client` — async client for rollout workers.
+* :mod:`.worker_loop` — the rollout role (`rft rollout --config FILE`).
+"""
+
+from .core import COUNTER_NAMES, Coordinator, CoordinatorConfig, CoordinatorError, Group
+from .service import CollectTimeout, CoordinatorService
+
+__all__ = [
+    "COUNTER_NAMES",
+    "CollectTimeout",
+    "Coordinator",
+    "CoordinatorConfig",
+    "CoordinatorError",
+    "CoordinatorService",
+    "Group",
+]

@@ -1,0 +1,96 @@
+"""Async HTTP client of the coordinator API, with retries (connection errors, 425/429/5xx)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any, Callable, Iterable
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (425, 429)
+
+
+class CoordinatorUnavailable(ConnectionError):
+    """The coordinator did not answer within the retry deadline."""
+
+
+class CoordinatorRejected(RuntimeError):
+    """The coordinator answered 4xx: the request itself is wrong (message from the server)."""
+
+
+class CoordinatorClient:
+    """Calls ``/v1/lease``, ``/v1/episodes``, ``/v1/release`` and ``/v1/status``.
+
+    Retries with capped exponential backoff for ``deadline_s`` (a trainer restarting between two
+    of its steps is ridden out) unless ``should_stop()`` turns true; posting the same episodes twice
+    is harmless (idempotent).
+    """
+
+    def __init__(self, base_url: str, *, deadline_s: float = 300.0, attempt_timeout_s: float = 60.0,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"coordinator URL must be http(s)://..., got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.deadline_s = deadline_s
+        self.attempt_timeout_s = attempt_timeout_s
+        self._http = httpx.AsyncClient(timeout=attempt_timeout_s, transport=transport)
+        self._rng = random.Random()
+        self._should_stop = should_stop
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "CoordinatorClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        deadline = time.monotonic() + self.deadline_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = await self._http.request(method, self.base_url + path, json=body)
+                if resp.status_code == 200:
+                    return resp.json()
+                if resp.status_code < 500 and resp.status_code not in RETRYABLE:
+                    try:
+                        msg = resp.json().get("error", {}).get("message", resp.text)
+                    except ValueError:
+                        msg = resp.text
+                    raise CoordinatorRejected(f"{method} {path}: HTTP {resp.status_code}: {msg}")
+                last = f"HTTP {resp.status_code}"
+            except httpx.TransportError as e:
+                last = f"{type(e).__name__}: {e}"
+            delay = min(5.0, 0.2 * 2 ** (attempt - 1)) * (0.5 + 0.5 * self._rng.random())
+            if time.monotonic() + delay > deadline or self._should_stop():
+                raise CoordinatorUnavailable(
+                    f"{method} {self.base_url}{path} failed after {attempt} attempts: {last}")
+            log.debug("coordinator %s %s: %s; retrying in %.2fs", method, path, last, delay)
+            await asyncio.sleep(delay)
+
+    async def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
+        """Lease up to ``max_tasks`` tasks."""
+        return await self._call("POST", "/v1/lease", {"worker_id": worker_id, "max_tasks": max_tasks})
+
+    async def post_episodes(self, worker_id: str, episodes: Iterable[dict[str, Any]]) -> dict[str, Any]:
+        """Post episodes (JSON form); idempotent by episode id."""
+        return await self._call("POST", "/v1/episodes", {"worker_id": worker_id, "episodes": list(episodes)})
+
+    async def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
+        """Give leases back for immediate re-issue."""
+        out = await self._call("POST", "/v1/release", {"lease_ids": list(lease_ids), "reason": reason})
+        return int(out["released"])
+
+    async def status(self) -> dict[str, Any]:
+        """The coordinator status."""
+        return await self._call("GET", "/v1/status")

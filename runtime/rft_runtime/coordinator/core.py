@@ -1,0 +1,423 @@
+"""The coordinator's state machine: tasks, leases, groups and counters (pure; no I/O, no threads).
+
+Lifecycle of one submitted task (a prompt to be sampled ``n`` times)::
+
+    queued ──lease──► leased ──all n episodes──► complete ──take──► (gone)
+      ▲                 │
+      └──expiry/release─┘        cancel: queued|leased|complete → (gone, returned to the caller)
+
+* Every submission gets a unique ``task_key`` (``"{task_id}@{seq}"``); episodes carry it as their
+  ``task_id``, so episode ids (``"{task_key}:{rollout_idx}"``) are unique over the whole run.
+* Posting is idempotent by episode id: a second copy is counted in ``episodes_duplicate`` and
+  ignored. An expired lease is re-issued (front of the queue); episodes of the old lease that
+  arrive later still count when not duplicates.
+* Staleness: an episode is produced by the policy version of its oldest step. It is accepted when
+  ``current - version <= max_staleness`` (0 = on-policy: only the current version). A group that
+  became too stale while waiting is dropped at :meth:`Coordinator.take` and its task re-queued.
+* Every dropped or re-issued thing is counted (:attr:`Coordinator.counters`).
+
+* Episodes are checked against the shared type (:class:`rft_runtime.types.Episode`: the token
+  contract) before they are accepted; a violation is ``invalid`` with the problem named.
+
+The clock is injected (``clock()`` returns seconds) so lease expiry is tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from .episodes import (
+    EpisodeFormatError,
+    episode_id,
+    episode_rollout_idx,
+    episode_task_key,
+    episode_version,
+    validate_episode,
+)
+
+COUNTER_NAMES = (
+    "tasks_submitted",
+    "leases_granted",
+    "leases_expired",
+    "leases_released",
+    "tasks_reissued",
+    "tasks_cancelled",
+    "episodes_accepted",
+    "episodes_duplicate",
+    "episodes_dropped_stale",
+    "episodes_dropped_unknown",
+    "episodes_dropped_invalid",
+    "groups_completed",
+    "groups_dropped_stale",
+    "groups_taken",
+)
+
+SEEN_IDS_KEPT = 200_000  # ids of taken episodes remembered to count late duplicates (bounded memory)
+
+
+class CoordinatorError(RuntimeError):
+    """Misuse of the coordinator by its owner (e.g. taking a group that is not complete)."""
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    """Settings of a coordinator.
+
+    Attributes:
+        n: samples per task (the group size) unless a submission says otherwise.
+        lease_timeout_s: a lease not completed within this time is re-issued.
+        max_staleness: 0 = on-policy; S > 0 accepts episodes at most S versions old.
+        sampling: default sampling parameters handed out with each lease (vLLM field names).
+    """
+
+    n: int
+    lease_timeout_s: float
+    max_staleness: int = 0
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"coordinator: field 'n' must be an integer >= 1, got {self.n!r}")
+        if not self.lease_timeout_s > 0:
+            raise ValueError(f"coordinator: field 'lease_timeout_s' must be > 0, got {self.lease_timeout_s!r}")
+        if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
+            raise ValueError(f"coordinator: field 'max_staleness' must be an integer >= 0, got {self.max_staleness!r}")
+
+
+@dataclass
+class TaskRecord:
+    """One submitted task and the episodes collected for it."""
+
+    key: str
+    task: dict[str, Any]
+    n: int
+    seed: int
+    sampling: dict[str, Any]
+    purpose: str
+    state: str = "queued"  # queued | leased | complete
+    lease_id: str | None = None
+    worker_id: str | None = None
+    deadline: float | None = None
+    leased_version: int | None = None
+    times_leased: int = 0
+    episodes: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def grant(self, version: int) -> dict[str, Any]:
+        """The lease's wire form (see :meth:`Coordinator.lease`)."""
+        return {
+            "lease_id": self.lease_id,
+            "task_key": self.key,
+            "task": self.task,
+            "n": self.n,
+            "seed": self.seed,
+            "sampling": dict(self.sampling),
+            "policy_version": version,
+            "purpose": self.purpose,
+            "deadline_in_s": None,  # filled by the caller (relative; clocks differ between hosts)
+        }
+
+
+@dataclass(frozen=True)
+class Group:
+    """A complete group handed to the trainer: the task and its ``n`` episodes by rollout index."""
+
+    key: str
+    task: dict[str, Any]
+    purpose: str
+    episodes: list[dict[str, Any]]
+    oldest_version: int | None
+
+
+class Coordinator:
+    """Leases tasks to rollout workers and gathers their episodes into groups (not thread-safe)."""
+
+    def __init__(
+        self,
+        cfg: CoordinatorConfig,
+        *,
+        policy_version: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        seq_start: int = 0,
+        nonce: str | None = None,
+        validate: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.validate = validate
+        self._version = int(policy_version)
+        self._clock = clock
+        self._next_seq = int(seq_start)
+        self._lease_seq = itertools.count(1)
+        self._nonce = nonce or uuid.uuid4().hex[:8]
+        self._tasks: dict[str, TaskRecord] = {}
+        self._queue: deque[str] = deque()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self.done = False
+        self.counters: dict[str, int] = {k: 0 for k in COUNTER_NAMES}
+
+    # ---------------------------------------------------------------- owner (trainer) side
+    @property
+    def policy_version(self) -> int:
+        """The version of the policy inference currently serves."""
+        return self._version
+
+    def set_policy_version(self, version: int) -> None:
+        """Advance the current policy version (never backwards)."""
+        if version < self._version:
+            raise CoordinatorError(f"policy version may not go backwards: {self._version} -> {version}")
+        self._version = int(version)
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next submission gets (saved in checkpoints)."""
+        return self._next_seq
+
+    def submit(
+        self,
+        tasks: Iterable[Mapping[str, Any]],
+        *,
+        seeds: Iterable[int],
+        purpose: str = "train",
+        n: int | None = None,
+        sampling: Mapping[str, Any] | None = None,
+    ) -> list[str]:
+        """Queue tasks (``Task.to_dict()`` form) for leasing; returns their task keys in order.
+
+        ``seeds`` gives each task its sampling seed (sample ``i`` uses ``seed + i``).
+        """
+        n = self.cfg.n if n is None else n
+        if not isinstance(n, int) or n < 1:
+            raise CoordinatorError(f"n must be an integer >= 1, got {n!r}")
+        params = dict(self.cfg.sampling if sampling is None else sampling)
+        keys: list[str] = []
+        for task, seed in zip(list(tasks), list(seeds), strict=True):
+            task_id = task.get("task_id")
+            if not isinstance(task_id, str) or not task_id:
+                raise CoordinatorError(f"submitted task has no 'task_id': {task!r}")
+            key = f"{task_id}@{self._next_seq}"
+            self._next_seq += 1
+            self._tasks[key] = TaskRecord(key, dict(task), n, int(seed), params, purpose)
+            self._queue.append(key)
+            keys.append(key)
+        self.counters["tasks_submitted"] += len(keys)
+        return keys
+
+    def is_complete(self, key: str) -> bool:
+        """True when the task has all its episodes (unknown keys raise)."""
+        return self._record(key).state == "complete"
+
+    def pending(self, keys: Iterable[str]) -> list[str]:
+        """The keys among ``keys`` that are not complete yet."""
+        return [k for k in keys if self._record(k).state != "complete"]
+
+    def take(self, keys: Iterable[str]) -> tuple[list[Group], list[str]]:
+        """Remove complete groups for training: returns ``(groups, requeued)``.
+
+        A group whose oldest episode became too stale for the current version is dropped (counted
+        in ``groups_dropped_stale``), its task re-queued, and its key listed in ``requeued``; wait
+        for it again. Raises :class:`CoordinatorError` for a key that is not complete.
+        """
+        groups: list[Group] = []
+        requeued: list[str] = []
+        for key in keys:
+            rec = self._record(key)
+            if rec.state != "complete":
+                raise CoordinatorError(f"task {key!r} is {rec.state}, not complete")
+            eps = [rec.episodes[i] for i in range(rec.n)]
+            oldest = min((v for v in (episode_version(e) for e in eps) if v is not None), default=None)
+            if oldest is not None and not self._fresh(oldest):
+                self.counters["groups_dropped_stale"] += 1
+                self._requeue(rec, front=True, clear=True)
+                requeued.append(key)
+                continue
+            del self._tasks[key]
+            for e in eps:
+                self._remember(episode_id(e))
+            self.counters["groups_taken"] += 1
+            groups.append(Group(key, rec.task, rec.purpose, eps, oldest))
+        return groups, requeued
+
+    def cancel(self, keys: Iterable[str]) -> list[dict[str, Any]]:
+        """Withdraw tasks whatever their state; returns their task dicts (nothing is lost: the
+        caller decides whether to submit them again). Later episodes for them are dropped as
+        unknown."""
+        out = []
+        cancel = set(keys)
+        for key in cancel:
+            rec = self._record(key)
+            out.append(rec.task)
+            del self._tasks[key]
+        if cancel:
+            self._queue = deque(k for k in self._queue if k not in cancel)
+        self.counters["tasks_cancelled"] += len(cancel)
+        return out
+
+    def finish(self) -> None:
+        """Training is over: leases answer ``done`` from now on."""
+        self.done = True
+
+    # ---------------------------------------------------------------- worker side
+    def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
+        """Grant up to ``max_tasks`` queued tasks to ``worker_id``.
+
+        Returns ``{"done", "policy_version", "tasks": [grant...], "lease_timeout_s"}``; each grant
+        has ``lease_id, task_key, task, n, seed, sampling, policy_version, purpose,
+        deadline_in_s``. Expired leases are re-issued first.
+        """
+        if not isinstance(worker_id, str) or not worker_id:
+            raise ValueError("lease: field 'worker_id' must be a non-empty string")
+        if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
+            raise ValueError(f"lease: field 'max_tasks' must be an integer >= 1, got {max_tasks!r}")
+        self.expire()
+        grants: list[dict[str, Any]] = []
+        now = self._clock()
+        while not self.done and self._queue and len(grants) < max_tasks:
+            rec = self._tasks[self._queue.popleft()]
+            rec.state = "leased"
+            rec.lease_id = f"{self._nonce}-{next(self._lease_seq)}"
+            rec.worker_id = worker_id
+            rec.deadline = now + self.cfg.lease_timeout_s
+            rec.leased_version = self._version
+            rec.times_leased += 1
+            if rec.times_leased > 1:
+                self.counters["tasks_reissued"] += 1
+            g = rec.grant(self._version)
+            g["deadline_in_s"] = self.cfg.lease_timeout_s
+            grants.append(g)
+        self.counters["leases_granted"] += len(grants)
+        return {
+            "done": self.done,
+            "policy_version": self._version,
+            "lease_timeout_s": self.cfg.lease_timeout_s,
+            "tasks": grants,
+        }
+
+    def post_episodes(self, worker_id: str, episodes: Iterable[Any]) -> dict[str, Any]:
+        """Accept episodes; returns per-outcome counts and the ids in each outcome.
+
+        Outcomes: ``accepted``, ``duplicate`` (id seen before), ``stale`` (too old a policy),
+        ``unknown`` (no such task: cancelled, already trained on, or from another trainer run),
+        ``invalid`` (bad fields or a rollout index outside ``0..n-1``; with ``errors``).
+        """
+        result: dict[str, Any] = {k: [] for k in ("accepted", "duplicate", "stale", "unknown", "invalid")}
+        result["errors"] = []
+        for ep in episodes:
+            try:
+                eid = episode_id(ep)
+                key = episode_task_key(ep)
+                idx = episode_rollout_idx(ep)
+            except EpisodeFormatError as e:
+                self.counters["episodes_dropped_invalid"] += 1
+                result["invalid"].append(ep.get("id") if isinstance(ep, Mapping) else None)
+                result["errors"].append(str(e))
+                continue
+            outcome, error = self._accept(ep, eid, key, idx)
+            result[outcome].append(eid)
+            if error:
+                result["errors"].append(error)
+        return result
+
+    def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
+        """Give leased tasks back for immediate re-issue (a worker that cannot finish them)."""
+        ids = set(lease_ids)
+        released = 0
+        for rec in list(self._tasks.values()):
+            if rec.state == "leased" and rec.lease_id in ids:
+                self._requeue(rec, front=True)
+                released += 1
+        self.counters["leases_released"] += released
+        return released
+
+    def expire(self) -> int:
+        """Re-queue tasks whose lease deadline passed; returns how many."""
+        now = self._clock()
+        expired = [r for r in self._tasks.values() if r.state == "leased" and r.deadline is not None
+                   and r.deadline <= now]
+        for rec in expired:
+            self._requeue(rec, front=True)
+        self.counters["leases_expired"] += len(expired)
+        return len(expired)
+
+    # ---------------------------------------------------------------- status
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready summary: version, mode, queue sizes and all counters."""
+        states = {"queued": 0, "leased": 0, "complete": 0}
+        for rec in self._tasks.values():
+            states[rec.state] += 1
+        return {
+            "done": self.done,
+            "policy_version": self._version,
+            "mode": "on-policy" if self.cfg.max_staleness == 0 else "bounded-staleness",
+            "max_staleness": self.cfg.max_staleness,
+            "tasks": states,
+            "counters": dict(self.counters),
+        }
+
+    # ---------------------------------------------------------------- internals
+    def _record(self, key: str) -> TaskRecord:
+        try:
+            return self._tasks[key]
+        except KeyError:
+            raise CoordinatorError(f"unknown task key {key!r}") from None
+
+    def _remember(self, eid: str) -> None:
+        self._seen[eid] = None
+        while len(self._seen) > SEEN_IDS_KEPT:
+            self._seen.popitem(last=False)
+
+    def _fresh(self, version: int) -> bool:
+        return 0 <= self._version - version <= self.cfg.max_staleness
+
+    def _requeue(self, rec: TaskRecord, *, front: bool, clear: bool = False) -> None:
+        rec.state, rec.lease_id, rec.worker_id, rec.deadline = "queued", None, None, None
+        if clear:
+            rec.episodes.clear()  # their ids were never remembered: a re-sample is not a duplicate
+        (self._queue.appendleft if front else self._queue.append)(rec.key)
+
+    def _accept(self, ep: dict[str, Any], eid: str, key: str, idx: int) -> tuple[str, str | None]:
+        if eid in self._seen:
+            self.counters["episodes_duplicate"] += 1
+            return "duplicate", None
+        rec = self._tasks.get(key)
+        if rec is None:
+            self.counters["episodes_dropped_unknown"] += 1
+            return "unknown", None
+        if not 0 <= idx < rec.n:
+            self.counters["episodes_dropped_invalid"] += 1
+            return "invalid", f"episode {eid!r}: rollout_idx {idx} is outside 0..{rec.n - 1}"
+        if eid != f"{key}:{idx}":
+            self.counters["episodes_dropped_invalid"] += 1
+            return "invalid", f"episode id {eid!r} must be '{key}:{idx}'"
+        try:
+            if self.validate:
+                ep = validate_episode(ep)
+            version = episode_version(ep, default=rec.leased_version)
+        except EpisodeFormatError as e:
+            self.counters["episodes_dropped_invalid"] += 1
+            return "invalid", f"episode {eid!r}: {e}"
+        if version is None or version > self._version:
+            self.counters["episodes_dropped_invalid"] += 1
+            return "invalid", f"episode {eid!r}: policy version {version} is not a served version"
+        if not self._fresh(version):
+            self.counters["episodes_dropped_stale"] += 1
+            if rec.state == "leased":
+                # The lease's work is unusable: leased under a policy that is now too old, or sampled
+                # from an engine serving older weights than the lease asked for (an inference server
+                # that restarted with its base weights). Sample again now instead of at lease expiry.
+                self._requeue(rec, front=True, clear=True)
+            return "stale", None
+        if rec.state == "complete" or idx in rec.episodes:
+            self.counters["episodes_duplicate"] += 1
+            return "duplicate", None
+        rec.episodes[idx] = ep
+        self.counters["episodes_accepted"] += 1
+        if len(rec.episodes) == rec.n:
+            if rec.state == "queued":
+                self._queue = deque(k for k in self._queue if k != key)
+            rec.state, rec.lease_id, rec.deadline = "complete", None, None
+            self.counters["groups_completed"] += 1
+        return "accepted", None

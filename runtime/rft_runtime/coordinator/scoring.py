@@ -1,0 +1,72 @@
+"""Scoring for the rollout role: in process (the rewards registry) or through the reward role.
+
+Both backends are :class:`~rft_runtime.rollout.RolloutWorker` scorers: ``score(sample, task)``
+returning a :class:`~rft_runtime.rewards.types.ScoreResult`, which the worker applies to the
+episode (reward, reason, error flags, metrics — the composite puts each evaluator's own reward in
+``metrics[<evaluator name>]``). Both add ``time/reward`` (seconds spent scoring) to the metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+
+def _task_dict(task: Any) -> dict[str, Any]:
+    return task.to_dict() if hasattr(task, "to_dict") else dict(task)
+
+
+def _sample_dict(sample: Any) -> dict[str, Any]:
+    return {"id": sample.id, "text": sample.text, "messages": list(sample.messages),
+            "prompt_ids": list(sample.prompt_ids), "completion_ids": list(sample.completion_ids),
+            "finish_reason": sample.finish_reason, "truncated": bool(sample.truncated)}
+
+
+class InProcessScorer:
+    """Scores with a :class:`~rft_runtime.rewards.service.RewardService` built from
+    ``spec.evaluator`` (the same evaluator entries the reward role would run)."""
+
+    def __init__(self, evaluator_spec: Any) -> None:
+        from ..rewards.service import RewardService
+
+        raw = evaluator_spec.model_dump(by_alias=True, exclude_none=True, mode="json") \
+            if hasattr(evaluator_spec, "model_dump") else dict(evaluator_spec)
+        self.service = RewardService.from_config(raw)
+
+    async def __call__(self, sample: Any, task: Any) -> Any:
+        from ..rewards.types import Item, Sample
+
+        t0 = time.perf_counter()
+        result = await self.service.score(Sample.from_any(sample), Item.from_any(_task_dict(task)))
+        result.metrics["time/reward"] = time.perf_counter() - t0
+        return result
+
+    async def aclose(self) -> None:
+        await self.service.aclose()
+
+
+class RemoteScorer:
+    """Scores through the reward role's HTTP API (``POST {url}/v1/score``, one sample a call)."""
+
+    def __init__(self, url: str, timeout_s: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(timeout=timeout_s)
+
+    async def __call__(self, sample: Any, task: Any) -> Any:
+        from ..rewards.types import ScoreResult
+
+        t0 = time.perf_counter()
+        body = {"samples": [{"id": sample.id, "sample": _sample_dict(sample), "item": _task_dict(task)}]}
+        resp = await self._http.post(self.url + "/v1/score", json=body)
+        if resp.status_code != 200:
+            raise RuntimeError(f"reward service {self.url}: HTTP {resp.status_code}: {resp.text[:300]}")
+        r = resp.json()["results"][0]
+        metrics = {k: float(v) for k, v in (r.get("metrics") or {}).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        metrics["time/reward"] = time.perf_counter() - t0
+        return ScoreResult(r.get("reward"), r.get("reason") or "", metrics, r.get("error"))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

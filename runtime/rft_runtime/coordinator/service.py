@@ -1,0 +1,129 @@
+"""A thread-safe wrapper of :class:`~rft_runtime.coordinator.core.Coordinator`.
+
+The HTTP handlers (in the server thread) and the trainer (in its own thread) share one
+coordinator through this class: every call takes the lock, and the trainer can block until the
+groups it waits for are complete.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+from .core import Coordinator, Group
+
+
+class CollectTimeout(TimeoutError):
+    """No episode arrived for too long while the trainer waited for groups."""
+
+
+class CoordinatorService:
+    """Lock-protected access to a coordinator, plus waiting for groups."""
+
+    def __init__(self, core: Coordinator) -> None:
+        self._core = core
+        self._cond = threading.Condition()
+        self._last_progress = time.monotonic()
+
+    # ---------------------------------------------------------------- worker-facing (HTTP)
+    def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
+        """See :meth:`Coordinator.lease`."""
+        with self._cond:
+            return self._core.lease(worker_id, max_tasks)
+
+    def post_episodes(self, worker_id: str, episodes: Iterable[Any]) -> dict[str, Any]:
+        """See :meth:`Coordinator.post_episodes`; wakes a waiting trainer."""
+        with self._cond:
+            result = self._core.post_episodes(worker_id, episodes)
+            if result["accepted"] or result["stale"]:
+                self._last_progress = time.monotonic()
+            self._cond.notify_all()
+            return result
+
+    def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
+        """See :meth:`Coordinator.release`."""
+        with self._cond:
+            return self._core.release(lease_ids, reason)
+
+    def status(self) -> dict[str, Any]:
+        """See :meth:`Coordinator.status`."""
+        with self._cond:
+            return self._core.status()
+
+    # ---------------------------------------------------------------- trainer-facing
+    @property
+    def policy_version(self) -> int:
+        """The current policy version."""
+        with self._cond:
+            return self._core.policy_version
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number of the next submission."""
+        with self._cond:
+            return self._core.next_seq
+
+    def set_policy_version(self, version: int) -> None:
+        """See :meth:`Coordinator.set_policy_version`."""
+        with self._cond:
+            self._core.set_policy_version(version)
+            self._cond.notify_all()
+
+    def submit(self, tasks: Iterable[Mapping[str, Any]], **kw: Any) -> list[str]:
+        """See :meth:`Coordinator.submit`."""
+        with self._cond:
+            self._last_progress = time.monotonic()
+            return self._core.submit(tasks, **kw)
+
+    def cancel(self, keys: Iterable[str]) -> list[dict[str, Any]]:
+        """See :meth:`Coordinator.cancel`."""
+        with self._cond:
+            return self._core.cancel(keys)
+
+    def finish(self) -> None:
+        """See :meth:`Coordinator.finish`."""
+        with self._cond:
+            self._core.finish()
+            self._cond.notify_all()
+
+    def counters(self) -> dict[str, int]:
+        """A copy of the counters."""
+        with self._cond:
+            return dict(self._core.counters)
+
+    def collect(
+        self,
+        keys: list[str],
+        *,
+        stall_timeout_s: float,
+        should_stop: Callable[[], bool] = lambda: False,
+        poll_s: float = 0.25,
+    ) -> list[Group] | None:
+        """Block until every task in ``keys`` is complete and fresh; return their groups in the
+        order of ``keys``.
+
+        Returns None when ``should_stop()`` turns true; groups not yet taken stay in the
+        coordinator (cancel them if they will not be collected). Raises :class:`CollectTimeout`
+        after ``stall_timeout_s`` without any episode arriving.
+        """
+        wanted = list(keys)
+        got: dict[str, Group] = {}
+        with self._cond:
+            while True:
+                remaining = [k for k in wanted if k not in got]
+                if not remaining:
+                    return [got[k] for k in wanted]
+                if not self._core.pending(remaining):
+                    groups, _requeued = self._core.take(remaining)  # stale ones are re-queued
+                    got.update((g.key, g) for g in groups)
+                    continue
+                if should_stop():
+                    return None
+                self._core.expire()
+                if time.monotonic() - self._last_progress > stall_timeout_s:
+                    raise CollectTimeout(
+                        f"no episode arrived for {stall_timeout_s:.0f}s while waiting for "
+                        f"{len(remaining)} of {len(wanted)} groups; are rollout workers running? "
+                        f"coordinator status: {self._core.status()}")
+                self._cond.wait(poll_s)

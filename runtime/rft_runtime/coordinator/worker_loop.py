@@ -1,0 +1,195 @@
+"""The rollout role (`rft rollout --config FILE`): lease → roll out → score → post, until done.
+
+Each leased task is rolled out ``n`` times by :class:`~rft_runtime.rollout.RolloutWorker` against
+the inference endpoints (token contract kept), scored in process with the rewards registry (or
+through the reward role when ``spec.evaluator.remote`` and ``endpoints.reward`` are set), and its
+episodes are posted to the coordinator (idempotent, so a retried post is harmless). A task whose
+inference fails is released for immediate re-issue. The loop leases at most
+``max(1, concurrency // n)`` tasks at a time (``spec.rollout.concurrency`` requests in flight) and
+stops when the coordinator answers ``done`` or ``should_stop()`` turns true; it gives up with an
+error after ``max_consecutive_failures`` failed tasks in a row (a misconfiguration, not bad luck).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import time
+from typing import Any, Callable
+
+from .client import CoordinatorClient, CoordinatorUnavailable
+from .scoring import InProcessScorer, RemoteScorer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class LoopStats:
+    """What a rollout loop did."""
+
+    tasks_done: int = 0
+    tasks_failed: int = 0
+    episodes_posted: int = 0
+    episodes_accepted: int = 0
+    episodes_rejected: int = 0
+
+
+def _bundle(spec: Any) -> Any:
+    """The evaluator bundle whose ``rollout`` function replaces the default single-turn rollout."""
+    from ..rollout import EvaluatorBundle, load_bundle
+
+    for e in spec.evaluator.entries():
+        if e.bundle is not None and e.bundle.rollout:
+            b = load_bundle(e.bundle.rollout)
+            return EvaluatorBundle(source=b.source, rollout=b.rollout) if b.rollout else None
+        if e.file is not None and e.file.rollout:
+            from ..rewards.config import DEFAULT_FILES_DIR
+
+            base = os.environ.get("RFT_EVALUATOR_FILES_DIR") or DEFAULT_FILES_DIR
+            path = os.path.join(base, e.file.config_map_key_ref.name, e.file.config_map_key_ref.key)
+            b = load_bundle(f"{path}:{e.file.rollout}")
+            return EvaluatorBundle(source=b.source, rollout=b.rollout) if b.rollout else None
+    return None
+
+
+class RolloutLoop:
+    """One rollout worker process's loop (see the module docstring)."""
+
+    def __init__(self, cfg: Any, *, worker_id: str | None = None, poll_s: float = 0.2,
+                 should_stop: Callable[[], bool] = lambda: False, max_consecutive_failures: int = 20) -> None:
+        self.cfg = cfg
+        self.spec = cfg.spec
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.poll_s = poll_s
+        self.should_stop = should_stop
+        self.stats = LoopStats()
+        self.max_consecutive_failures = max_consecutive_failures
+        self._consecutive_failures = 0
+        self._last_error = ""
+
+    def _scorer(self) -> Any:
+        # The operator's config says where scoring happens ("scoring": "reward" whenever the job has a
+        # reward role: evaluator.remote, code_sandbox, llm_judge); only then do the reward pods hold
+        # the evaluator files and API keys.
+        remote = self.spec.evaluator.remote or (self.cfg.raw or {}).get("scoring") == "reward"
+        if remote and self.cfg.reward_url:
+            return RemoteScorer(self.cfg.reward_url, timeout_s=self.spec.rollout.request_timeout_seconds)
+        return InProcessScorer(self.spec.evaluator)
+
+    async def run(self) -> LoopStats:
+        """Run until the coordinator says done (or ``should_stop``); returns the stats."""
+        from ..rollout import ChatTokenizer, InferenceClient, RetryPolicy, RolloutWorker
+        from ..trainer.model_io import load_tokenizer, resolve_model_dir
+
+        spec = self.spec
+        model_dir = resolve_model_dir(spec.model, self.cfg.model_cache_dir)
+        tok = ChatTokenizer(load_tokenizer(model_dir, spec.model.tokenizer, spec.model.chat_template))
+        retry = RetryPolicy(deadline_s=spec.rollout.request_timeout_seconds,
+                            attempt_timeout_s=spec.rollout.request_timeout_seconds)
+        scorer = self._scorer()
+        per_lease = max(1, spec.rollout.concurrency // spec.rollout.samples_per_prompt)
+        async with InferenceClient(self.cfg.inference_urls, self.cfg.served_model,
+                                   max_concurrency=spec.rollout.concurrency, retry=retry) as inference, \
+                CoordinatorClient(self.cfg.coordinator_url, should_stop=self.should_stop) as coord:
+            worker = RolloutWorker(inference, tok, bundle=_bundle(spec), scorer=scorer,
+                                   max_concurrent_rollouts=spec.rollout.concurrency,
+                                   rollout_timeout_s=spec.rollout.request_timeout_seconds)
+            try:
+                await self._loop(coord, worker, scorer, per_lease)
+            finally:
+                worker.close()
+                await scorer.aclose()
+        return self.stats
+
+    async def _loop(self, coord: CoordinatorClient, worker: Any, scorer: Any, per_lease: int) -> None:
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while not self.should_stop():
+                free = per_lease - len(inflight)
+                if free > 0:
+                    try:
+                        resp = await coord.lease(self.worker_id, free)
+                    except CoordinatorUnavailable as e:
+                        log.warning("coordinator unavailable: %s", e)
+                        break
+                    if resp.get("done"):
+                        break
+                    for grant in resp["tasks"]:
+                        inflight.add(asyncio.create_task(self._one(coord, worker, scorer, grant)))
+                if self._consecutive_failures >= self.max_consecutive_failures:
+                    raise RuntimeError(f"rollout worker {self.worker_id}: {self._consecutive_failures} tasks failed in "
+                                       f"a row; last error: {self._last_error}")
+                if inflight:
+                    _done, inflight = await asyncio.wait(inflight, timeout=self.poll_s,
+                                                         return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    await asyncio.sleep(self.poll_s)
+        finally:
+            for t in inflight:
+                t.cancel()
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
+
+    async def _one(self, coord: CoordinatorClient, worker: Any, scorer: Any, grant: dict[str, Any]) -> None:
+        """Roll out, score and post one leased task; on failure release the lease (re-issued)."""
+        from ..rollout import SamplingParams
+        from ..rollout.episodes import episode_json
+
+        try:
+            s = grant.get("sampling") or {}
+            sampling = SamplingParams(max_tokens=int(s.get("max_tokens", self.spec.rollout.max_tokens)),
+                                      temperature=float(s.get("temperature", self.spec.rollout.temperature)),
+                                      top_p=s.get("top_p"), top_k=s.get("top_k"), seed=int(grant["seed"]))
+            task = dict(grant["task"], task_id=grant["task_key"])
+            t0 = time.perf_counter()
+            episodes = await worker.rollout_task(task, int(grant["n"]), sampling, int(grant["policy_version"]))
+            seconds = time.perf_counter() - t0
+            dicts = []
+            for ep in episodes:
+                d = episode_json(ep)
+                d["metrics"] = {**d.get("metrics", {}), "time/rollout": seconds}
+                dicts.append(d)
+            res = await coord.post_episodes(self.worker_id, dicts)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure: give the task back, keep the loop alive
+            self.stats.tasks_failed += 1
+            self._consecutive_failures += 1
+            self._last_error = f"{type(e).__name__}: {e}"
+            log.warning("task %s failed (%s: %s); releasing its lease", grant.get("task_key"), type(e).__name__, e,
+                        exc_info=not isinstance(e, OSError))
+            try:
+                await coord.release([grant["lease_id"]], f"{type(e).__name__}: {e}")
+            except Exception:  # noqa: BLE001 - the lease expires and is re-issued anyway
+                pass
+            return
+        self.stats.tasks_done += 1
+        self._consecutive_failures = 0
+        self.stats.episodes_posted += len(dicts)
+        self.stats.episodes_accepted += len(res.get("accepted", []))
+        self.stats.episodes_rejected += sum(len(res.get(k, [])) for k in ("stale", "unknown", "invalid"))
+        if res.get("errors"):
+            log.warning("coordinator refused episodes of %s: %s", grant["task_key"], res["errors"][:3])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rft rollout --config FILE [--worker-id ID]``."""
+    p = argparse.ArgumentParser(prog="rft rollout", description="Run the rollout role: lease tasks, sample, "
+                                "score and post episodes until the trainer is done.")
+    p.add_argument("--config", required=True, help="the resolved runtime config (config.json)")
+    p.add_argument("--worker-id", default=None, help="default: <hostname>-<pid>")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: the lease poll alone would be five lines a second.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+    from ..trainer.config import load_config
+
+    cfg = load_config(args.config)
+    stats = asyncio.run(RolloutLoop(cfg, worker_id=args.worker_id).run())
+    log.info("rollout done: %s", dataclasses.asdict(stats))
+    return 0

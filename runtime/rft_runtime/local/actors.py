@@ -1,0 +1,146 @@
+"""The roles of a local run as Ray actors: inference (builtin server), trainer, rollout.
+
+Actors ask for ``num_cpus=0`` (the machine may have 2 cores; each actor pins torch to a few
+threads instead) and log to ``<out>/logs/<role>.log``. The trainer and rollout actors are threaded
+(``max_concurrency=2``) so a stop request reaches them while a step or the loop runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import ray
+
+ACTOR_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TOKENIZERS_PARALLELISM": "false",
+    "OMP_NUM_THREADS": "1",
+}
+
+
+def _setup_process(log_file: str | None, threads: int) -> None:
+    for k, v in ACTOR_ENV.items():
+        os.environ.setdefault(k, v)
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        h = logging.FileHandler(log_file)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(h)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def node_host(local: bool) -> str:
+    """The host other actors reach this one at: 127.0.0.1 locally, the node IP on a cluster."""
+    return "127.0.0.1" if local else ray.util.get_node_ip_address()
+
+
+@ray.remote(num_cpus=0)
+class InferenceActor:
+    """The builtin inference server (vLLM-compatible API) serving ``model_dir``."""
+
+    def __init__(self, model_dir: str, served_name: str, *, local: bool, threads: int = 1,
+                 max_batch_size: int = 256, dtype: str = "auto", max_model_len: int | None = None,
+                 log_file: str | None = None) -> None:
+        _setup_process(log_file, threads)
+        from ..coordinator.server import AppThread
+        from ..serve.engine import Engine
+        from ..serve.model import load_model
+        from ..serve.server import create_app
+
+        lm = load_model(model_dir, dtype=dtype, max_model_len=max_model_len)
+        self.engine = Engine(lm, max_batch_size=max_batch_size)
+        self.host = node_host(local)
+        self.server = AppThread(create_app(self.engine, served_name, stop_engine_on_cleanup=True),
+                                "127.0.0.1" if local else "0.0.0.0", 0).start()
+
+    def url(self) -> str:
+        return f"http://{self.host}:{self.server.port}"
+
+    def shutdown(self) -> None:
+        self.server.stop()
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class TrainerActor:
+    """The trainer role (:class:`~rft_runtime.trainer.trainer.Trainer`, coordinator included)."""
+
+    def __init__(self, config_doc: dict[str, Any], *, resume: bool, require_resume: bool,
+                 max_steps: int | None, threads: int = 1, log_file: str | None = None) -> None:
+        _setup_process(log_file, threads)
+        from ..trainer.config import parse_config
+        from ..trainer.trainer import Trainer
+
+        self._stop = threading.Event()
+        self.trainer = Trainer(parse_config(config_doc), resume=resume, require_resume=require_resume,
+                               max_steps=max_steps, should_stop=self._stop.is_set)
+
+    def setup(self) -> dict[str, Any]:
+        t = self.trainer.setup()
+        return {"coordinator_url": t.coordinator_url, "step": t.step_count, "max_steps": t.max_steps,
+                "resumed_from": t.resumed_from, "policy_version": t.policy_version}
+
+    def step(self) -> dict[str, Any] | None:
+        """One step's metrics; None when a stop request interrupted the step."""
+        from ..trainer.trainer import StopRequested
+
+        try:
+            return self.trainer.step()
+        except StopRequested:
+            return None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def finish(self) -> None:
+        self.trainer.finish()
+
+    def stop(self) -> int:
+        self.trainer.stop(checkpoint=True)
+        return self.trainer.step_count
+
+    def close(self) -> None:
+        self.trainer.close()
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class RolloutActor:
+    """The rollout role (:class:`~rft_runtime.coordinator.worker_loop.RolloutLoop`)."""
+
+    def __init__(self, config_doc: dict[str, Any], worker_id: str, *, threads: int = 1,
+                 log_file: str | None = None) -> None:
+        _setup_process(log_file, threads)
+        from ..trainer.config import parse_config
+
+        self.cfg = parse_config(config_doc)
+        self.worker_id = worker_id
+        self._stop = threading.Event()
+
+    def run(self) -> dict[str, int]:
+        """Run the loop until the coordinator says done or :meth:`stop` is called."""
+        import dataclasses
+
+        from ..coordinator.worker_loop import RolloutLoop
+
+        loop = RolloutLoop(self.cfg, worker_id=self.worker_id, should_stop=self._stop.is_set)
+        return dataclasses.asdict(asyncio.run(loop.run()))
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,53 @@
+"""``rft run JOB.yaml [--out DIR] [--resume] [--address RAY_ADDRESS] [--max-steps N]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rft run", description="Run an RFTJob manifest on this machine: the roles "
+                                "start as Ray actors with the builtin inference server.")
+    p.add_argument("manifest", help="RFTJob YAML (the file the operator takes)")
+    p.add_argument("--out", default=None, help="output directory (default: runs/<job name>)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument("--address", default=None, help="attach to a running Ray cluster (ray.init(address=...))")
+    p.add_argument("--max-steps", type=int, default=None, help="override trainer.maxSteps")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per role (default 1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.max_steps is not None and args.max_steps < 1:
+        p.error("--max-steps must be >= 1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from rft_api.job import InvalidSpec
+
+    from ..coordinator import CollectTimeout
+    from ..data import DatasetError
+    from ..trainer.checkpoint import CheckpointError
+    from ..trainer.config import ConfigError
+    from ..trainer.publisher import PublishError
+    from ..trainer.state import ResumeError
+    from .runner import LocalRunError, RunOptions, run_local
+
+    known = (LocalRunError, ResumeError, CheckpointError, ConfigError, DatasetError, PublishError, CollectTimeout,
+             FileNotFoundError)
+
+    try:
+        result = run_local(RunOptions(args.manifest, args.out, args.resume, args.address, args.max_steps,
+                                      progress_bar=not args.no_progress, threads=args.threads))
+    except InvalidSpec as e:
+        print(f"rft run: {args.manifest}: invalid RFTJob", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    except known as e:
+        print(f"rft run: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rft run: aborted", file=sys.stderr)
+        return 130
+    return result.exit_code

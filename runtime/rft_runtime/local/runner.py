@@ -1,0 +1,254 @@
+"""``rft run JOB.yaml``: the RFTJob manifest the operator takes, run on this machine with Ray.
+
+Roles start as Ray actors — builtin inference server(s), the trainer (with its coordinator), and
+rollout worker(s) — exactly the processes a cluster runs, talking over the same HTTP contracts.
+The driver steps the trainer, shows a progress bar, and handles Ctrl-C: the first SIGINT stops
+after the current step (a step still collecting is abandoned) and writes a checkpoint of the last
+completed step that ``--resume`` continues; a second SIGINT aborts at once.
+
+Output directory: ``metrics.jsonl``, ``tensorboard/``, ``checkpoints/`` (with ``weights/``),
+``progress.json``, ``reward_curve.png``, ``logs/<role>.log``, ``config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..metrics_sink import read_metrics
+from .report import format_summary, plot_reward_curve, reward_summary
+
+log = logging.getLogger(__name__)
+
+EXIT_INTERRUPTED = 130
+
+
+class LocalRunError(RuntimeError):
+    """The local run cannot start or failed; the message says why."""
+
+
+@dataclass
+class RunOptions:
+    """Arguments of ``rft run``."""
+
+    manifest: str
+    out: str | None = None
+    resume: bool = False
+    address: str | None = None
+    max_steps: int | None = None
+    progress_bar: bool = True
+    threads: int = 1
+
+
+@dataclass
+class RunResult:
+    """What a local run did."""
+
+    out: Path
+    steps: int
+    interrupted: bool
+    seconds: float
+    summary: dict[str, Any] = field(default_factory=dict)
+    exit_code: int = 0
+
+
+class _Interrupts:
+    """First SIGINT: request a clean stop. Second: KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.on_first: Any = None
+        self._previous: Any = None
+
+    def __enter__(self) -> "_Interrupts":
+        self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous or signal.SIG_DFL)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count == 1:
+            print("\nrft run: stopping after the current step (Ctrl-C again to abort)...", flush=True)
+            if self.on_first is not None:
+                self.on_first()
+        else:
+            raise KeyboardInterrupt
+
+    @property
+    def requested(self) -> bool:
+        return self.count > 0
+
+
+def _out_dir(opts: RunOptions, job_name: str, max_steps: int) -> Path:
+    """The output directory, checked against --resume before anything starts."""
+    from ..trainer.checkpoint import CheckpointManager
+
+    out = Path(opts.out) if opts.out else Path("runs") / job_name
+    latest = out / "checkpoints" / "latest"
+    if latest.exists() and not opts.resume:
+        raise LocalRunError(f"{out} already holds checkpoints of a run; pass --resume to continue it, "
+                            "or choose another --out")
+    if opts.resume:
+        if not latest.exists():
+            raise LocalRunError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+        head = CheckpointManager(out / "checkpoints").latest()
+        if head is not None and head.step >= max_steps:
+            raise LocalRunError(f"--resume: the latest checkpoint is at step {head.step} and the run has "
+                                f"{max_steps} steps: nothing to do (raise trainer.maxSteps or --max-steps)")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The exception a role raised, out of Ray's wrapper (its message names the problem)."""
+    cause = getattr(e, "cause", None)
+    return cause if isinstance(cause, BaseException) else e
+
+
+def _init_ray(address: str | None) -> None:
+    import ray
+
+    from .actors import ACTOR_ENV
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
+                              "runtime_env": {"env_vars": dict(ACTOR_ENV)}, "configure_logging": False}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=max(2, os.cpu_count() or 2), **kwargs)
+
+
+def run_local(opts: RunOptions) -> RunResult:
+    """Run a manifest locally (see the module docstring)."""
+    from rft_api.job import load_manifest
+
+    job = load_manifest(opts.manifest)
+    spec = job.spec
+    if spec.inference.engine != "builtin":
+        raise LocalRunError(f"spec.inference.engine: rft run starts the builtin server only, got "
+                            f"{spec.inference.engine!r}; use engine: builtin locally")
+    out = _out_dir(opts, job.name, opts.max_steps or spec.trainer.max_steps)
+    started = time.perf_counter()
+    from ..model import default_cache_dir
+    from ..trainer.model_io import resolve_model_dir
+
+    cache = default_cache_dir()
+    model_dir = resolve_model_dir(spec.model, cache)  # build a builtin model once, before the actors
+    import ray
+
+    _init_ray(opts.address)
+    local = not opts.address
+    actors: list[Any] = []
+    interrupted = False
+    steps_done = 0
+    try:
+        steps_done, interrupted = _run_roles(opts, job, model_dir, cache, out, local, actors)
+    except ray.exceptions.RayError as e:
+        inner = _unwrap(e)
+        if inner is e:
+            raise LocalRunError(f"a role failed: {e}") from None
+        raise inner from None
+    finally:
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - best effort teardown
+                pass
+        ray.shutdown()
+    rows = read_metrics(out / "metrics.jsonl")
+    if rows:
+        plot_reward_curve(rows, out / "reward_curve.png", title=f"{job.name} ({spec.trainer.algorithm})")
+    seconds = time.perf_counter() - started
+    summary = reward_summary(rows)
+    (out / "summary.json").write_text(json.dumps({**summary, "seconds": seconds, "interrupted": interrupted}, indent=1))
+    print(format_summary(job.name, summary, seconds, out, interrupted), flush=True)
+    return RunResult(out, steps_done, interrupted, seconds, summary, EXIT_INTERRUPTED if interrupted else 0)
+
+
+def _run_roles(opts: RunOptions, job: Any, model_dir: Path, cache: Path, out: Path, local: bool,
+               actors: list[Any]) -> tuple[int, bool]:
+    """Start the role actors, drive the trainer, and shut the roles down; returns (steps, interrupted)."""
+    import ray
+
+    spec = job.spec
+    from ..trainer.config import build_config
+    from .actors import InferenceActor, RolloutActor, TrainerActor, node_host
+
+    logs = out / "logs"
+    infer = [InferenceActor.remote(str(model_dir), job.name, local=local, threads=opts.threads,
+                                   dtype=spec.model.dtype, log_file=str(logs / f"inference-{i}.log"))
+             for i in range(max(1, spec.inference.replicas))]
+    actors += infer
+    urls = ray.get([a.url.remote() for a in infer])
+    host = node_host(local)
+    doc = build_config(job.name, spec, namespace=job.namespace, inference=urls, reward=None,
+                       coordinator_host=host, coordinator_port=0,
+                       coordinator_bind="127.0.0.1" if local else "0.0.0.0",
+                       checkpoints=out / "checkpoints", model_cache=cache, output=out, threads=opts.threads,
+                       progress="file")
+    trainer = TrainerActor.remote(doc, resume=opts.resume, require_resume=opts.resume,
+                                  max_steps=opts.max_steps, threads=opts.threads,
+                                  log_file=str(logs / "trainer.log"))
+    actors.append(trainer)
+    info = ray.get(trainer.setup.remote())
+    port = int(info["coordinator_url"].rsplit(":", 1)[1])
+    doc["endpoints"]["coordinator"]["port"] = port
+    (out / "config.json").write_text(json.dumps(doc, indent=1))
+    rollouts = [RolloutActor.remote(doc, f"local-rollout-{i}", threads=opts.threads,
+                                    log_file=str(logs / f"rollout-{i}.log"))
+                for i in range(max(1, spec.rollout.replicas))]
+    actors += rollouts
+    runs = [r.run.remote() for r in rollouts]
+    steps_done, interrupted = _drive(trainer, info, opts, runs)
+    if interrupted:
+        steps_done = ray.get(trainer.stop.remote())
+    else:
+        ray.get(trainer.finish.remote())
+    # Rollout workers stop while the coordinator still answers (they see "done" or the stop flag);
+    # one that does not stop in time is killed with the other actors.
+    for r in rollouts:
+        r.stop.remote()
+    ray.wait(runs, num_returns=len(runs), timeout=30)
+    ray.get(trainer.close.remote())
+    return steps_done, interrupted
+
+
+def _drive(trainer: Any, info: dict[str, Any], opts: RunOptions, runs: list[Any]) -> tuple[int, bool]:
+    """Step the trainer to the end (or a Ctrl-C); returns (last step, interrupted)."""
+    import ray
+    from tqdm import tqdm
+
+    step, total = int(info["step"]), int(info["max_steps"])
+    bar = tqdm(total=total, initial=step, desc="rft run", unit="step", disable=not opts.progress_bar,
+               dynamic_ncols=True)
+    with _Interrupts() as intr:
+        intr.on_first = lambda: trainer.request_stop.remote()
+        try:
+            while step < total and not intr.requested:
+                ref = trainer.step.remote()
+                while True:
+                    ready, _ = ray.wait([ref] + runs, num_returns=1, timeout=1.0)
+                    if ref in ready:
+                        break
+                    for r in ready:  # a rollout worker ended early: surface its error
+                        ray.get(r)
+                        raise LocalRunError("a rollout worker stopped before training finished")
+                row = ray.get(ref)
+                if row is None:
+                    break
+                step = int(row["step"])
+                bar.update(1)
+                bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.3f}",
+                                tok_s=f"{row.get('tokens_per_s', 0.0):.0f}")
+        finally:
+            bar.close()
+        return step, intr.requested and step < total

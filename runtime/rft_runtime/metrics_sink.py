@@ -1,0 +1,128 @@
+"""Per-step training metrics: ``metrics.jsonl``, TensorBoard event files and Prometheus gauges.
+
+:class:`MetricsSink.log` takes one flat dict of numbers per step. Each goes to
+
+* ``<dir>/metrics.jsonl`` — one JSON object per line with ``step`` first (flushed and fsynced);
+* TensorBoard — ``<dir>/tensorboard/`` scalars, tagged with the keys unchanged (``time/update``
+  groups under ``time`` in the TensorBoard UI);
+* Prometheus — gauge ``rft_trainer_<key>`` (non-alphanumerics become ``_``), registered on the
+  sink's own :class:`~prometheus_client.CollectorRegistry`.
+
+On resume, :meth:`MetricsSink.truncate_after` drops lines of steps that are redone, and the
+TensorBoard writer purges events after the resumed step, so each step appears once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from prometheus_client import CollectorRegistry, Gauge
+
+METRICS_FILE = "metrics.jsonl"
+_PROM_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def prometheus_name(key: str) -> str:
+    """The gauge name of a metric key: ``rft_trainer_`` + key with non-alphanumerics as ``_``."""
+    return "rft_trainer_" + _PROM_NAME.sub("_", key).strip("_")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The objects of a ``metrics.jsonl`` file (a torn last line is ignored)."""
+    out = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+class MetricsSink:
+    """Writes per-step metrics to JSONL, TensorBoard and Prometheus gauges."""
+
+    def __init__(self, directory: str | Path | None, *, tensorboard: bool = True,
+                 registry: CollectorRegistry | None = None, purge_step: int | None = None) -> None:
+        self.directory = Path(directory) if directory is not None else None
+        self.registry = registry or CollectorRegistry()
+        self._gauges: dict[str, Gauge] = {}
+        self._tb = None
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(self.directory / "tensorboard"), purge_step=purge_step,
+                                         flush_secs=10)
+
+    @property
+    def jsonl_path(self) -> Path | None:
+        return self.directory / METRICS_FILE if self.directory is not None else None
+
+    def truncate_after(self, step: int) -> int:
+        """Keep only lines with ``step <= step`` (a resumed run redoes the later ones); returns how
+        many lines were dropped."""
+        path = self.jsonl_path
+        if path is None or not path.exists():
+            return 0
+        rows = read_metrics(path)
+        keep = [r for r in rows if isinstance(r.get("step"), int) and r["step"] <= step]
+        tmp = path.with_suffix(".jsonl.tmp")
+        with open(tmp, "w") as f:
+            for r in keep:
+                f.write(json.dumps(r) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return len(rows) - len(keep)
+
+    def gauge(self, key: str) -> Gauge:
+        """The Prometheus gauge of ``key`` (created on first use)."""
+        g = self._gauges.get(key)
+        if g is None:
+            g = Gauge(prometheus_name(key), f"trainer metric {key}", registry=self.registry)
+            self._gauges[key] = g
+        return g
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """Record one step's metrics; non-numeric and non-finite values are left out of
+        TensorBoard and Prometheus (kept in JSONL as null)."""
+        row: dict[str, Any] = {"step": int(step)}
+        for k, v in metrics.items():
+            if k == "step":
+                continue
+            if isinstance(v, bool):
+                v = int(v)
+            if isinstance(v, (int, float)):
+                fv = float(v)
+                row[k] = v if math.isfinite(fv) else None
+                if math.isfinite(fv):
+                    self.gauge(k).set(fv)
+                    if self._tb is not None:
+                        self._tb.add_scalar(k, fv, step)
+            elif v is None or isinstance(v, str):
+                row[k] = v
+        path = self.jsonl_path
+        if path is not None:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return row
+
+    def flush(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None

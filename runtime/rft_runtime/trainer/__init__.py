@@ -1,0 +1,24 @@
+"""The trainer role: learner numerics, checkpoints, weight publication and the step loop.
+
+* :mod:`.config` — the resolved runtime config (`--config FILE`) and :func:`build_config`.
+* :mod:`.batch` — episodes → padded tensors; :mod:`.signals` — rewards → advantages, statistics.
+* :mod:`.learner` — log-probs, micro-batched update with the global normaliser, AdamW, schedule.
+* :mod:`.checkpoint` / :mod:`.state` — atomic checkpoints and what they hold.
+* :mod:`.publisher` — weights to inference (`/update_weights_from_disk`), verified.
+* :mod:`.trainer` — :class:`Trainer`, one step at a time; :mod:`.main` — `rft trainer`.
+"""
+
+from .checkpoint import CheckpointError, CheckpointManager
+from .config import ConfigError, RuntimeConfig, build_config, load_config, parse_config
+from .state import ResumeError
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "ConfigError",
+    "ResumeError",
+    "RuntimeConfig",
+    "build_config",
+    "load_config",
+    "parse_config",
+]

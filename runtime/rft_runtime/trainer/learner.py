@@ -1,0 +1,255 @@
+"""The policy update: log-probabilities, loss over micro-batches, optimiser step.
+
+One call of :meth:`Learner.update` is one training step's update: ``epochs`` passes over the
+batch; each pass accumulates gradients over micro-batches and ends with one optimiser step. The
+loss of each micro-batch is divided by the GLOBAL normaliser of the aggregation mode (computed
+once over the whole batch, :func:`~rft_runtime.algos.compute_global_normaliser`), so the
+accumulated gradient equals the gradient of the whole batch in one piece (1×8 equals 8×1).
+
+Per micro-batch: ``logprobs_from_logits(logits / T)`` → policy loss (registry) → × TIS weights
+(when configured) → + KL to the reference (when ``kl.placement == "loss"``) → aggregation → backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..algos import (
+    PolicyLossConfig,
+    aggregate_loss,
+    compute_global_normaliser,
+    compute_policy_loss,
+    entropy_from_logits,
+    kl_in_loss,
+    logprobs_from_logits,
+)
+from .batch import TrainBatch
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """What the update needs from the resolved algorithm and the trainer spec."""
+
+    policy_loss: str = "ppo_clip"
+    loss_aggregation: str = "token-mean"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip_c: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_placement: str = "loss"
+    epochs: int = 1
+    micro_batch_size: int = 8
+    temperature: float = 1.0
+    grad_clip: float = 1.0
+    max_response_tokens: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"trainer.epochsPerStep must be >= 1, got {self.epochs}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"trainer.microBatchSize must be >= 1, got {self.micro_batch_size}")
+        if not self.temperature > 0:
+            raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
+
+    @property
+    def kl_in_loss(self) -> bool:
+        return self.kl_coef > 0 and self.kl_placement == "loss"
+
+    def policy_loss_config(self) -> PolicyLossConfig:
+        return PolicyLossConfig(self.clip_low, self.clip_high, self.dual_clip_c)
+
+
+def forward_logits(model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+    """[B, L-1, V] logits predicting ``batch.targets``."""
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    return out.logits[:, :-1]
+
+
+def micro_batches(n: int, size: int, order: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Index chunks of ``size`` over ``n`` rows (in ``order`` when given)."""
+    idx = order if order is not None else torch.arange(n)
+    return [idx[i : i + size] for i in range(0, n, size)]
+
+
+@torch.no_grad()
+def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
+                      micro_batch_size: int) -> torch.Tensor:
+    """Log-probabilities [B, L-1] of every target token under ``model`` (0 off-mask)."""
+    was_training = model.training
+    model.eval()
+    out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+    try:
+        for idx in micro_batches(batch.size, micro_batch_size):
+            mb = batch.select(idx)
+            lp = logprobs_from_logits(forward_logits(model, mb), mb.targets, temperature).float()
+            w = lp.shape[1]
+            out[idx, :w] = torch.where(mb.loss_mask, lp, torch.zeros_like(lp))
+    finally:
+        model.train(was_training)
+    return out
+
+
+class _Mean:
+    """Token-weighted running means of metric tensors."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, torch.Tensor], weight: float, prefix: str = "") -> None:
+        for k, v in metrics.items():
+            key = prefix + k
+            self.sums[key] = self.sums.get(key, 0.0) + float(v) * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def result(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+
+
+class Learner:
+    """Owns the policy, its optimiser and scheduler; computes log-probs and applies updates."""
+
+    def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Current-policy log-probs [B, L-1] without gradient (the recomputed old log-probs)."""
+        return sequence_logprobs(self.model, batch, self.cfg.temperature, self.cfg.micro_batch_size)
+
+    def update(
+        self,
+        batch: TrainBatch,
+        advantages: torch.Tensor,
+        valid: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        *,
+        ref_logprobs: torch.Tensor | None = None,
+        tis_weights: torch.Tensor | None = None,
+        step: int = 0,
+        on_micro_batch: Callable[[], None] | None = None,
+    ) -> dict[str, float]:
+        """Apply ``cfg.epochs`` optimiser steps on ``batch``; returns averaged metrics.
+
+        ``advantages`` [B] and ``valid`` [B] come from the advantage estimator (invalid rows are
+        masked out of the loss and its normaliser). ``old_logprobs``, ``ref_logprobs`` and
+        ``tis_weights`` are [B, L-1].
+        """
+        cfg = self.cfg
+        if cfg.kl_in_loss and ref_logprobs is None:
+            raise ValueError("kl.coef > 0 with placement 'loss' needs reference log-probs")
+        mask = batch.loss_mask & valid.to(torch.bool).unsqueeze(-1)
+        norm = compute_global_normaliser(cfg.loss_aggregation, mask)
+        pl_cfg = cfg.policy_loss_config()
+        params = self.trainable_parameters()
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        stats = _Mean()
+        grad_norms: list[float] = []
+        losses: list[float] = []
+        self.model.train()
+        for epoch in range(cfg.epochs):
+            order = torch.arange(batch.size) if epoch == 0 else torch.randperm(batch.size, generator=gen)
+            self.optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for idx in micro_batches(batch.size, cfg.micro_batch_size, order):
+                mb = batch.select(idx)
+                w = mb.loss_mask.shape[1]
+                m = mask[idx, :w]
+                logits = forward_logits(self.model, mb)
+                lp = logprobs_from_logits(logits, mb.targets, cfg.temperature)
+                per_tok, pm = compute_policy_loss(cfg.policy_loss, lp, old_logprobs[idx, :w].to(lp.dtype),
+                                                  advantages[idx].to(lp.dtype), m, pl_cfg)
+                if tis_weights is not None:
+                    per_tok = per_tok * tis_weights[idx, :w].to(per_tok.dtype)
+                if cfg.kl_in_loss:
+                    assert ref_logprobs is not None
+                    per_tok, km = kl_in_loss(per_tok, lp, ref_logprobs[idx, :w].to(lp.dtype), m,
+                                             cfg.kl_estimator, cfg.kl_coef)
+                    pm = {**pm, "kl_ref": km["kl_mean"]}
+                loss = aggregate_loss(cfg.loss_aggregation, per_tok, m, norm, cfg.max_response_tokens)
+                loss.backward()
+                total += float(loss.detach())
+                ntok = float(m.sum())
+                if epoch == 0 and ntok > 0:
+                    with torch.no_grad():
+                        ent = entropy_from_logits(logits.detach(), cfg.temperature)
+                        pm = {**pm, "entropy": (ent * m).sum() / ntok}
+                if ntok > 0:
+                    stats.add(pm, ntok)
+                if on_micro_batch is not None:
+                    on_micro_batch()
+            gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            grad_norms.append(float(gn))
+            losses.append(total)
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = stats.result()
+        out["loss"] = losses[-1]
+        out["grad_norm"] = grad_norms[-1]
+        out["grad_norm_max"] = max(grad_norms)
+        out["lr"] = float(self.optimizer.param_groups[0]["lr"])
+        out["loss_tokens"] = float(mask.sum())
+        out["loss_normaliser"] = norm
+        return out
+
+
+def build_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters."""
+    if not params:
+        raise ValueError("no trainable parameters")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8)
+
+
+def lr_lambda(kind: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The multiplier of the base learning rate after ``s`` scheduler steps.
+
+    Linear warmup over ``warmup_steps`` from 1/(warmup+1), then ``constant``, ``linear`` (to 0 at
+    ``total_steps``) or ``cosine`` (to 0 at ``total_steps``).
+    """
+    import math
+
+    if kind not in ("constant", "linear", "cosine"):
+        raise ValueError(f"trainer.scheduler.kind must be constant, linear or cosine, got {kind!r}")
+
+    def f(s: int) -> float:
+        if warmup_steps and s < warmup_steps:
+            return (s + 1) / (warmup_steps + 1)
+        if kind == "constant":
+            return 1.0
+        span = max(total_steps - warmup_steps, 1)
+        frac = min(max(s - warmup_steps, 0) / span, 1.0)
+        return 1.0 - frac if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
+    return f
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, kind: str, warmup_steps: int,
+                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A LambdaLR stepping once per training step."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(kind, warmup_steps, total_steps))
+
+
+def learner_config(algorithm: Any, spec: Any) -> LearnerConfig:
+    """A :class:`LearnerConfig` from a ``ResolvedAlgorithm`` and an ``RFTJobSpec``."""
+    t = spec.trainer
+    return LearnerConfig(
+        policy_loss=algorithm.policy_loss, loss_aggregation=algorithm.loss_aggregation,
+        clip_low=algorithm.clip_low, clip_high=algorithm.clip_high, dual_clip_c=algorithm.dual_clip_c,
+        kl_coef=algorithm.kl_coef, kl_estimator=algorithm.kl_estimator, kl_placement=algorithm.kl_placement,
+        epochs=t.epochs_per_step, micro_batch_size=t.micro_batch_size, temperature=spec.rollout.temperature,
+        grad_clip=t.grad_clip, max_response_tokens=spec.rollout.max_tokens * spec.rollout.max_turns,
+        seed=t.seed,
+    )

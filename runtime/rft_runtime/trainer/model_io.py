@@ -1,0 +1,118 @@
+"""Loading the policy (optionally with a LoRA adapter) and the frozen reference model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_dir(model_spec: Any, model_cache: str | Path | None) -> Path:
+    """The directory of ``spec.model.base``: a builtin model (built and cached in
+    ``model_cache``), an absolute path, or a path relative to ``spec.model.volume``'s mount."""
+    base = model_spec.base
+    if base.startswith("builtin:"):
+        from ..model import resolve_builtin_model
+
+        return Path(resolve_builtin_model(base, model_cache))
+    if base.startswith("/"):
+        path = Path(base)
+    elif model_spec.volume is not None:
+        path = Path(model_spec.volume.mount_path) / base
+    else:
+        raise ValueError(f"spec.model.base: {base!r} is relative but spec.model.volume is not set")
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"spec.model.base: {path} is not a model directory (no config.json)")
+    return path
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``auto`` is bfloat16 on GPU and float32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return DTYPES[name]
+
+
+def load_tokenizer(model_dir: Path, tokenizer_dir: str | None = None, chat_template: str | None = None) -> Any:
+    """The tokenizer of the model (or ``spec.model.tokenizer``), with an optional template override."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
+    if chat_template:
+        tok.chat_template = chat_template
+    return tok
+
+
+def load_base(model_dir: Path, dtype: torch.dtype, warm_start_from: str | None = None) -> torch.nn.Module:
+    """The causal LM from ``model_dir``; weights from ``warm_start_from`` when given (a model
+    directory, or one of our checkpoints holding ``weights.safetensors``)."""
+    from transformers import AutoModelForCausalLM
+
+    src = Path(warm_start_from) if warm_start_from else model_dir
+    if warm_start_from and not (src / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        from safetensors.torch import load_file
+
+        from .state import WEIGHTS_FILE
+
+        weights = src / WEIGHTS_FILE
+        if not weights.exists():
+            raise FileNotFoundError(f"spec.model.warmStartFrom: {src} has neither config.json nor {WEIGHTS_FILE}")
+        missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+        if unexpected:
+            raise ValueError(f"spec.model.warmStartFrom: {weights} has unexpected parameters {unexpected[:5]}")
+        return model
+    return AutoModelForCausalLM.from_pretrained(src, dtype=dtype)
+
+
+def wrap_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
+    """Wrap ``model`` with a fresh LoRA adapter (peft) per ``spec.model.lora``; only the adapter
+    trains. Initialisation uses torch's RNG (seed it first for reproducibility)."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                     target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+def load_policy(model_spec: Any, model_dir: Path, seed: int) -> torch.nn.Module:
+    """The trainable policy: base (or warm-start) weights, LoRA-wrapped when configured."""
+    dtype = torch_dtype(model_spec.dtype)
+    model = load_base(model_dir, dtype, model_spec.warm_start_from)
+    if model_spec.lora is not None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = wrap_lora(model, model_spec.lora)
+    model.config.use_cache = False
+    return model
+
+
+class Reference:
+    """Log-probabilities under the frozen reference policy (the starting weights).
+
+    With LoRA the reference is the base model with the adapter disabled (no second copy);
+    otherwise a separate frozen model is loaded.
+    """
+
+    def __init__(self, policy: torch.nn.Module, model_spec: Any, model_dir: Path) -> None:
+        self._policy = policy
+        self._model: torch.nn.Module | None = None
+        if not hasattr(policy, "disable_adapter"):
+            self._model = load_base(model_dir, torch_dtype(model_spec.dtype), model_spec.warm_start_from)
+            self._model.eval()
+            for p in self._model.parameters():
+                p.requires_grad_(False)
+
+    def logprobs(self, batch: Any, temperature: float, micro_batch_size: int) -> torch.Tensor:
+        from .learner import sequence_logprobs
+
+        if self._model is not None:
+            return sequence_logprobs(self._model, batch, temperature, micro_batch_size)
+        with self._policy.disable_adapter():
+            return sequence_logprobs(self._policy, batch, temperature, micro_batch_size)

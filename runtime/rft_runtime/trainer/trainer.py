@@ -1,0 +1,520 @@
+"""The trainer role: coordinator + learner + weight publication + checkpoints + progress.
+
+One :meth:`Trainer.step`::
+
+    collect groups (coordinator; DAPO dynamic sampling rounds)      time/generate (reward inside)
+    → batch → old log-probs (recompute, or the inference ones)      time/old_logprob
+    → reference log-probs (kl.coef > 0)                             time/ref_logprob
+    → rewards (overlong, KL-in-reward) → advantages (registry)
+    → TIS weights (importanceSampling) → update (epochs × micro-batches, AdamW, clip, schedule)
+                                                                    time/update
+    → save weights v<version+1>, inference loads them, verified     time/weight_sync
+    → checkpoint every K steps and at the end (atomic)              time/checkpoint
+    → progress record → metrics (jsonl, TensorBoard, Prometheus)
+
+Versions: the initial weights are policy version 0 (or the checkpoint's on resume); after step
+``s`` the served version is ``s``. Data order: tasks come from a seeded, resumable cursor; each
+submitted task gets a sampling seed derived from the job seed and its submission number, so a
+resumed run sees the same tasks with the same seeds as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import torch
+
+from ..algos import DynamicSampler, tis_weights
+from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, Group
+from ..coordinator.episodes import episode_reward
+from ..coordinator.server import CoordinatorServer
+from ..data import DataCursor, Task
+from ..metrics_sink import MetricsSink
+from ..progress import (
+    CheckpointEntry,
+    ConfigMapProgressSink,
+    FileProgressSink,
+    ProgressErrors,
+    ProgressRecord,
+    in_cluster,
+)
+from .batch import TrainSequence, collate, sequences_from_groups
+from .checkpoint import CheckpointManager
+from .config import RuntimeConfig
+from .datasets import load_tasks
+from .learner import Learner, build_optimizer, build_scheduler, learner_config
+from .model_io import Reference, load_policy, load_tokenizer, resolve_model_dir
+from .inference_sync import InferenceSync
+from .publisher import WeightPublisher
+from .signals import (
+    advantage_metrics,
+    advantages,
+    length_metrics,
+    reward_metrics,
+    shaped_rewards,
+    staleness_metrics,
+)
+from .state import ResumeError, TrainerState, read_checkpoint, write_checkpoint
+
+log = logging.getLogger(__name__)
+
+SEED_MOD = 2**31 - 1
+ERROR_KINDS = ("timeout", "runtime_error", "parse_error")
+
+
+def task_seed(job_seed: int, seq: int) -> int:
+    """The sampling seed of submission ``seq`` (sample ``i`` uses ``seed + i``)."""
+    return (job_seed * 1_000_003 + seq * 7_919 + 17) % SEED_MOD
+
+
+def sampling_params(spec: Any, temperature: float | None = None) -> dict[str, Any]:
+    """Sampling fields handed to rollout workers with each lease (vLLM names)."""
+    r = spec.rollout
+    out: dict[str, Any] = {"max_tokens": r.max_tokens, "temperature": temperature or r.temperature}
+    if r.top_p < 1.0:
+        out["top_p"] = r.top_p
+    if r.top_k != -1:
+        out["top_k"] = r.top_k
+    return out
+
+
+def group_rewards(g: Group) -> list[float | None]:
+    """The rewards of a group's episodes (for dynamic sampling)."""
+    return [episode_reward(e) for e in g.episodes]
+
+
+def evaluator_names(evaluator_spec: Any) -> list[str]:
+    """The names the reward composite gives the job's evaluators (keys of per-evaluator metrics)."""
+    from ..rewards.config import parse_reward_config
+
+    raw = evaluator_spec.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return [e.name for e in parse_reward_config(raw).evaluators]
+
+
+def mismatch_metrics(old: torch.Tensor, inference: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the trainer's recomputed log-probs are from the inference engine's (token contract
+    check): mean and max absolute difference, and the k3 estimate of KL(π_inf ‖ π_old)."""
+    if not bool(mask.any()):
+        return {}
+    d = (old - inference)[mask].double()
+    k3 = (torch.exp(d) - 1 - d).mean()
+    return {"logprob_diff_abs_mean": float(d.abs().mean()), "logprob_diff_abs_max": float(d.abs().max()),
+            "mismatch_kl_k3": float(k3)}
+
+
+def episode_error_kinds(ep: dict[str, Any]) -> list[str]:
+    """The reward error flags set on an episode (timeout, runtime_error, parse_error)."""
+    flags = ep.get("errors") or {}
+    return [k for k in ERROR_KINDS if flags.get(k)]
+
+
+class _Phases:
+    """Wall-clock seconds per named phase: ``with phases("time/update"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+class StopRequested(Exception):
+    """The trainer was asked to stop while collecting a step (the step is not counted)."""
+
+
+class Trainer:
+    """The trainer role. Use :meth:`setup`, then :meth:`step` until :attr:`finished`, then
+    :meth:`finish` (final checkpoint, ``done``) and :meth:`close`."""
+
+    def __init__(self, cfg: RuntimeConfig, *, resume: bool = True, max_steps: int | None = None,
+                 should_stop: Callable[[], bool] = lambda: False, require_resume: bool = False,
+                 attempt: int | None = None) -> None:
+        self.cfg = cfg
+        self.spec = cfg.spec
+        self.alg = cfg.algorithm
+        self.resume = resume
+        self.require_resume = require_resume
+        self.max_steps = int(max_steps if max_steps is not None else self.spec.trainer.max_steps)
+        if self.max_steps < 1:
+            raise ValueError(f"max steps must be >= 1, got {self.max_steps}")
+        self.should_stop = should_stop
+        self.attempt = int(attempt if attempt is not None else os.environ.get("RFT_TRAINER_ATTEMPT", 0) or 0)
+        self.step_count = 0
+        self.policy_version = 0
+        self.eval_score: float | None = None
+        self.counters: dict[str, float] = {}
+        self._coord_base = {"dropped": 0, "reissued": 0}  # coordinator counters of earlier attempts
+        self._pending: list[dict[str, Any]] = []
+        self._prefetched: list[str] = []
+        self._prefetched_tasks: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = []
+        self.resumed_from: int | None = None
+        self._server: CoordinatorServer | None = None
+        self._inference_sync: InferenceSync | None = None
+
+    # ---------------------------------------------------------------- setup
+    def setup(self) -> "Trainer":
+        """Load everything, restore the latest checkpoint when resuming, start the coordinator,
+        and make inference serve the current weights."""
+        cfg, spec = self.cfg, self.spec
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        random.seed(spec.trainer.seed)
+        np.random.seed(spec.trainer.seed % (2**32))
+        torch.manual_seed(spec.trainer.seed)
+        self._load_learner()
+        self._load_data()
+        self.checkpoints = CheckpointManager(cfg.checkpoints_dir, spec.checkpoint.keep_last)
+        self.progress_sink = self._progress_sink()
+        next_seq = self._restore() if self.resume else 0
+        self.metrics = MetricsSink(cfg.output_dir, purge_step=(self.step_count + 1) if self.resumed_from else None)
+        self.metrics.truncate_after(self.step_count)
+        self._start_coordinator(next_seq)
+        self.publisher = WeightPublisher(cfg.checkpoints_dir / "weights", cfg.inference_urls)
+        if spec.inference.weight_sync != "none":
+            self.publisher.publish(self.model, self.policy_version, self.tokenizer)
+            # a restarted inference server comes back with the base weights: bring it to the current ones
+            self._inference_sync = InferenceSync(self.publisher, lambda: self.policy_version).start()
+        self._report(message=f"resumed from step {self.resumed_from}" if self.resumed_from is not None else "started")
+        return self
+
+    def _load_learner(self) -> None:
+        """Tokenizer, policy (LoRA-wrapped when configured), reference, optimiser, scheduler."""
+        spec = self.spec
+        self.model_dir = resolve_model_dir(spec.model, self.cfg.model_cache_dir)
+        self.tokenizer = load_tokenizer(self.model_dir, spec.model.tokenizer, spec.model.chat_template)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.model = load_policy(spec.model, self.model_dir, spec.trainer.seed)
+        self.evaluator_names = evaluator_names(spec.evaluator)
+        self.reference = Reference(self.model, spec.model, self.model_dir) if self.alg.kl_coef > 0 else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = build_optimizer(params, spec.trainer.learning_rate, spec.trainer.weight_decay)
+        sched = build_scheduler(opt, spec.trainer.scheduler.kind, spec.trainer.scheduler.warmup_steps,
+                                spec.trainer.max_steps)
+        self.learner = Learner(self.model, learner_config(self.alg, spec), opt, sched)
+
+    def _load_data(self) -> None:
+        """Training tasks behind a seeded cursor; the evaluation tasks when evaluation is on."""
+        spec, files = self.spec, self.cfg.dataset_files
+        self.tasks = load_tasks(spec.dataset.train, "train", files)
+        self.cursor = DataCursor(self.tasks, seed=spec.dataset.train.seed, shuffle=spec.dataset.shuffle)
+        self.eval_tasks: list[Task] = []
+        ev = spec.evaluation
+        if ev is not None and ev.every_steps > 0 and spec.dataset.eval is not None:
+            self.eval_tasks = load_tasks(spec.dataset.eval, "eval", files)[: ev.max_tasks]
+
+    def _restore(self) -> int:
+        """Restore the latest checkpoint (if any); returns the next submission number."""
+        latest = self.checkpoints.latest()
+        if latest is None:
+            if self.require_resume:
+                raise ResumeError(f"--resume: no checkpoint under {self.cfg.checkpoints_dir}")
+            return 0
+        state = read_checkpoint(latest.path, self.model, self.learner.optimizer, self.learner.scheduler,
+                                expect_run=self._run_identity())
+        if state.step != latest.step:
+            raise ResumeError(f"{latest.path}: {latest.path.name} holds step {state.step}; the step counter "
+                              "would go backwards")
+        if state.step >= self.max_steps:
+            raise ResumeError(f"resume: the latest checkpoint is at step {state.step} and the run has "
+                              f"{self.max_steps} steps: nothing to do (raise trainer.maxSteps or --max-steps)")
+        self.cursor.load_state_dict(state.cursor)
+        self.step_count, self.policy_version = state.step, state.policy_version
+        self._pending = list(state.pending_tasks)
+        self.counters = dict(state.counters)
+        self.eval_score = state.eval_score
+        self.resumed_from = state.step
+        previous = self.progress_sink.read()
+        if previous is not None:  # counters are cumulative over the job, across restarts
+            self._merge_previous_counters(previous)
+        log.info("resumed from %s (step %d, policy version %d)", latest.path, state.step, state.policy_version)
+        return state.next_seq
+
+    def _start_coordinator(self, next_seq: int) -> None:
+        spec, cfg = self.spec, self.cfg
+        coord = Coordinator(
+            CoordinatorConfig(n=spec.rollout.samples_per_prompt, lease_timeout_s=spec.rollout.lease_timeout_seconds,
+                              max_staleness=spec.rollout.max_staleness, sampling=sampling_params(spec)),
+            policy_version=self.policy_version, seq_start=next_seq)
+        self.coordinator = CoordinatorService(coord)
+        self._server = CoordinatorServer(self.coordinator, cfg.coordinator_bind, cfg.coordinator_port,
+                                         metrics_registry=self.metrics.registry,
+                                         advertise_host=cfg.coordinator_host).start()
+
+    @property
+    def coordinator_url(self) -> str:
+        """Where rollout workers reach this trainer's coordinator."""
+        assert self._server is not None
+        return self._server.url
+
+    @property
+    def finished(self) -> bool:
+        return self.step_count >= self.max_steps
+
+    def _run_identity(self) -> dict[str, Any]:
+        return {"algorithm": self.alg.name, "lora": self.spec.model.lora is not None, "model": self.spec.model.base}
+
+    def _progress_sink(self) -> Any:
+        mode = self.cfg.progress
+        if mode == "configmap" or (mode == "auto" and in_cluster()):
+            return ConfigMapProgressSink(self.cfg.job_name, self.cfg.namespace)
+        return FileProgressSink(self.cfg.output_dir)
+
+    def _merge_previous_counters(self, previous: ProgressRecord) -> None:
+        e = previous.errors
+        for key, val in (("samples_scored", previous.samples_scored), ("errors/timeout", e.timeouts),
+                         ("errors/runtime_error", e.runtime_errors), ("errors/parse_error", e.parse_errors)):
+            self.counters[key] = max(self.counters.get(key, 0), val)
+        self._coord_base = {"dropped": e.dropped_episodes, "reissued": e.reissued_leases}
+
+    # ---------------------------------------------------------------- tasks
+    def _next_tasks(self, k: int) -> list[dict[str, Any]]:
+        out = self._pending[:k]
+        self._pending = self._pending[k:]
+        if len(out) < k:
+            out += [t.to_dict() for t in self.cursor.next_batch(k - len(out))]
+        return out
+
+    def _submit(self, tasks: list[dict[str, Any]], **kw: Any) -> list[str]:
+        seq0 = self.coordinator.next_seq
+        seeds = [task_seed(self.spec.trainer.seed, seq0 + i) for i in range(len(tasks))]
+        return self.coordinator.submit(tasks, seeds=seeds, **kw)
+
+    def _collect(self, keys: list[str]) -> list[Group]:
+        groups = self.coordinator.collect(keys, stall_timeout_s=self.cfg.stall_timeout_s,
+                                          should_stop=self.should_stop)
+        if groups is None:
+            raise StopRequested()
+        return groups
+
+    def _train_groups(self) -> tuple[list[Group], list[Group], dict[str, float]]:
+        """(groups to train on, every group generated this step, dynamic-sampling stats)."""
+        target = self.spec.rollout.prompts_per_step
+        prefetched, self._prefetched, self._prefetched_tasks = self._prefetched, [], []
+        if not self.alg.dynamic_sampling:
+            keys = prefetched or self._submit(self._next_tasks(target))
+            groups = self._collect(keys)
+            return groups, groups, {}
+        sampler: DynamicSampler[Group] = DynamicSampler(target, self.alg.dynamic_sampling_max_rounds + 1,
+                                                        rewards_of=group_rewards)
+        everything: list[Group] = []
+        while not sampler.done:
+            need = sampler.groups_needed()
+            keys = prefetched or self._submit(self._next_tasks(need))
+            prefetched = []
+            groups = self._collect(keys)
+            everything += groups
+            sampler.add_round(groups)
+        res = sampler.result()
+        train = res.groups or res.dropped  # nothing with signal: zero advantages, a no-op gradient
+        stats = {"ds_rounds": float(res.rounds), "ds_kept_groups": float(len(res.groups)),
+                 "ds_dropped_groups": float(len(res.dropped)), "ds_surplus_groups": float(len(res.surplus)),
+                 "ds_complete": float(res.complete)}
+        return train, everything, stats
+
+    # ---------------------------------------------------------------- one step
+    def step(self) -> dict[str, Any]:
+        """Run one training step; returns its metrics (also logged). Raises :class:`StopRequested`
+        when asked to stop while collecting (nothing is counted then)."""
+        if self.finished:
+            raise RuntimeError(f"the run has finished ({self.step_count}/{self.max_steps} steps)")
+        step_no = self.step_count + 1
+        times = _Phases()
+        with times("time/step"):
+            with times("time/generate"):
+                groups, everything, ds = self._train_groups()
+            if self.spec.rollout.max_staleness > 0 and step_no < self.max_steps:
+                # Bounded staleness: the next step's rollouts run while this step trains.
+                self._prefetched_tasks = self._next_tasks(self.spec.rollout.prompts_per_step)
+                self._prefetched = self._submit(self._prefetched_tasks)
+            seqs = sequences_from_groups(groups)
+            batch = collate(seqs, self.pad_id)
+            old, ref, adv, tis, metrics = self._learning_signals(seqs, batch, times)
+            with times("time/update"):
+                upd = self.learner.update(batch, adv.advantages, adv.valid, old, ref_logprobs=ref,
+                                          tis_weights=tis, step=step_no)
+            with times("time/weight_sync"):
+                self._publish(self.policy_version + 1)
+            self.step_count = step_no
+            if self.eval_tasks and step_no % self.spec.evaluation.every_steps == 0:
+                with times("time/eval"):
+                    self.eval_score = self.evaluate()
+            with times("time/checkpoint"):
+                if step_no % self.spec.checkpoint.every_steps == 0 or step_no == self.max_steps:
+                    self.save_checkpoint()
+        metrics.update(self._step_metrics(seqs, sequences_from_groups(everything), everything, adv, upd, ds,
+                                          times.seconds))
+        row = self.metrics.log(step_no, metrics)
+        self.history.append(row)
+        self._report()
+        return row
+
+    def _learning_signals(self, seqs: list[TrainSequence], batch: Any, times: "_Phases") -> tuple[Any, ...]:
+        """(old log-probs, reference log-probs or None, advantages, TIS weights or None, metrics)."""
+        lcfg = self.learner.cfg
+        metrics: dict[str, Any] = {}
+        with times("time/old_logprob"):
+            if self.alg.old_logprobs == "recompute":
+                old = self.learner.logprobs(batch)
+                metrics.update(mismatch_metrics(old, batch.inference_logprobs, batch.loss_mask))
+            else:
+                old = batch.inference_logprobs.clone()
+        ref = None
+        if self.reference is not None:
+            with times("time/ref_logprob"):
+                ref = self.reference.logprobs(batch, lcfg.temperature, lcfg.micro_batch_size)
+        rewards = shaped_rewards(seqs, self.alg, self.spec.rollout.max_tokens, batch=batch,
+                                 old_logprobs=old, ref_logprobs=ref)
+        adv = advantages(seqs, rewards, self.alg)
+        tis = None
+        if self.alg.importance_sampling and self.alg.old_logprobs == "recompute":
+            isc = self.alg.importance_sampling
+            out = tis_weights(old, batch.inference_logprobs, batch.loss_mask, level=isc["level"],
+                              mode=isc["mode"], cap=float(isc["cap"]))
+            tis = out.weights
+            metrics.update({f"tis/{k}": float(v) for k, v in out.metrics.items()})
+        return old, ref, adv, tis, metrics
+
+    def _publish(self, version: int) -> None:
+        """Make inference serve the updated policy as ``version`` (verified), then accept only
+        episodes fresh for it."""
+        if self.spec.inference.weight_sync != "none":
+            with self._inference_sync.lock:  # never re-synced to a version that is being replaced
+                self.publisher.publish(self.model, version, self.tokenizer)
+                self.policy_version = version
+        self.policy_version = version
+        self.coordinator.set_policy_version(version)
+
+    def _step_metrics(self, seqs: list[TrainSequence], all_seqs: list[TrainSequence], everything: list[Group],
+                      adv: Any, upd: dict[str, float], ds: dict[str, float],
+                      times: dict[str, float]) -> dict[str, Any]:
+        m: dict[str, Any] = {"policy_version": self.policy_version}
+        m.update(reward_metrics(all_seqs, self.evaluator_names))
+        m.update(advantage_metrics(adv))
+        m.update(length_metrics(all_seqs))
+        m.update(staleness_metrics(seqs, self.policy_version - 1))
+        m.update(upd)
+        m.update(ds)
+        m.update(times)
+        gen_tokens = sum(s.model_tokens for s in all_seqs)
+        train_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in seqs) * self.learner.cfg.epochs
+        m["tokens_generated"] = gen_tokens
+        m["tokens_per_s"] = gen_tokens / max(times["time/step"], 1e-9)
+        m["gen_tokens_per_s"] = gen_tokens / max(times["time/generate"], 1e-9)
+        m["train_tokens_per_s"] = train_tokens / max(times["time/update"], 1e-9)
+        reward_s = 0.0
+        errors = {k: 0 for k in ERROR_KINDS}
+        for g in everything:
+            for ep in g.episodes:
+                em = ep.get("metrics") or {}
+                rs = em.get("time/reward") if isinstance(em, dict) else None
+                if isinstance(rs, (int, float)) and math.isfinite(rs):
+                    reward_s += float(rs)
+                for kind in episode_error_kinds(ep):
+                    errors[kind] += 1
+        m["time/reward"] = reward_s
+        n_eps = sum(len(g.episodes) for g in everything)
+        self.counters["samples_scored"] = self.counters.get("samples_scored", 0) + n_eps
+        for k, v in errors.items():
+            self.counters[f"errors/{k}"] = self.counters.get(f"errors/{k}", 0) + v
+            m[f"errors/{k}"] = v
+        for k, v in self.coordinator.counters().items():
+            m[f"coord/{k}"] = v
+        if self.eval_score is not None:
+            m["eval_score"] = self.eval_score
+        return m
+
+    # ---------------------------------------------------------------- evaluation
+    def evaluate(self) -> float | None:
+        """Mean reward on the evaluation tasks under the current policy (no training)."""
+        ev = self.spec.evaluation
+        assert ev is not None
+        sampling = sampling_params(self.spec, ev.temperature)
+        keys = self._submit([t.to_dict() for t in self.eval_tasks], purpose="eval", n=ev.samples_per_prompt,
+                            sampling=sampling)
+        groups = self._collect(keys)
+        vals = [episode_reward(e) for g in groups for e in g.episodes]
+        vals = [float(v) for v in vals if isinstance(v, (int, float))]
+        return sum(vals) / len(vals) if vals else None
+
+    # ---------------------------------------------------------------- checkpoints, progress
+    def save_checkpoint(self) -> Path:
+        """Write an atomic checkpoint of the current step."""
+        # Prefetched tasks stay live in the coordinator; a resumed run submits them again.
+        pending = list(self._prefetched_tasks) + list(self._pending)
+        state = TrainerState(step=self.step_count, policy_version=self.policy_version,
+                             cursor=self.cursor.state_dict(), pending_tasks=pending,
+                             next_seq=self.coordinator.next_seq, counters=dict(self.counters),
+                             eval_score=self.eval_score, run=self._run_identity())
+        info = self.checkpoints.save(self.step_count, lambda d: write_checkpoint(
+            d, state, self.model, self.learner.optimizer, self.learner.scheduler))
+        log.info("checkpoint %s", info.path)
+        return info.path
+
+    def _report(self, message: str = "", done: bool = False) -> None:
+        if self.progress_sink is None:
+            return
+        last = self.history[-1] if self.history else {}
+        counters = self.coordinator.counters() if hasattr(self, "coordinator") else {}
+        base = self._coord_base
+        rec = ProgressRecord(
+            attempt=self.attempt, step=self.step_count, total_steps=self.max_steps,
+            policy_version=self.policy_version, reward_mean=last.get("reward_mean"),
+            reward_std=last.get("reward_std"), eval_score=self.eval_score,
+            samples_scored=int(self.counters.get("samples_scored", 0)),
+            errors=ProgressErrors(
+                timeouts=int(self.counters.get("errors/timeout", 0)),
+                runtime_errors=int(self.counters.get("errors/runtime_error", 0)),
+                parse_errors=int(self.counters.get("errors/parse_error", 0)),
+                dropped_episodes=int(base["dropped"] + counters.get("episodes_dropped_stale", 0)
+                                     + counters.get("episodes_duplicate", 0)),
+                reissued_leases=int(base["reissued"] + counters.get("tasks_reissued", 0)),
+            ),
+            checkpoints=[CheckpointEntry(c.step, str(c.path), c.time) for c in self.checkpoints.committed()],
+            done=done, message=message,
+        )
+        try:
+            self.progress_sink.write(rec)
+        except Exception as e:  # noqa: BLE001 - progress is best effort; training goes on
+            log.warning("progress report failed: %s", e)
+
+    def finish(self) -> None:
+        """The run is complete: final checkpoint, ``done`` in progress, workers told to stop."""
+        if self.checkpoints.latest() is None or self.checkpoints.latest().step != self.step_count:
+            self.save_checkpoint()
+        self.coordinator.finish()
+        self._report(message=f"finished {self.step_count} steps", done=True)
+
+    def stop(self, checkpoint: bool = True) -> None:
+        """Interrupted: checkpoint the last completed step (so ``--resume`` continues)."""
+        if checkpoint and self.step_count > 0:
+            latest = self.checkpoints.latest()
+            if latest is None or latest.step != self.step_count:
+                self.save_checkpoint()
+        self._report(message=f"stopped at step {self.step_count}")
+
+    def close(self) -> None:
+        """Stop the coordinator server and flush metrics."""
+        if self._inference_sync is not None:
+            self._inference_sync.stop()
+            self._inference_sync = None
+        if self._server is not None:
+            self.coordinator.finish()
+            time.sleep(0.2)  # let polling workers see "done"
+            self._server.stop()
+            self._server = None
+        if hasattr(self, "metrics"):
+            self.metrics.close()

@@ -1,0 +1,109 @@
+"""The coordinator over real HTTP: server thread, async client, trainer-side collect."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Gauge
+
+from rft_runtime.coordinator import CollectTimeout, Coordinator, CoordinatorConfig, CoordinatorService
+from rft_runtime.coordinator.client import CoordinatorClient, CoordinatorRejected, CoordinatorUnavailable
+from rft_runtime.coordinator.server import CoordinatorServer
+
+
+@pytest.fixture
+def served():
+    registry = CollectorRegistry()
+    Gauge("rft_test_gauge", "a gauge", registry=registry).set(3)
+    svc = CoordinatorService(Coordinator(CoordinatorConfig(n=2, lease_timeout_s=0.5)))
+    server = CoordinatorServer(svc, "127.0.0.1", 0, metrics_registry=registry).start()
+    try:
+        yield svc, server
+    finally:
+        server.stop()
+
+
+async def test_lease_post_status_roundtrip(served, episode, tasks):
+    svc, server = served
+    keys = svc.submit(tasks(2), seeds=[1, 2])
+    async with CoordinatorClient(server.url) as c:
+        out = await c.lease("w1", 5)
+        assert [t["task_key"] for t in out["tasks"]] == keys
+        eps = [episode(k, i) for k in keys for i in range(2)]
+        res = await c.post_episodes("w1", eps)
+        assert len(res["accepted"]) == 4
+        res = await c.post_episodes("w1", eps[:1])  # a retried post
+        assert res["duplicate"] == [eps[0]["id"]]
+        st = await c.status()
+        assert st["tasks"]["complete"] == 2
+        assert st["counters"]["episodes_accepted"] == 4 and st["counters"]["episodes_duplicate"] == 1
+    groups = svc.collect(keys, stall_timeout_s=5)
+    assert [g.key for g in groups] == keys
+
+
+async def test_bad_requests_name_the_field(served):
+    _, server = served
+    async with httpx.AsyncClient() as h:
+        r = await h.post(server.url + "/v1/lease", json={"worker_id": "w", "max_tasks": 0})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "max_tasks"
+        r = await h.post(server.url + "/v1/episodes", json={"worker_id": "w", "episodes": "x"})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "episodes"
+        r = await h.post(server.url + "/v1/lease", content=b"not json")
+        assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+        r = await h.get(server.url + "/metrics")
+        assert r.status_code == 200 and "rft_test_gauge 3.0" in r.text
+    async with CoordinatorClient(server.url) as c:
+        with pytest.raises(CoordinatorRejected, match="worker_id"):
+            await c.lease("", 1)
+
+
+async def test_lease_expires_over_http_and_is_reissued(served, episode, tasks):
+    svc, server = served
+    (key,) = svc.submit(tasks(1), seeds=[0])
+    async with CoordinatorClient(server.url) as c:
+        first = (await c.lease("slow", 1))["tasks"]
+        assert first
+        second: list = []
+        for _ in range(100):  # the lease timeout is 0.5 s
+            second = (await c.lease("fast", 1))["tasks"]
+            if second:
+                break
+            await asyncio.sleep(0.05)
+        assert second and second[0]["task_key"] == key and second[0]["lease_id"] != first[0]["lease_id"]
+        st = await c.status()
+        assert st["counters"]["leases_expired"] == 1 and st["counters"]["tasks_reissued"] == 1
+
+
+def test_collect_blocks_until_a_worker_posts(served, episode, tasks):
+    svc, server = served
+    keys = svc.submit(tasks(1), seeds=[0])
+
+    def worker() -> None:
+        async def run() -> None:
+            async with CoordinatorClient(server.url) as c:
+                lease = await c.lease("w", 1)
+                await c.post_episodes("w", [episode(t["task_key"], i) for t in lease["tasks"] for i in range(2)])
+        asyncio.run(run())
+
+    th = threading.Thread(target=worker)
+    th.start()
+    groups = svc.collect(keys, stall_timeout_s=30)
+    th.join()
+    assert groups is not None and len(groups[0].episodes) == 2
+
+
+def test_collect_stops_and_times_out(tasks):
+    svc = CoordinatorService(Coordinator(CoordinatorConfig(n=1, lease_timeout_s=5)))
+    keys = svc.submit(tasks(1), seeds=[0])
+    assert svc.collect(keys, stall_timeout_s=30, should_stop=lambda: True) is None
+    with pytest.raises(CollectTimeout, match="rollout workers"):
+        svc.collect(keys, stall_timeout_s=0.2, poll_s=0.05)
+
+
+async def test_client_gives_up_on_dead_coordinator():
+    async with CoordinatorClient("http://127.0.0.1:9", deadline_s=0.5) as c:
+        with pytest.raises(CoordinatorUnavailable, match="failed after"):
+            await c.status()

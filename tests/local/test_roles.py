@@ -1,0 +1,104 @@
+"""The role entry points as separate processes, the way the operator's pods run them:
+`rft serve` (inference), `rft trainer --config` and `rft rollout --config`; with
+`evaluator.remote` the rollout worker scores through `rft reward`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+import yaml
+
+from rft_api.job import validate_spec
+from rft_runtime.trainer.config import build_config
+
+
+def _port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} not ready within {timeout}s")
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["in-process-scoring", "reward-role"])
+def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
+    job = yaml.safe_load(manifest("roles", trainer={"maxSteps": 3}, checkpoint={"everySteps": 2}).read_text())
+    if remote:
+        job["spec"]["evaluator"]["remote"] = True
+    spec = validate_spec(job["spec"])
+    p_inf, p_coord, p_rew = _port(), _port(), _port()
+    procs: list[subprocess.Popen] = []
+
+    def start(args: list[str], name: str) -> subprocess.Popen:
+        p = rft.start(args, tmp_path / f"{name}.log")
+        procs.append(p)
+        return p
+
+    try:
+        serve = start(["serve", "--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(p_inf),
+                       "--served-model-name", "roles", "--threads", "1"], "serve")
+        reward_url = None
+        if remote:
+            evaluator = spec.evaluator.model_dump(by_alias=True, exclude_none=True, mode="json")
+            (tmp_path / "reward.json").write_text(json.dumps(evaluator))
+            reward = start(["reward", "--config", str(tmp_path / "reward.json"), "--host", "127.0.0.1",
+                            "--port", str(p_rew)], "reward")
+            reward_url = f"http://127.0.0.1:{p_rew}"
+            _wait_http(reward_url + "/health", reward)
+        _wait_http(f"http://127.0.0.1:{p_inf}/get_policy_version", serve)
+        doc = build_config("roles", spec, inference=[f"http://127.0.0.1:{p_inf}"], reward=reward_url,
+                           coordinator_host="127.0.0.1", coordinator_port=p_coord, coordinator_bind="127.0.0.1",
+                           checkpoints=tmp_path / "ckpt", model_cache=None, output=tmp_path / "out", threads=1,
+                           progress="file")
+        doc["paths"].pop("modelCache")
+        (tmp_path / "config.json").write_text(json.dumps(doc))
+        trainer = start(["trainer", "--config", str(tmp_path / "config.json")], "trainer")
+        _wait_http(f"http://127.0.0.1:{p_coord}/health", trainer)
+        rollout = start(["rollout", "--config", str(tmp_path / "config.json"), "--worker-id", "r0"], "rollout")
+        rft.wait(lambda: len(rft.rows(tmp_path / "out")) >= 1, 600, "the first step", trainer)
+        metrics = httpx.get(f"http://127.0.0.1:{p_coord}/metrics").text  # the trainer's Prometheus endpoint
+        assert "rft_trainer_reward_mean" in metrics and "rft_trainer_time_update" in metrics
+        assert trainer.wait(600) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+        assert rollout.wait(60) == 0, (tmp_path / "rollout.log").read_text()[-3000:]
+        if remote:
+            scored = httpx.get(reward_url + "/metrics").text
+            line = next(x for x in scored.splitlines() if x.startswith("rft_reward_samples_total"))
+            assert float(line.split()[-1]) >= 3 * 8 * 8  # every sample went through the reward role
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            rft.kill(p)
+    progress = json.loads((tmp_path / "out" / "progress.json").read_text())
+    assert progress["done"] and progress["step"] == 3 and progress["policyVersion"] == 3
+    assert [c["step"] for c in progress["checkpoints"]] == [2, 3]
+    rows = rft.rows(tmp_path / "out")
+    assert [r["step"] for r in rows] == [1, 2, 3] and all("reward/math" in r for r in rows)
+    assert all(r["time/reward"] > 0 for r in rows)
+
+
+def test_trainer_rejects_a_bad_config(tmp_path, rft):
+    (tmp_path / "config.json").write_text(json.dumps({"job": {"name": "x"}}))
+    code = rft.run(["trainer", "--config", str(tmp_path / "config.json")], tmp_path / "log")
+    assert code == 2 and "spec" in (tmp_path / "log").read_text()

@@ -1,0 +1,39 @@
+"""Per-step metrics to JSONL, TensorBoard event files and Prometheus gauges."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from rft_runtime.metrics_sink import MetricsSink, prometheus_name, read_metrics
+
+
+def test_jsonl_tensorboard_prometheus(tmp_path):
+    sink = MetricsSink(tmp_path)
+    sink.log(1, {"reward_mean": 0.25, "time/update": 1.5, "note": "x", "bad": float("nan")})
+    sink.log(2, {"reward_mean": 0.5})
+    sink.close()
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert rows == [{"step": 1, "reward_mean": 0.25, "time/update": 1.5, "note": "x", "bad": None},
+                    {"step": 2, "reward_mean": 0.5}]
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("reward_mean")] == [0.25, 0.5]
+    text = generate_latest(sink.registry).decode()
+    assert "rft_trainer_reward_mean 0.5" in text and "rft_trainer_time_update 1.5" in text
+
+
+def test_truncate_after_for_resume(tmp_path):
+    sink = MetricsSink(tmp_path, tensorboard=False)
+    for s in range(1, 6):
+        sink.log(s, {"reward_mean": s / 10})
+    assert sink.truncate_after(3) == 2
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_prometheus_names():
+    assert prometheus_name("time/old_logprob") == "rft_trainer_time_old_logprob"
+    assert prometheus_name("reward/math") == "rft_trainer_reward_math"

@@ -1,0 +1,128 @@
+"""The trainer role end to end in one process (no Ray): builtin server + Trainer + RolloutLoop.
+
+A random tiny model and a regex evaluator (reward 1 when a digit appears) give mixed rewards, so
+every branch of a step runs: dynamic sampling, overlong shaping, KL in the loss and in the
+reward, TIS, evaluation, bounded staleness (prefetch) and LoRA. Each case runs 2 steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rft_api.job import validate_spec
+from rft_runtime.coordinator.server import AppThread
+from rft_runtime.coordinator.worker_loop import RolloutLoop
+from rft_runtime.metrics_sink import read_metrics
+from rft_runtime.trainer.config import build_config, parse_config
+from rft_runtime.trainer.state import ResumeError
+from rft_runtime.trainer.trainer import Trainer
+
+
+def _spec(model_dir: Path, **over: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"base": str(model_dir)},
+        "dataset": {"train": {"builtin": "arithmetic", "size": 16}, "eval": {"builtin": "arithmetic", "size": 4,
+                                                                              "seed": 9}},
+        "evaluator": {"builtin": "regex", "config": {"pattern": "[0-9]"}},
+        "rollout": {"samplesPerPrompt": 4, "promptsPerStep": 4, "maxTokens": 6, "concurrency": 16},
+        "trainer": {"algorithm": "grpo", "learningRate": 1e-3, "maxSteps": 2, "microBatchSize": 4},
+        "checkpoint": {"everySteps": 1, "keepLast": 2},
+    }
+    for k, v in over.items():
+        spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
+    return spec
+
+
+@pytest.fixture
+def serve(tiny_model_dir):
+    from rft_runtime.serve.engine import Engine
+    from rft_runtime.serve.model import load_model
+    from rft_runtime.serve.server import create_app
+
+    engine = Engine(load_model(str(tiny_model_dir)), max_batch_size=64)
+    app = AppThread(create_app(engine, "job", stop_engine_on_cleanup=True)).start()
+    try:
+        yield f"http://127.0.0.1:{app.port}"
+    finally:
+        app.stop()
+
+
+def _run(tmp_path: Path, url: str, spec: dict[str, Any], *, resume: bool = True, max_steps: int | None = None):
+    doc = build_config("job", validate_spec(spec), inference=[url], reward=None, coordinator_host="127.0.0.1",
+                       coordinator_port=0, coordinator_bind="127.0.0.1", checkpoints=tmp_path / "ckpt",
+                       model_cache=None, output=tmp_path / "out", threads=1, progress="file")
+    trainer = Trainer(parse_config(doc), resume=resume, max_steps=max_steps).setup()
+    doc["endpoints"]["coordinator"]["port"] = int(trainer.coordinator_url.rsplit(":", 1)[1])
+    stop = threading.Event()
+    loop = RolloutLoop(parse_config(doc), worker_id="w", should_stop=stop.is_set)
+    th = threading.Thread(target=lambda: asyncio.run(loop.run()), daemon=True)
+    th.start()
+    try:
+        rows = []
+        while not trainer.finished:
+            rows.append(trainer.step())
+        trainer.finish()
+    finally:
+        stop.set()
+        trainer.close()
+        th.join(30)
+    return trainer, rows, loop
+
+
+CASES = {
+    "dapo": {"trainer": {"algorithm": "dapo", "dynamicSampling": {"enabled": True, "maxRounds": 2},
+                         "overlong": {"bufferTokens": 2}}},
+    "kl-loss-tis": {"trainer": {"kl": {"coef": 0.05, "estimator": "k3"}, "oldLogprobs": "recompute",
+                                "importanceSampling": {"level": "sequence", "mode": "mask", "cap": 2.0},
+                                "epochsPerStep": 2}},
+    "kl-reward-inference-logprobs": {"trainer": {"algorithm": "rloo", "kl": {"coef": 0.05, "placement": "reward"},
+                                                 "oldLogprobs": "inference"}},
+    "eval-staleness": {"rollout": {"maxStaleness": 1}, "evaluation": {"everySteps": 1, "maxTasks": 4}},
+    "lora": {"model": {"lora": {"rank": 4, "alpha": 8}}, "trainer": {"algorithm": "gspo"}},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_steps(tmp_path, tiny_model_dir, serve, case):
+    spec = _spec(tiny_model_dir, **CASES[case])
+    trainer, rows, loop = _run(tmp_path, serve, spec)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert trainer.policy_version == 2
+    for r in rows:
+        for key in ("reward_mean", "reward/regex", "adv_mean", "response_len_mean", "clip_fraction", "approx_kl",
+                    "entropy", "grad_norm", "tokens_per_s", "staleness_mean", "time/generate", "time/reward",
+                    "time/old_logprob", "time/update", "time/weight_sync", "time/checkpoint",
+                    "coord/episodes_accepted"):
+            assert key in r, (case, key)
+    progress = json.loads((tmp_path / "out" / "progress.json").read_text())
+    assert progress["done"] and progress["step"] == 2 and progress["samplesScored"] >= 32
+    assert [c["step"] for c in progress["checkpoints"]] == [1, 2]
+    assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")] == [1, 2]
+    assert loop.stats.tasks_done >= 8 and loop.stats.tasks_failed == 0
+    if case == "dapo":
+        assert all("ds_rounds" in r for r in rows)
+    if case.startswith("kl"):
+        assert rows[-1].get("kl_ref", 0.0) >= 0.0 and "time/ref_logprob" in rows[-1]
+    if case == "kl-loss-tis":
+        assert "tis/weight_mean" in rows[0] and rows[0]["approx_kl"] != 0.0
+    if case == "eval-staleness":
+        assert "eval_score" in rows[-1] and progress["evalScore"] == rows[-1]["eval_score"]
+        assert rows[-1]["staleness_max"] <= 1
+    if case == "lora":
+        assert (tmp_path / "ckpt" / "weights" / "v2" / "adapter_config.json").exists()
+
+
+def test_resume_continues_and_refuses_zero_steps(tmp_path, tiny_model_dir, serve):
+    spec = _spec(tiny_model_dir)
+    _run(tmp_path, serve, spec)
+    trainer, rows, _ = _run(tmp_path, serve, spec, max_steps=3)
+    assert trainer.resumed_from == 2 and [r["step"] for r in rows] == [3]
+    assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")] == [1, 2, 3]
+    with pytest.raises(ResumeError, match="nothing to do"):
+        _run(tmp_path, serve, spec, max_steps=3)
