@@ -35,9 +35,21 @@ BUILTIN_MODELS = ("tiny", "tiny-random")
 _PREFIX = "builtin:"
 
 
+def _prompt_format() -> str:
+    """A fingerprint of the warm-start task's prompts: the cache key changes when their wording does
+    (a model warm-started on other wording starts RL far from where it should)."""
+    from ..data import load_builtin
+
+    tasks = load_builtin(DEFAULT_WARM_START_DATASET, 3, seed=0, **WARM_START_RECIPE["dataset_options"])
+    return json.dumps([t.to_dict() for t in tasks], sort_keys=True)
+
+
 def is_builtin_spec(spec: str) -> bool:
     """True for ``builtin:<name>`` specs."""
     return isinstance(spec, str) and spec.startswith(_PREFIX)
+
+
+PREBUILT_ENV = "RFT_PREBUILT_MODELS"
 
 
 def default_cache_dir() -> Path:
@@ -56,7 +68,9 @@ def resolve_builtin_model(
     """The directory of the model named by ``spec_base`` (``builtin:tiny`` or ``builtin:tiny-random``).
 
     Builds it on first use (offline, deterministic) under ``cache_dir`` (default
-    :func:`default_cache_dir`) and returns the cached directory afterwards. ``warm_start_steps``
+    :func:`default_cache_dir`) and returns the cached directory afterwards. A copy already built
+    in ``$RFT_PREBUILT_MODELS`` (read-only; the runtime image ships one) is used as is instead of
+    building another. ``warm_start_steps``
     overrides the default for ``builtin:tiny``.
     """
     if not is_builtin_spec(spec_base):
@@ -70,12 +84,16 @@ def resolve_builtin_model(
         raise ValueError(f"builtin model: field 'warm_start_steps' must be >= 0, got {steps}")
     cfg = TinyModelConfig()
     key_blob = json.dumps({"model": cfg.key(seed), "ws": steps, "ds": DEFAULT_WARM_START_DATASET,
-                           "recipe": WARM_START_RECIPE if steps else None}, sort_keys=True)
+                           "recipe": WARM_START_RECIPE if steps else None,
+                           "prompts": _prompt_format() if steps else None}, sort_keys=True)
     key = hashlib.sha256(key_blob.encode()).hexdigest()[:12]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / f"tiny-s{seed}-ws{steps}-{key}"
     if (final / "model.safetensors").exists():
         return final
+    prebuilt = os.environ.get(PREBUILT_ENV)  # read-only copies, e.g. built into the runtime image
+    if prebuilt and (Path(prebuilt) / final.name / "model.safetensors").exists():
+        return Path(prebuilt) / final.name
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -1,0 +1,541 @@
+"""The e2e stack: the operator installed from its Helm chart, and helpers to drive RFTJobs through it.
+
+Everything runs against the real local control plane (``cluster`` fixture) with pods run by the
+process kubelet (``kubelet`` fixture); nothing here imitates the Kubernetes API.
+
+- :func:`install_platform` renders ``charts/rft-operator`` with ``helm template --include-crds`` and
+  applies it with ``kubectl apply --server-side``: the CRD, the chart's ServiceAccount, ClusterRole
+  and binding, and its Deployment. The operator then runs FROM THAT DEPLOYMENT as a pod (image
+  ``ghcr.io/rft-dev/rft-operator`` → this checkout's venv), with the chart's RBAC, not as admin.
+- :class:`JobDriver` (one per test namespace): apply manifests with ``kubectl``, read the RFTJob, its
+  progress ConfigMap, its pods and its checkpoint volume (the provisioned PV's host directory), wait
+  with deadlines, inject faults (delete a pod, SIGKILL a container's process), and produce the
+  diagnostics a failing test prints: container logs, ``kubectl get rft -o yaml``, pods, events.
+- :class:`StatusRecorder`: samples ``status`` in a background thread so a test can check what the
+  status did over time (the step never went backwards, the phases it went through).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from e2e.cluster import LocalCluster, free_port
+from e2e.kubelet import ProcessKubelet, image_entry
+from rft_operator import names
+from rft_operator.kube import Kube, KubeError
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rft-operator"
+EXAMPLES = ROOT / "examples"
+PLATFORM_NAMESPACE = "rft-system"
+RELEASE = "rft-operator"
+OPERATOR_DEPLOYMENT = "rft-operator"  # the chart's fullname for release "rft-operator"
+ROLES = ("inference", "reward", "rollout", "trainer")
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+
+class Timeout(AssertionError):
+    """A wait passed its deadline; the message says what was awaited and what was last seen."""
+
+
+def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 1.0,
+             on_timeout: Callable[[], str] | None = None) -> T:
+    """Poll ``fn`` until it returns something truthy and return it; at ``timeout`` seconds raise
+    :class:`Timeout` naming ``what``, the last value, and ``on_timeout()`` (diagnostics)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = fn()
+        except KubeError as e:  # an API hiccup under load is not the answer; keep polling
+            last = f"<{e}>"
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            extra = f"\n{on_timeout()}" if on_timeout is not None else ""
+            raise Timeout(f"timed out after {timeout:.0f}s waiting for {what} (last: {str(last)[:1500]}){extra}")
+        time.sleep(interval)
+
+
+# ------------------------------------------------------------------------------------------ platform
+
+
+@dataclass
+class Platform:
+    """The operator as installed from the chart."""
+
+    cluster: LocalCluster
+    kubelet: ProcessKubelet
+    api: Kube
+    namespace: str
+    release: str
+    resync_seconds: int
+    manifests: str
+    """The rendered chart, as applied."""
+
+    @property
+    def deployment(self) -> str:
+        return OPERATOR_DEPLOYMENT
+
+    def operator_pods(self) -> list[Obj]:
+        """The operator's live pods (not terminating)."""
+        pods = self.api.list("Pod", self.namespace, "app.kubernetes.io/name=rft-operator")
+        return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+    def operator_pod(self) -> Obj:
+        pods = self.operator_pods()
+        assert len(pods) == 1, f"expected one operator pod, found {[p['metadata']['name'] for p in pods]}"
+        return pods[0]
+
+    def operator_logs(self) -> str:
+        out = []
+        for p in sorted(self.kubelet.logs_dir.glob(f"{self.namespace}_*_operator.log")):
+            out.append(f"----- {p.name}\n{p.read_text(errors='replace')[-6000:]}")
+        return "\n".join(out) or "(no operator logs)"
+
+    def wait_ready(self, timeout: float = 120.0) -> Obj:
+        """Wait until the operator Deployment has one available, ready replica (its pod Ready)."""
+        def ready() -> Obj | None:
+            d = self.api.get("Deployment", self.namespace, self.deployment) or {}
+            st = d.get("status") or {}
+            if st.get("readyReplicas", 0) >= 1 and st.get("updatedReplicas", 0) >= 1 \
+                    and st.get("observedGeneration", 0) >= d["metadata"]["generation"]:
+                pods = [p for p in self.operator_pods() if _pod_ready(p)]
+                return pods[0] if len(pods) == 1 else None
+            return None
+        return wait_for("the operator Deployment (from the chart) to be Ready", ready, timeout,
+                        on_timeout=self.operator_logs)
+
+
+def _pod_ready(pod: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def render_chart(cluster: LocalCluster, namespace: str, release: str, values: dict[str, Any]) -> str:
+    """``helm template <release> charts/rft-operator --namespace <ns> --include-crds --set ...``."""
+    cmd = [cluster.binary("helm"), "template", release, str(CHART), "--namespace", namespace, "--include-crds"]
+    for k, v in values.items():
+        cmd += ["--set", f"{k}={v}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=cluster.env())
+    if p.returncode != 0:
+        raise AssertionError(f"helm template failed ({p.returncode}): {p.stderr.strip()}")
+    return p.stdout
+
+
+def install_platform(cluster: LocalCluster, kubelet: ProcessKubelet, *, namespace: str = PLATFORM_NAMESPACE,
+                     release: str = RELEASE, resync_seconds: int = 3, timeout: float = 180.0) -> Platform:
+    """Install the chart (CRD included) into ``namespace`` and wait for the operator pod to be Ready.
+
+    The metrics and health ports are free ports of this machine: the harness's pods share the host's
+    network, and the operator listens on every address.
+    """
+    api = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    values = {"resyncSeconds": resync_seconds, "metrics.port": free_port(), "healthPort": free_port(),
+              "logLevel": "info"}
+    rendered = render_chart(cluster, namespace, release, values)
+    cluster.kubectl("create", "namespace", namespace, check=False)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered, timeout=120)
+    cluster.kubectl("wait", "--for=condition=Established", "crd/rftjobs.rft.dev", "--timeout=60s", timeout=90)
+    platform = Platform(cluster, kubelet, api, namespace, release, resync_seconds, rendered)
+    platform.wait_ready(timeout)
+    return platform
+
+
+def uninstall_platform(platform: Platform, timeout: float = 120.0) -> None:
+    """Delete what the chart installed except the CRD (jobs of other modules may still be there),
+    and wait until the operator pod is gone."""
+    docs = [d for d in yaml.safe_load_all(platform.manifests)
+            if d and d.get("kind") != "CustomResourceDefinition"]
+    platform.cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                             input=yaml.safe_dump_all(docs), check=False, timeout=120)
+    try:
+        wait_for("the operator pod to be gone", lambda: not platform.api.list(
+            "Pod", platform.namespace, "app.kubernetes.io/name=rft-operator"), timeout)
+    finally:
+        platform.api.close()
+
+
+# ------------------------------------------------------------------------------------------ jobs
+
+
+def load_docs(path: Path) -> list[Obj]:
+    """The YAML documents of a manifest file."""
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def example_job(path: Path, name: str | None = None, **spec_overrides: Any) -> list[Obj]:
+    """The documents of an example, its RFTJob renamed and its spec deep-merged with ``spec_overrides``
+    (keys are the CRD's camelCase; a dict merges, anything else replaces)."""
+    docs = copy.deepcopy(load_docs(path))
+    for d in docs:
+        if d.get("kind") == "RFTJob":
+            if name:
+                d["metadata"]["name"] = name
+            deep_merge(d["spec"], spec_overrides)
+    return docs
+
+
+def deep_merge(base: dict, patch: dict) -> None:
+    """Merge ``patch`` into ``base`` in place: dicts merge key by key, anything else replaces."""
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            deep_merge(base[k], v)
+        else:
+            base[k] = copy.deepcopy(v)
+
+
+@dataclass
+class JobDriver:
+    """Drives RFTJobs in one namespace through ``kubectl`` and reads what they did."""
+
+    platform: Platform
+    namespace: str
+    recorders: list[StatusRecorder] = field(default_factory=list)
+
+    @property
+    def cluster(self) -> LocalCluster:
+        return self.platform.cluster
+
+    @property
+    def api(self) -> Kube:
+        return self.platform.api
+
+    @property
+    def kubelet(self) -> ProcessKubelet:
+        return self.platform.kubelet
+
+    # ---- kubectl ---------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """kubectl in this namespace, as the cluster admin (a user of the product)."""
+        return self.cluster.kubectl("-n", self.namespace, *args, input=input, check=check, timeout=timeout)
+
+    def apply_file(self, path: Path) -> str:
+        """``kubectl apply -f <path>`` (the example exactly as shipped)."""
+        return self.kubectl("apply", "-f", str(path)).stdout
+
+    def apply_docs(self, docs: Iterable[Obj]) -> str:
+        return self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(list(docs))).stdout
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def job(self, name: str) -> Obj:
+        obj = self.api.get("RFTJob", self.namespace, name)
+        assert obj is not None, f"RFTJob {self.namespace}/{name} does not exist"
+        return obj
+
+    def status(self, name: str) -> Obj:
+        return self.job(name).get("status") or {}
+
+    def condition(self, name: str, ctype: str) -> Obj:
+        for c in self.status(name).get("conditions") or []:
+            if c.get("type") == ctype:
+                return c
+        return {}
+
+    def progress(self, name: str) -> Obj:
+        """The trainer's progress record (``<job>-progress``), ``{}`` before its first write."""
+        cm = self.api.get("ConfigMap", self.namespace, names.progress(name)) or {}
+        raw = (cm.get("data") or {}).get(names.PROGRESS_KEY)
+        return json.loads(raw) if raw else {}
+
+    def pods(self, name: str, role: str, live: bool = True) -> list[Obj]:
+        """The role's pods (``live``: not terminating, not finished)."""
+        pods = self.api.list("Pod", self.namespace, f"{names.LABEL_INSTANCE}={name},{names.LABEL_ROLE}={role}")
+        if live:
+            pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+                    and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        return pods
+
+    def ready_pod(self, name: str, role: str) -> Obj | None:
+        pods = [p for p in self.pods(name, role) if _pod_ready(p)]
+        return pods[0] if len(pods) == 1 else None
+
+    def children(self, name: str) -> dict[tuple[str, str], Obj]:
+        """The job's children by (kind, name); a duplicate name fails the test."""
+        out: dict[tuple[str, str], Obj] = {}
+        for kind in ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "Service",
+                     "Deployment", "Job"):
+            for o in self.api.list(kind, self.namespace, names.job_selector(name)):
+                key = (kind, o["metadata"]["name"])
+                assert key not in out, f"two {kind}s named {key[1]}"
+                out[key] = o
+        return out
+
+    def checkpoint_dir(self, name: str) -> Path:
+        """The host directory behind the job's checkpoint claim (the provisioned hostPath PV)."""
+        pvc = self.api.get("PersistentVolumeClaim", self.namespace, names.checkpoints(name))
+        assert pvc is not None, f"PVC {names.checkpoints(name)} does not exist"
+        volume = (pvc.get("spec") or {}).get("volumeName")
+        assert volume, f"PVC {names.checkpoints(name)} is not bound"
+        pv = self.api.request("GET", f"/api/v1/persistentvolumes/{volume}") or {}
+        return Path(pv["spec"]["hostPath"]["path"])
+
+    def metrics_rows(self, name: str) -> list[Obj]:
+        """The trainer's ``metrics.jsonl`` on the checkpoint volume (one row per completed step)."""
+        path = self.checkpoint_dir(name) / "metrics" / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def checkpoint_steps(self, name: str) -> list[int]:
+        """Steps of the complete checkpoint directories on the volume."""
+        root = self.checkpoint_dir(name)
+        out = []
+        for d in root.glob("step-*"):
+            if (d / "COMPLETE").exists():
+                out.append(int(d.name.split("-", 1)[1]))
+        return sorted(out)
+
+    def logs(self, pod: Obj, container: str | None = None) -> str:
+        c = container or pod["spec"]["containers"][0]["name"]
+        return self.kubelet.logs(self.namespace, pod["metadata"]["name"], c)
+
+    def role_logs(self, name: str, role: str) -> str:
+        """Every container log of the role's pods (old pods too), concatenated."""
+        out = []
+        for p in sorted(self.kubelet.logs_dir.glob(f"{self.namespace}_{name}-{role}-*.log")):
+            out.append(f"----- {p.name}\n{p.read_text(errors='replace')}")
+        return "\n".join(out)
+
+    # ---- waiting ---------------------------------------------------------------------------
+
+    def wait_job(self, name: str, what: str, pred: Callable[[Obj], bool], timeout: float,
+                 interval: float = 1.0) -> Obj:
+        """Wait until ``pred(status)`` holds; a terminal phase that does not satisfy it fails at once."""
+        def check() -> Obj | None:
+            st = self.status(name)
+            if pred(st):
+                return st
+            if st.get("phase") in ("Failed", "ValidationFailed") or (
+                    st.get("phase") == "Succeeded" and not pred(st)):
+                raise AssertionError(f"{name} reached terminal phase {st.get('phase')} while waiting for {what}: "
+                                     f"{st.get('message')}\n{self.diagnostics(name)}")
+            return None
+        return wait_for(f"{name}: {what}", check, timeout, interval, on_timeout=lambda: self.diagnostics(name))
+
+    def wait_phase(self, name: str, phase: str, timeout: float) -> Obj:
+        if phase in ("Failed", "ValidationFailed"):
+            return wait_for(f"{name} to reach phase {phase}", lambda: (
+                st if (st := self.status(name)).get("phase") == phase else None), timeout,
+                on_timeout=lambda: self.diagnostics(name))
+        return self.wait_job(name, f"phase {phase}", lambda st: st.get("phase") == phase, timeout)
+
+    def wait_step(self, name: str, step: int, timeout: float) -> Obj:
+        return self.wait_job(name, f"status.step >= {step}", lambda st: st.get("step", 0) >= step, timeout)
+
+    def wait_pods_gone(self, name: str, roles: Iterable[str], timeout: float) -> None:
+        roles = tuple(roles)
+        wait_for(f"{name}: no pods of {roles}", lambda: not any(
+            self.api.list("Pod", self.namespace, f"{names.LABEL_INSTANCE}={name},{names.LABEL_ROLE}={r}")
+            for r in roles), timeout, on_timeout=lambda: self.diagnostics(name))
+
+    # ---- faults ----------------------------------------------------------------------------
+
+    def delete_pod(self, pod: Obj, wait: bool = True, timeout: float = 60.0) -> None:
+        """``kubectl delete pod`` (graceful: SIGTERM, SIGKILL after the grace period)."""
+        self.kubectl("delete", "pod", pod["metadata"]["name"], f"--wait={'true' if wait else 'false'}",
+                     f"--timeout={int(timeout)}s", timeout=timeout + 30)
+
+    # ---- records ---------------------------------------------------------------------------
+
+    def record(self, name: str, interval: float = 0.5) -> StatusRecorder:
+        """Start sampling the job's status in the background (stopped at teardown)."""
+        r = StatusRecorder(self.api, self.namespace, name, interval).start()
+        self.recorders.append(r)
+        return r
+
+    def diagnostics(self, name: str | None = None) -> str:
+        """What a failing test prints: RFTJobs as YAML, pods, recent events, every container log."""
+        parts = []
+        for args in (("get", "rft", "-o", "yaml"), ("get", "rft"),
+                     ("get", "pods,deployments,jobs,pvc", "-o", "wide"),
+                     ("get", "events", "--sort-by=.lastTimestamp")):
+            p = self.kubectl(*args, check=False, timeout=60)
+            out = p.stdout if p.returncode == 0 else p.stderr
+            if args[1] == "events":
+                out = "\n".join(out.splitlines()[-40:])
+            parts.append(f"===== kubectl -n {self.namespace} {' '.join(args)}\n{out}")
+        if name:
+            prog = self.progress(name)
+            parts.append(f"===== progress record\n{json.dumps(prog, indent=1)[:3000]}")
+        parts.append(f"===== container logs ({self.namespace})\n{self.kubelet.dump_logs(self.namespace, 6000)}")
+        parts.append(f"===== operator logs\n{self.platform.operator_logs()}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        for r in self.recorders:
+            r.stop()
+
+
+def pod_processes(pod: Obj) -> list[int]:
+    """Live processes of a pod's containers, found by the environment the kubelet gave them:
+    ``HOSTNAME`` (the pod's ``spec.hostname`` or name) and, where the pod sets it from the downward
+    API, ``POD_NAME``. Children inherit that environment, so they are included."""
+    meta = pod["metadata"]
+    hostname = ((pod.get("spec") or {}).get("hostname") or meta["name"])[:63]
+    want_host, want_name = f"HOSTNAME={hostname}".encode(), f"POD_NAME={meta['name']}".encode()
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = set(Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if want_host in env and (want_name in env or not any(e.startswith(b"POD_NAME=") for e in env)):
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def kill_pod_processes(pod: Obj) -> list[int]:
+    """SIGKILL every process of the pod's containers (as a crash or the OOM killer would); the kubelet
+    reports exit code 137 and applies the pod's restart policy. Returns the pids killed."""
+    pids = pod_processes(pod)
+    assert pids, f"no process of pod {pod['metadata']['namespace']}/{pod['metadata']['name']} found"
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+# ------------------------------------------------------------------------------------------ recorder
+
+
+@dataclass
+class Sample:
+    t: float
+    phase: str
+    step: int
+    policy_version: int
+    restarts: int
+    reward_mean: float | None
+
+
+class StatusRecorder:
+    """Samples an RFTJob's status every ``interval`` seconds in a daemon thread."""
+
+    def __init__(self, api: Kube, namespace: str, name: str, interval: float = 0.5) -> None:
+        self.api, self.namespace, self.name, self.interval = api, namespace, name, interval
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"status-{name}", daemon=True)
+
+    def start(self) -> StatusRecorder:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling, after one last sample (so the record ends with the status as it is now)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        self._sample()
+
+    def _sample(self) -> None:
+        try:
+            obj = self.api.get("RFTJob", self.namespace, self.name)
+        except KubeError:
+            return
+        if obj is not None:
+            st = obj.get("status") or {}
+            self.samples.append(Sample(time.monotonic(), st.get("phase", ""), st.get("step", 0),
+                                       st.get("policyVersion", 0), st.get("restarts", 0), st.get("rewardMean")))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval)
+
+    def steps(self) -> list[int]:
+        return [s.step for s in self.samples]
+
+    def phases(self) -> list[str]:
+        """The distinct phases in the order they were seen."""
+        out: list[str] = []
+        for s in self.samples:
+            if not out or out[-1] != s.phase:
+                out.append(s.phase)
+        return out
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+# Test modules import these names (``from tests.e2e.stack import platform, driver``).
+
+
+RUNTIME_IMAGE = "ghcr.io/rft-dev/rft-runtime"
+
+
+def prebuilt_models_dir() -> Path:
+    """The builtin tiny model built once per machine (``$RFT_CACHE/prebuilt-models``), as the runtime
+    image ships it in ``/opt/rft/models`` (``runtime/Dockerfile``); built here when missing."""
+    from e2e.cluster import cache_dir
+    from rft_runtime.model import resolve_builtin_model
+
+    root = cache_dir() / "prebuilt-models"
+    resolve_builtin_model("builtin:tiny", root)
+    return root
+
+
+@contextlib.contextmanager
+def runtime_image_with_prebuilt_models(kubelet: ProcessKubelet) -> Iterator[None]:
+    """Make the process kubelet's runtime image carry what the real image's ENV gives it:
+    ``RFT_PREBUILT_MODELS`` naming the prebuilt tiny model (otherwise every role pod trains its own
+    warm start, ~25 s of CPU each, at start). Restored afterwards."""
+    old = kubelet.image_map.get(RUNTIME_IMAGE)
+    assert old is not None, f"the kubelet maps no {RUNTIME_IMAGE} image"
+    env = {**dict(old.env), "RFT_PREBUILT_MODELS": str(prebuilt_models_dir())}
+    kubelet.image_map[RUNTIME_IMAGE] = image_entry(old.bin_dir, env)
+    try:
+        yield
+    finally:
+        kubelet.image_map[RUNTIME_IMAGE] = old
+
+
+@pytest.fixture(scope="module")
+def platform(cluster: LocalCluster, kubelet: ProcessKubelet) -> Iterable[Platform]:
+    """The operator installed from the chart into ``rft-system`` (resync 3 s), Ready; uninstalled
+    after the module (the CRD stays). The runtime image carries the prebuilt tiny model."""
+    with runtime_image_with_prebuilt_models(kubelet):
+        p = install_platform(cluster, kubelet, resync_seconds=3)
+        try:
+            yield p
+        finally:
+            uninstall_platform(p)
+
+
+@pytest.fixture
+def driver(platform: Platform, namespace: str, request: pytest.FixtureRequest) -> Iterable[JobDriver]:
+    """A :class:`JobDriver` for the test's namespace; prints its diagnostics when the test failed."""
+    d = JobDriver(platform, namespace)
+    started = time.monotonic()
+    try:
+        yield d
+    finally:
+        d.close()
+        rep = getattr(request.node, "rep_call", None)
+        print(f"\n[e2e] {request.node.name}: {time.monotonic() - started:.1f}s in the test body and its waits")
+        if rep is not None and rep.failed:
+            print(f"\n===== e2e diagnostics ({namespace}) =====\n{d.diagnostics()}")

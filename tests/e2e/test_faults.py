@@ -1,0 +1,330 @@
+"""Injected faults against the full stack (control plane, chart-installed operator pod, process kubelet).
+
+Each test runs a small RFTJob (the tiny-arith example scaled down: 8 steps of 4 prompts × 4 samples, a
+checkpoint every 2 steps), injects one fault while it trains, and checks that it still ends where it
+should (``Succeeded``, or ``Failed`` with a reason for a broken evaluator) with nothing lost.
+
+"Nothing lost" is checked against the trainer's own record on the checkpoint volume,
+``metrics.jsonl``: one row per completed training step. A resumed trainer truncates the rows after
+the checkpoint it resumes from, so a run where a step was trained twice into the final weights, or
+skipped, cannot end with the rows ``1..maxSteps`` exactly once each *and* each attempt's log showing a
+contiguous run of steps that starts right after the checkpoint it resumed from. Both are asserted.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+
+from rft_operator import names
+from tests.e2e.stack import (EXAMPLES, JobDriver, deep_merge, driver, example_job,  # noqa: F401 (fixtures)
+                             kill_pod_processes, platform, wait_for)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+MAX_STEPS = 8
+SMALL = {"rollout": {"promptsPerStep": 4, "samplesPerPrompt": 4},
+         "trainer": {"maxSteps": MAX_STEPS}, "checkpoint": {"everySteps": 2}}
+START_S = 300.0   # first step, from apply (pods start, the tiny model is built, first rollouts)
+FINISH_S = 420.0  # from a fault to the end of the job
+STEP_LINE = re.compile(r"rft_runtime\.trainer\.main: step (\d+)/(\d+)")
+LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+", re.M)
+RESUMED_LINE = re.compile(r"resumed from \S+ \(step (\d+), policy version (\d+)\)")
+
+
+def small_job(name: str, **spec: object) -> list[dict]:
+    """The tiny-arith example renamed and scaled down (``spec`` deep-merges over :data:`SMALL`)."""
+    overrides = copy.deepcopy(SMALL)
+    deep_merge(overrides, spec)
+    return example_job(EXAMPLES / "01-tiny-arith.yaml", name, **overrides)
+
+
+def trainer_attempt_logs(driver: JobDriver, name: str) -> list[str]:
+    """The trainer's container logs, one per pod, oldest first (by the first log line's timestamp)."""
+    logs = [p.read_text(errors="replace") for p in
+            driver.kubelet.logs_dir.glob(f"{driver.namespace}_{names.trainer(name)}-0-*_trainer.log")]
+    return sorted(logs, key=lambda text: m.group(0) if (m := LOG_TIME.search(text)) else "")
+
+
+def logged_steps(log: str) -> list[int]:
+    return [int(m.group(1)) for m in STEP_LINE.finditer(log)]
+
+
+def assert_every_step_once(driver: JobDriver, name: str, max_steps: int = MAX_STEPS) -> list[int]:
+    """The metrics history on the checkpoint volume has exactly the rows 1..max_steps, in order."""
+    steps = [r["step"] for r in driver.metrics_rows(name)]
+    assert steps == list(range(1, max_steps + 1)), f"metrics.jsonl steps: {steps}"
+    return steps
+
+
+def assert_finished(st: dict, max_steps: int = MAX_STEPS) -> None:
+    assert st["phase"] == "Succeeded", st
+    assert st["step"] == max_steps and st["policyVersion"] == max_steps, st
+    assert st["lastCheckpoint"]["step"] == max_steps, st
+
+
+# -------------------------------------------------------------------------------------- trainer
+
+
+def test_trainer_pod_deleted_resumes_from_latest_checkpoint(driver: JobDriver) -> None:
+    """Delete the trainer pod after a checkpoint: the Job fails (backoffLimit 0), the operator spends
+    one restart, the next attempt resumes from the latest checkpoint, and every step is trained once."""
+    name, steps = "trainer-kill", 16
+    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}))
+    driver.wait_job(name, "a checkpoint and a step after it",
+                    lambda st: (st.get("lastCheckpoint") or {}).get("step", 0) >= 2 and st.get("step", 0) >= 3,
+                    START_S, interval=0.5)
+    pod = wait_for("the trainer pod", lambda: driver.ready_pod(name, "trainer"), 30)
+    step_at_kill = driver.progress(name)["step"]
+    assert step_at_kill < steps, "the job finished before the fault could be injected"
+    driver.delete_pod(pod, wait=False)
+
+    st = driver.wait_phase(name, "Succeeded", FINISH_S)
+    assert_finished(st, steps)
+    assert st["restarts"] == 1, f"one trainer failure, one restart: {st['restarts']}"
+    job = driver.api.get("Job", driver.namespace, names.trainer(name))
+    assert job["metadata"]["annotations"][names.ANNOTATION_ATTEMPT] == "1"
+    assert driver.progress(name)["attempt"] == 1
+
+    # Attempt 0 trained 1..s0; attempt 1 resumed from the latest complete checkpoint k <= s0 and
+    # trained exactly k+1..steps. Steps k+1..s0 of attempt 0 were never checkpointed: they were
+    # discarded (their metrics rows truncated) and redone once.
+    first, second = trainer_attempt_logs(driver, name)
+    s0_steps, s1_steps = logged_steps(first), logged_steps(second)
+    assert s0_steps == list(range(1, len(s0_steps) + 1)) and len(s0_steps) >= step_at_kill, s0_steps
+    resumed = RESUMED_LINE.search(second)
+    assert resumed, f"attempt 1 did not resume from a checkpoint:\n{second[-3000:]}"
+    k = int(resumed.group(1))
+    assert int(resumed.group(2)) == k, "the policy version restored is the checkpoint's step"
+    assert 2 <= k <= len(s0_steps), (k, s0_steps)
+    assert s1_steps == list(range(k + 1, steps + 1)), f"attempt 1 steps {s1_steps} after resuming from {k}"
+    assert_every_step_once(driver, name, steps)
+
+
+# -------------------------------------------------------------------------------------- operator
+
+
+def test_operator_killed_and_restarted_keeps_one_of_each_child(driver: JobDriver) -> None:
+    """SIGKILL the operator process (its container restarts), then delete its pod (the chart's
+    Deployment makes a new one), both while the job trains: no child is duplicated or re-created, the
+    trainer is untouched, and the status never goes backwards."""
+    name, steps = "operator-kill", 120  # long enough to outlast two operator restarts (~30 s)
+    plat = driver.platform
+    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, checkpoint={"everySteps": 50}))
+    rec = driver.record(name)
+    driver.wait_step(name, 1, START_S)
+    before = {k: o["metadata"]["uid"] for k, o in driver.children(name).items()}
+    assert ("Job", names.trainer(name)) in before and ("Deployment", names.inference(name)) in before
+
+    def operator_reconciles_again() -> None:
+        """The (new) operator process is Ready and writes statuses from newer progress records."""
+        plat.wait_ready(120)
+        after = driver.status(name).get("step", 0)
+        driver.wait_job(name, f"a status update after step {after} from the restarted operator",
+                        lambda st: st.get("step", 0) > after, FINISH_S)
+
+    def same_children() -> None:
+        now = {k: o["metadata"]["uid"] for k, o in driver.children(name).items()}
+        assert now == before, f"children changed across an operator restart:\nbefore {before}\nnow    {now}"
+        # No spurious rollout: the re-applied Deployments are identical, one ReplicaSet each.
+        for role in ("inference", "rollout"):
+            rs = driver.api.list("ReplicaSet", driver.namespace,
+                                 f"{names.LABEL_INSTANCE}={name},{names.LABEL_ROLE}={role}")
+            assert len(rs) == 1, f"{role}: {[r['metadata']['name'] for r in rs]}"
+
+    # 1. the process dies (as if OOM-killed): the kubelet restarts the container in the same pod
+    op = plat.operator_pod()
+    kill_pod_processes(op)
+    wait_for("the operator container to restart", lambda: any(
+        (c.get("restartCount") or 0) >= 1 for c in (plat.api.get("Pod", plat.namespace, op["metadata"]["name"])
+                                                   or {}).get("status", {}).get("containerStatuses") or []), 60)
+    operator_reconciles_again()
+    same_children()
+    # 2. the pod is deleted: the chart's Deployment (Recreate) starts a new operator pod
+    driver.cluster.kubectl("-n", plat.namespace, "delete", "pod", op["metadata"]["name"], "--wait=false")
+    wait_for("a new operator pod", lambda: [p for p in plat.operator_pods()
+                                            if p["metadata"]["name"] != op["metadata"]["name"]], 60)
+    operator_reconciles_again()
+    same_children()
+    assert driver.status(name)["phase"] == "Running", "the job must still be training after both faults"
+
+    st = driver.wait_phase(name, "Succeeded", FINISH_S)
+    rec.stop()
+    assert_finished(st, steps)
+    assert st["restarts"] == 0, "an operator crash is not a trainer failure"
+    seen = rec.steps()
+    assert seen == sorted(seen), f"status.step went backwards: {seen}"
+    phases = [p for p in rec.phases() if p]
+    assert phases[-2:] == ["Running", "Succeeded"] and set(phases[:-2]) <= {"Pending", "Provisioning"}, phases
+    # The trainer ran once, uninterrupted, and trained every step once.
+    assert len(trainer_attempt_logs(driver, name)) == 1
+    assert_every_step_once(driver, name, steps)
+    # The objects that outlive the run are the very ones created at the start.
+    end = {k: o["metadata"]["uid"] for k, o in driver.children(name).items()}
+    for key in (("Job", names.trainer(name)), ("PersistentVolumeClaim", names.checkpoints(name)),
+                ("ConfigMap", names.progress(name))):
+        assert end[key] == before[key], key
+
+
+# -------------------------------------------------------------------------------------- inference
+
+
+def _policy_version(pod: dict, port: int = 8000) -> int | None:
+    url = f"http://{pod['status']['podIP']}:{port}/get_policy_version"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return int(json.loads(r.read())["policy_version"])
+    except OSError:
+        return None
+
+
+def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver) -> None:
+    """Delete the inference pod while rollouts are in flight: they retry until the new pod serves,
+    the new pod is brought to the trainer's current weights (the policy version it reports equals the
+    trainer's), and the job completes on-policy (no stale sample trained on)."""
+    name, steps = "inference-kill", 12
+    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, rollout={"promptsPerStep": 8}))
+    driver.wait_step(name, 2, START_S)
+    old = wait_for("the inference pod", lambda: driver.ready_pod(name, "inference"), 30)
+    # Right after a step is reported the trainer has published and the next step's rollouts run.
+    step = driver.progress(name)["step"]
+    wait_for("the next step", lambda: driver.progress(name)["step"] > step, 60, interval=0.1)
+    driver.delete_pod(old, wait=False)
+    version_at_kill = driver.progress(name)["policyVersion"]
+    assert version_at_kill >= 3 and driver.progress(name)["step"] < steps
+
+    new = wait_for("a new ready inference pod", lambda: (
+        p if (p := driver.ready_pod(name, "inference")) and p["metadata"]["name"] != old["metadata"]["name"] else None),
+        FINISH_S, on_timeout=lambda: driver.diagnostics(name))
+
+    def agrees() -> int | None:
+        """The version the new pod serves, once it equals the trainer's (read before and after it)."""
+        before = driver.progress(name)["policyVersion"]
+        served = _policy_version(new)
+        after = driver.progress(name)["policyVersion"]
+        return served if before == after == served and served >= version_at_kill else None
+    wait_for("the new inference pod to serve the trainer's current policy version", agrees, 120,
+             interval=0.5, on_timeout=lambda: driver.diagnostics(name))
+
+    st = driver.wait_phase(name, "Succeeded", FINISH_S)
+    assert_finished(st, steps)
+    assert st["restarts"] == 0, "the trainer did not fail"
+    rows = driver.metrics_rows(name)
+    assert_every_step_once(driver, name, steps)
+    assert all(r.get("staleness_max", 0) == 0 for r in rows), [r.get("staleness_max") for r in rows]
+    # Rollouts hit the outage and retried (the client's backoff, or the task given back and re-leased).
+    rollout_log = driver.role_logs(name, "rollout")
+    assert re.search(r"retrying /v1/completions|releasing its lease", rollout_log), rollout_log[-3000:]
+
+
+# -------------------------------------------------------------------------------------- evaluator
+
+HANGING_EVALUATOR = '''\
+"""Exact-match reward, except that it never returns for tasks whose answer is a multiple of 3."""
+import asyncio
+import re
+
+
+async def score(sample, item):
+    truth = int(str(item.ground_truth).strip())
+    if truth % 3 == 0:
+        await asyncio.Event().wait()  # hangs: only the per-sample timeout ends it
+    numbers = re.findall(r"-?\\d+", sample.text)
+    return 1.0 if numbers and int(numbers[-1]) == truth else 0.0
+'''
+
+RAISING_EVALUATOR = '''\
+def score(sample, item):
+    raise RuntimeError("the grader's database is unreachable")
+'''
+
+
+def _file_evaluator_job(name: str, configmap: str, source: str, **spec: object) -> list[dict]:
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": configmap}, "data": {"evaluator.py": source}}
+    evaluator = {"file": {"configMapKeyRef": {"name": configmap, "key": "evaluator.py"}}, "timeoutSeconds": 2}
+    docs = small_job(name, **spec)
+    for d in docs:
+        if d["kind"] == "RFTJob":
+            d["spec"]["evaluator"] = evaluator
+    return [cm, *docs]
+
+
+def test_hanging_evaluator_times_out_per_sample_and_job_completes(driver: JobDriver) -> None:
+    """An evaluator that hangs on some samples: each such sample times out (reward 0, a timeout error
+    counted in status.errors), the other samples are scored, the job completes."""
+    name = "evaluator-hangs"
+    driver.apply_docs(_file_evaluator_job(name, "hanging-evaluator", HANGING_EVALUATOR))
+    st = driver.wait_phase(name, "Succeeded", START_S + FINISH_S)
+    assert_finished(st)
+    errors, progress = st["errors"], driver.progress(name)
+    scored = progress["samplesScored"]
+    assert errors["timeouts"] > 0, errors
+    assert errors["timeouts"] < scored, (errors, scored)  # only some samples hang
+    assert errors["runtimeErrors"] == 0, errors
+    # Every hanging sample is a whole group (same task): timeouts come in multiples of samplesPerPrompt.
+    assert errors["timeouts"] % 4 == 0, errors
+    assert_every_step_once(driver, name)
+
+
+def test_evaluator_raising_on_every_sample_fails_the_job(driver: JobDriver) -> None:
+    """An evaluator that raises on every sample: the job fails with reason EvaluatorFailing (instead
+    of training on zeros forever), its training workloads are removed, the Failed condition says why."""
+    name = "evaluator-raises"
+    driver.apply_docs(_file_evaluator_job(name, "raising-evaluator", RAISING_EVALUATOR,
+                                          trainer={"maxSteps": 50}))
+    wait = driver.kubectl("wait", "--for=condition=Failed", f"rftjob/{name}", f"--timeout={int(START_S)}s",
+                          timeout=START_S + 60, check=False)
+    assert wait.returncode == 0, f"{wait.stderr}\n{driver.diagnostics(name)}"
+    st = driver.status(name)
+    assert st["phase"] == "Failed"
+    failed = driver.condition(name, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "EvaluatorFailing", failed
+    assert "evaluator failed on every one of the" in failed["message"], failed
+    assert st["errors"]["runtimeErrors"] >= 16 and st["step"] < 50, st
+    assert driver.condition(name, "Succeeded")["status"] == "False"
+    # Nothing keeps training: the Deployments and the unfinished trainer Job are deleted.
+    wait_for("the workloads to be removed", lambda: not any(
+        k[0] in ("Deployment", "Job") for k in driver.children(name)), 120, on_timeout=lambda: driver.diagnostics(name))
+    driver.wait_pods_gone(name, ("inference", "rollout", "trainer"), 120)
+
+
+# -------------------------------------------------------------------------------------- suspend
+
+
+def test_suspend_removes_pods_keeps_volume_and_resume_continues(driver: JobDriver) -> None:
+    """Suspend mid-run: every role pod goes away, the checkpoint PVC (and its data) stays; resume
+    starts a trainer that continues from the latest checkpoint, and the job completes."""
+    name, steps = "suspend", 30
+    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}))
+    driver.wait_job(name, "a checkpoint", lambda st: (st.get("lastCheckpoint") or {}).get("step", 0) >= 2,
+                    START_S, interval=0.5)
+    pvc = driver.api.get("PersistentVolumeClaim", driver.namespace, names.checkpoints(name))
+    driver.kubectl("patch", "rftjob", name, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    st = driver.wait_phase(name, "Suspended", 120)
+    assert st["step"] < steps, "the job finished before it could be suspended"
+    driver.wait_pods_gone(name, ("inference", "rollout", "trainer"), 120)
+    kids = driver.children(name)
+    assert not any(k[0] in ("Deployment", "Job") for k in kids), sorted(kids)
+    now = kids[("PersistentVolumeClaim", names.checkpoints(name))]
+    assert now["metadata"]["uid"] == pvc["metadata"]["uid"] and now["status"]["phase"] == "Bound"
+    on_volume = driver.checkpoint_steps(name)
+    assert on_volume and on_volume[-1] >= 2, on_volume
+    time.sleep(2 * driver.platform.resync_seconds)  # a suspended job stays suspended across resyncs
+    assert driver.status(name)["phase"] == "Suspended" and not driver.pods(name, "trainer")
+
+    driver.kubectl("patch", "rftjob", name, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    st = driver.wait_phase(name, "Succeeded", START_S + FINISH_S)
+    assert_finished(st, steps)
+    assert st["restarts"] == 0, "a suspension is not a failure"
+    suspended = driver.condition(name, "Suspended")
+    assert suspended["status"] == "False" and suspended["reason"] == "Resumed", suspended
+    first, second = trainer_attempt_logs(driver, name)
+    resumed = RESUMED_LINE.search(second)
+    assert resumed and int(resumed.group(1)) == on_volume[-1], (on_volume, second[-2000:])
+    assert logged_steps(second) == list(range(on_volume[-1] + 1, steps + 1)), logged_steps(second)
+    assert_every_step_once(driver, name, steps)

@@ -1,0 +1,150 @@
+"""End-to-end scenarios: sample RFTJobs applied with kubectl to the real local control plane, run by the
+operator installed from its Helm chart (a pod, with the chart's RBAC), their roles run as processes by
+the process kubelet, walking to ``Succeeded`` with real steps, rewards and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.request
+
+import pytest
+
+from rft_operator import names
+from tests.e2e.stack import EXAMPLES, JobDriver, driver, platform  # noqa: F401 (fixtures)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+# Deadlines: generous for 2 shared CPU cores; every wait has one.
+START_S = 300.0
+
+
+@pytest.mark.timeout(1800)
+def test_tiny_arith_example_trains_to_succeeded(driver: JobDriver) -> None:
+    """Scenario 1: ``kubectl apply -f examples/01-tiny-arith.yaml`` (unchanged) → Running → every step
+    with rewards, at least two checkpoints → Succeeded; ``kubectl get rft`` and ``kubectl wait`` agree."""
+    job = "tiny-arith"
+    max_steps = 30  # the example's trainer.maxSteps (asserted below from the object itself)
+    driver.apply_file(EXAMPLES / "01-tiny-arith.yaml")
+    assert driver.job(job)["spec"]["trainer"]["maxSteps"] == max_steps
+    rec = driver.record(job)
+
+    driver.wait_phase(job, "Running", START_S)
+    running = driver.wait_step(job, 1, START_S)
+    assert running["phase"] == "Running"
+    assert running.get("rewardMean") is not None, f"a step was reported without a reward: {running}"
+    # While it runs, `kubectl get rft` shows phase, step, reward and checkpoint columns.
+    table = driver.kubectl("get", "rft", job).stdout.splitlines()
+    assert table[0].split()[:5] == ["NAME", "PHASE", "STEP", "REWARD", "CHECKPOINT"], table
+
+    # `kubectl wait` itself returns 0 once the job succeeds (its own deadline; check=True asserts rc 0).
+    wait = driver.kubectl("wait", "--for=condition=Succeeded", f"rftjob/{job}", "--timeout=1200s", timeout=1260,
+                          check=False)
+    assert wait.returncode == 0, f"kubectl wait failed ({wait.returncode}): {wait.stderr}\n{driver.diagnostics(job)}"
+    assert "condition met" in wait.stdout
+
+    st = driver.status(job)
+    rec.stop()
+    assert st["phase"] == "Succeeded", st
+    assert st["step"] == max_steps and st["totalSteps"] == max_steps
+    assert st["policyVersion"] == max_steps
+    assert isinstance(st.get("rewardMean"), float)
+    cps = [c["step"] for c in st["checkpoints"]]
+    assert len(cps) >= 2 and cps == sorted(cps) and cps[-1] == max_steps, st["checkpoints"]
+    assert st["lastCheckpoint"]["step"] == max_steps
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Succeeded"] == "True"
+
+    # Every step happened once, each with a reward, in the trainer's own metrics on the checkpoint volume.
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    assert all(isinstance(r.get("reward_mean"), float) for r in rows)
+    assert set(cps) <= set(driver.checkpoint_steps(job))
+
+    # The status moved forward through the phases and the step never went backwards.
+    steps = rec.steps()
+    assert steps == sorted(steps), f"status.step went backwards: {steps}"
+    phases = rec.phases()
+    assert "Running" in phases and phases[-1] == "Succeeded", phases
+
+    # The printer columns of the finished job.
+    row = driver.kubectl("get", "rft", job, "--no-headers").stdout.split()
+    assert row[0] == job and row[1] == "Succeeded" and row[2] == str(max_steps), row
+    assert float(row[3]) == pytest.approx(st["rewardMean"], abs=1e-3) and row[4] == str(max_steps), row
+
+    # What is left: the finished trainer Job (its logs), no role Deployments; the checkpoint claim stays.
+    kids = driver.children(job)
+    assert ("Job", names.trainer(job)) in kids and not any(k[0] == "Deployment" for k in kids)
+    assert ("PersistentVolumeClaim", names.checkpoints(job)) in kids
+    progress = driver.progress(job)
+    assert progress.get("done") is True, json.dumps(progress)
+
+
+def test_custom_evaluator_file_from_configmap(driver: JobDriver) -> None:
+    """Scenario 3a: ``examples/03-custom-evaluator.yaml`` (a ConfigMap holding ``closeness.py`` and an
+    RFTJob whose evaluator is that file) trains to Succeeded, scored by the file's ``score`` in the
+    rollout pods (no reward role)."""
+    job = "custom-evaluator"
+    driver.apply_file(EXAMPLES / "03-custom-evaluator.yaml")
+    spec = driver.job(job)["spec"]
+    max_steps = spec["trainer"]["maxSteps"]
+    per_step = spec["rollout"]["promptsPerStep"] * spec["rollout"]["samplesPerPrompt"]
+    st = driver.wait_phase(job, "Succeeded", START_S + 300)
+    assert st["step"] == max_steps and st["lastCheckpoint"]["step"] == max_steps, st
+    assert st["errors"]["runtimeErrors"] == 0 and st["errors"]["timeouts"] == 0, st["errors"]
+    # The file evaluator scored in the rollout pods: no reward role was created for it.
+    assert not [k for k in driver.children(job) if k[1] == names.reward(job)]
+    assert driver.condition(job, "RewardReady")["reason"] in ("NotRequired", "Removed")
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    assert all("reward/score" in r for r in rows), sorted(rows[0])
+    # Partial credit is the file's own: with 0/1 rewards every step's mean would be a multiple of
+    # 1/per_step; closeness gives fractions in between.
+    fractional = [m for r in rows if abs((m := r["reward_mean"]) * per_step - round(m * per_step)) > 1e-6]
+    assert fractional, f"every step's mean reward is a multiple of 1/{per_step}: {[r['reward_mean'] for r in rows]}"
+
+
+def _reward_samples_scored(pod: dict) -> float | None:
+    """``rft_reward_samples_total`` from the reward pod's /metrics (None when it does not answer)."""
+    url = f"http://{pod['status']['podIP']}:8200/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    m = re.search(r"^rft_reward_samples_total (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_code_sandbox_evaluator_in_the_reward_role(driver: JobDriver) -> None:
+    """Scenario 3b: ``examples/04-code-sandbox.yaml`` (programming tasks from a ConfigMap, the
+    ``code_sandbox`` evaluator) gets a reward role that passes the sandbox's isolation probe (it would
+    not become Ready otherwise), scores every sample there, and the job reaches Succeeded."""
+    job = "code-sandbox"
+    driver.apply_file(EXAMPLES / "04-code-sandbox.yaml")
+    spec = driver.job(job)["spec"]
+    max_steps = spec["trainer"]["maxSteps"]
+    per_step = spec["rollout"]["promptsPerStep"] * spec["rollout"]["samplesPerPrompt"]
+    # Watch the reward pod's own counter until the job ends (its Deployment goes with the run).
+    scored = 0.0
+    deadline = time.monotonic() + START_S + 300
+    while (phase := driver.status(job).get("phase")) != "Succeeded":
+        assert phase not in ("Failed", "ValidationFailed"), driver.diagnostics(job)
+        assert time.monotonic() < deadline, f"code-sandbox did not succeed in time\n{driver.diagnostics(job)}"
+        pod = driver.ready_pod(job, "reward")
+        if pod is not None:
+            scored = max(scored, _reward_samples_scored(pod) or 0.0)
+        time.sleep(0.5)
+    st = driver.status(job)
+    assert st["step"] == max_steps and st["lastCheckpoint"]["step"] == max_steps, st
+    assert scored >= per_step, f"the reward pod scored {scored} samples, expected at least one step's {per_step}"
+    # Sampled code from an untrained model rarely even parses; the sandbox said so for some samples,
+    # and it never failed to run (a sandbox that cannot be built is a runtime error on every sample).
+    errors = st["errors"]
+    assert errors["runtimeErrors"] + errors["timeouts"] < driver.progress(job)["samplesScored"], errors
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    assert all("reward/code_sandbox" in r for r in rows), sorted(rows[0])
+    reward_log = driver.role_logs(job, "reward")
+    assert "code_sandbox" in reward_log and "Traceback" not in reward_log, reward_log[-3000:]
