@@ -61,18 +61,32 @@ class KubeletError(RuntimeError):
 # ------------------------------------------------------------------------------------------ images
 
 
-def image_entry(bin_dir: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> ImageEntry:
-    """An image backed by a ``bin`` directory (a venv's: its root stays visible under volume mounts)."""
+def image_entry(bin_dir: str | os.PathLike[str], env: Mapping[str, str] | None = None,
+                paths: tuple[str, ...] = ()) -> ImageEntry:
+    """An image backed by a ``bin`` directory (a venv's: its root, and ``paths``, stay visible under
+    volume mounts)."""
     b = Path(bin_dir).resolve()
-    return ImageEntry(str(b), tuple((env or {}).items()), (str(b.parent),))
+    return ImageEntry(str(b), tuple((env or {}).items()), (str(b.parent), *paths))
+
+
+def _project_paths(root: Path) -> tuple[str, ...]:
+    """What the project's images need besides the venv: the checkout (the venv installs it editable,
+    so its source must stay visible even when a volume, e.g. an emptyDir at /tmp, covers it) and the
+    cached dependency site-packages the venv points at."""
+    paths = [str(root.resolve())]
+    deps = root / ".venv" / ".deps"
+    if deps.is_file():
+        paths.append(deps.read_text().strip())
+    return tuple(paths)
 
 
 def default_image_map(repo_root: Path | None = None) -> dict[str, ImageEntry]:
     """The project's images → this checkout's ``.venv/bin``; ``vllm/vllm-openai`` → ``$RFT_VLLM_VENV/bin``
     when that variable is set."""
-    venv = Path(repo_root or REPO_ROOT) / ".venv"
-    out = {"ghcr.io/rft-dev/rft-runtime": image_entry(venv / "bin"),
-           "ghcr.io/rft-dev/rft-operator": image_entry(venv / "bin")}
+    root = Path(repo_root or REPO_ROOT)
+    venv, keep = root / ".venv", _project_paths(root)
+    out = {"ghcr.io/rft-dev/rft-runtime": image_entry(venv / "bin", paths=keep),
+           "ghcr.io/rft-dev/rft-operator": image_entry(venv / "bin", paths=keep)}
     vllm = os.environ.get("RFT_VLLM_VENV")
     if vllm:
         out["vllm/vllm-openai"] = image_entry(Path(vllm) / "bin")

@@ -18,6 +18,7 @@ process kubelet (``kubelet`` fixture); nothing here imitates the Kubernetes API.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import copy
 import json
 import os
@@ -34,7 +35,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster, free_port
-from e2e.kubelet import ProcessKubelet, image_entry
+from e2e.kubelet import ProcessKubelet
 from rft_operator import names
 from rft_operator.kube import Kube, KubeError
 
@@ -507,7 +508,7 @@ def runtime_image_with_prebuilt_models(kubelet: ProcessKubelet) -> Iterator[None
     old = kubelet.image_map.get(RUNTIME_IMAGE)
     assert old is not None, f"the kubelet maps no {RUNTIME_IMAGE} image"
     env = {**dict(old.env), "RFT_PREBUILT_MODELS": str(prebuilt_models_dir())}
-    kubelet.image_map[RUNTIME_IMAGE] = image_entry(old.bin_dir, env)
+    kubelet.image_map[RUNTIME_IMAGE] = dataclasses.replace(old, env=tuple(env.items()))
     try:
         yield
     finally:
