@@ -111,3 +111,10 @@ def namespace(kube: "kubernetes.client.ApiClient") -> Iterator[str]:  # noqa: F8
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    """Run e2e tests last: their process kubelet registers a Node for the rest of the session, and
+    the integration tier assumes a control plane with no kubelet (its tests write pod status
+    themselves, and some expect pods to stay unscheduled)."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)
