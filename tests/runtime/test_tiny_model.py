@@ -36,7 +36,7 @@ def _digests(d: Path) -> dict[str, str]:
 
 def _contracts_dir() -> Path:
     env = os.environ.get("RFT_VLLM_CONTRACTS")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "contracts" / "vllm"
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "contracts" / "vllm"
 
 
 def test_checkpoint_loads_with_transformers(tiny_random_dir):
