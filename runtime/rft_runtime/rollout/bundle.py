@@ -5,21 +5,17 @@ Reference forms accepted by `load_bundle` (see docs/evaluator-bundles.md):
   containing a path separator is a file even without the `.py` suffix, like a ConfigMap key);
 - `pkg.module:name` or `/path/bundle.py:name`: `name` is either a function (the rollout function)
   or an object (class, instance, namespace) with `rollout` and/or `score` attributes.
+Parsing and loading are shared with custom reward evaluators: `rft_runtime.usercode`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.machinery
-import importlib.util
 import inspect
-import os
-import sys
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Callable
 
+from .. import usercode
+from ..usercode import UserCodeError, is_coroutine_callable, takes_positional
 from .errors import BundleError
 
 
@@ -42,26 +38,29 @@ class EvaluatorBundle:
     @property
     def rollout_is_async(self) -> bool:
         """True when `rollout` is a coroutine function."""
-        return _is_async(self.rollout)
+        return is_coroutine_callable(self.rollout)
 
     @property
     def score_is_async(self) -> bool:
         """True when `score` is a coroutine function."""
-        return _is_async(self.score)
+        return is_coroutine_callable(self.score)
 
 
 def load_bundle(ref: str) -> EvaluatorBundle:
     """Load a bundle from `module[:name]` or `path.py[:name]`; raises BundleError with the reason."""
     if not isinstance(ref, str) or not ref.strip():
         raise BundleError("bundle reference must be a non-empty string")
-    target, attr = _split(ref.strip())
-    is_file = target.endswith(".py") or os.sep in target  # a ConfigMap key may lack the .py suffix
-    module = _load_file(target, ref) if is_file else _import(target, ref)
+    try:
+        parsed = usercode.parse_reference(ref)
+        if parsed.attribute is not None and "." in parsed.attribute:
+            raise UserCodeError(ref, f"{parsed.attribute!r} must be a single name (a function or an object "
+                                     "with rollout/score), not a dotted path")
+        _, module, obj = usercode.resolve(parsed)
+    except UserCodeError as e:
+        raise BundleError(f"bundle {e}") from e
+    attr = parsed.attribute
     if attr is None:
         return EvaluatorBundle(ref, rollout=getattr(module, "rollout", None), score=getattr(module, "score", None))
-    if not hasattr(module, attr):
-        raise BundleError(f"bundle {ref!r}: {target} has no attribute {attr!r}")
-    obj = getattr(module, attr)
     if inspect.isfunction(obj) or inspect.ismethod(obj):
         return EvaluatorBundle(ref, rollout=obj)
     rollout, score = getattr(obj, "rollout", None), getattr(obj, "score", None)
@@ -70,57 +69,10 @@ def load_bundle(ref: str) -> EvaluatorBundle:
     return EvaluatorBundle(ref, rollout=rollout, score=score)
 
 
-def _split(ref: str) -> tuple[str, str | None]:
-    # A Windows-style drive letter is not a concern here; the last ':' separates the attribute.
-    head, sep, tail = ref.rpartition(":")
-    if sep and tail.isidentifier() and head:
-        return head, tail
-    return ref, None
-
-
-def _import(name: str, ref: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        raise BundleError(f"bundle {ref!r}: cannot import module {name!r}: {e}") from e
-
-
-def _load_file(path: str, ref: str) -> ModuleType:
-    full = os.path.abspath(path)
-    if not os.path.isfile(full):
-        raise BundleError(f"bundle {ref!r}: file {full} does not exist")
-    name = "rft_bundle_" + hashlib.sha256(full.encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    loader = importlib.machinery.SourceFileLoader(name, full)
-    spec = importlib.util.spec_from_file_location(name, full, loader=loader)
-    if spec is None or spec.loader is None:
-        raise BundleError(f"bundle {ref!r}: {full} cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    folder = os.path.dirname(full)
-    if folder not in sys.path:
-        sys.path.append(folder)  # sibling helper modules of a ConfigMap bundle
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[name]
-        raise BundleError(f"bundle {ref!r}: executing {full} failed: {type(e).__name__}: {e}") from e
-    return module
-
-
 def _check_signature(source: str, what: str, fn: Any, params: tuple[str, str]) -> None:
     if not callable(fn):
         raise BundleError(f"bundle {source!r}: {what} is not callable")
-    try:
-        inspect.signature(fn).bind(*params)
-    except TypeError:
+    if not takes_positional(fn, len(params)):
         raise BundleError(
             f"bundle {source!r}: {what} must accept two positional arguments {what}({', '.join(params)})"
-        ) from None
-    except ValueError:
-        return  # builtins without a signature: trust the call
-
-
-def _is_async(fn: Any) -> bool:
-    return fn is not None and (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)))
+        )
