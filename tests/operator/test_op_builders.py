@@ -232,7 +232,7 @@ def test_builtin_inference(tiny_job) -> None:
 
 def test_vllm_and_sglang_get_an_exported_builtin_model() -> None:
     for engine, marker in (("vllm", "--logprobs-mode"), ("sglang", "sglang.launch_server")):
-        job = make_job(inference={"engine": engine})
+        job = make_job(inference={"engine": engine, "weightSync": "none"})
         pod = children(job)[("Deployment", "tiny-arith-inference")]["spec"]["template"]["spec"]
         cmd = pod["containers"][0]["command"]
         assert marker in cmd
@@ -240,9 +240,22 @@ def test_vllm_and_sglang_get_an_exported_builtin_model() -> None:
         init = pod["initContainers"][0]
         assert init["command"] == ["rft", "model", "export", "--model", "builtin:tiny", "--out",
                                    "/var/cache/rft/models/tiny"]
-    vllm = make_job(inference={"engine": "vllm"})
+    vllm = make_job(inference={"engine": "vllm", "weightSync": "none"})
     cmd = children(vllm)[("Deployment", "tiny-arith-inference")]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[cmd.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert "--enable-lora" not in cmd  # a frozen policy: no adapters
+
+
+def test_vllm_lora_flags_fit_the_adapters_kept_and_a_rank_vllm_accepts() -> None:
+    for rank, staleness, want_rank, want_loras in ((4, 0, "8", "2"), (16, 0, "16", "2"), (33, 3, "64", "4")):
+        job = make_job(model={"base": "builtin:tiny-vllm", "lora": {"rank": rank}},
+                       inference={"engine": "vllm", "weightSync": "lora"}, rollout={"maxStaleness": staleness})
+        pod = children(job)[("Deployment", "tiny-arith-inference")]["spec"]["template"]["spec"]
+        cmd = pod["containers"][0]["command"]
+        assert cmd[cmd.index("--max-lora-rank") + 1] == want_rank
+        assert cmd[cmd.index("--max-loras") + 1] == cmd[cmd.index("--max-cpu-loras") + 1] == want_loras
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and "VLLM_SERVER_DEV_MODE" not in env
 
 
 def test_runtime_config(tiny_job) -> None:

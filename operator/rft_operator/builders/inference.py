@@ -7,8 +7,10 @@ read-only at ``/checkpoints`` to load the weights the trainer publishes there.
 - builtin: ``rft serve`` in the runtime image (weight reload: ``/update_weights_from_disk``).
 - vllm: ``python -m vllm.entrypoints.openai.api_server`` with ``--logprobs-mode processed_logprobs``
   (logprobs after temperature, as the trainer computes them). weightSync=lora adds ``--enable-lora``
-  and runtime adapter loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``); weightSync=disk enables vLLM's
-  development routes (``VLLM_SERVER_DEV_MODE``) for weight reloads.
+  (rank rounded up to one vLLM accepts; as many adapters as policy versions are served at once) and
+  runtime adapter loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``): the trainer loads each policy
+  version as adapter ``<job>-v<version>`` (see ``rft_runtime.adapters``). weightSync=disk is refused
+  by validation for vLLM.
 - sglang: ``python -m sglang.launch_server`` (native ``/update_weights_from_disk``); lora as above.
 
 vLLM and SGLang need a model directory: for a ``builtin:`` model an init container running the
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rft_api.constants import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE
+from rft_api.constants import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, VLLM_LORA_RANKS
 from rft_api.job import RFTJob
 
 from .. import names
@@ -30,7 +32,6 @@ from .common import (BIND_HOST, CHAT_TEMPLATE_KEY, CONFIG_DIR, BuildContext, bas
 
 Obj = dict[str, Any]
 ROLE = "inference"
-MAX_LORAS = 2
 STARTUP_PERIOD_S = 5
 STARTUP_FAILURES = 120  # up to 10 minutes to load a model
 
@@ -63,7 +64,9 @@ def command(job: RFTJob) -> list[str]:
         if template:
             cmd += ["--chat-template", template]
         if lora is not None:
-            cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--max-loras", str(MAX_LORAS)]
+            loras = str(spec.rollout.policy_versions_served())
+            cmd += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(lora.rank)), "--max-loras", loras,
+                    "--max-cpu-loras", loras]
     else:  # sglang
         cmd = ["python", "-m", "sglang.launch_server", "--model-path", exported_model_path(spec),
                "--served-model-name", job.name, "--host", BIND_HOST, "--port", port,
@@ -75,19 +78,20 @@ def command(job: RFTJob) -> list[str]:
         if template:
             cmd += ["--chat-template", template]
         if lora is not None:
-            cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--max-loras-per-batch", str(MAX_LORAS)]
+            cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--max-loras-per-batch",
+                    str(spec.rollout.policy_versions_served())]
     return cmd + list(inf.extra_args)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts that fits ``rank`` (validation bounds ``rank``)."""
+    return next(r for r in VLLM_LORA_RANKS if r >= rank)
 
 
 def _engine_env(job: RFTJob) -> list[Obj]:
     inf = job.spec.inference
-    if inf.engine == "vllm":
-        env = []
-        if inf.weight_sync == "lora":
-            env.append(env_var("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"))
-        elif inf.weight_sync == "disk":
-            env.append(env_var("VLLM_SERVER_DEV_MODE", "1"))
-        return env
+    if inf.engine == "vllm" and inf.weight_sync == "lora":
+        return [env_var("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")]
     return []
 
 

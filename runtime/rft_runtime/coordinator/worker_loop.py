@@ -21,6 +21,7 @@ import socket
 import time
 from typing import Any, Callable
 
+from ..adapters import serves_adapters
 from .client import CoordinatorClient, CoordinatorUnavailable
 from .scoring import InProcessScorer, RemoteScorer
 
@@ -92,7 +93,8 @@ class RolloutLoop:
                             attempt_timeout_s=spec.rollout.request_timeout_seconds)
         scorer = self._scorer()
         per_lease = max(1, spec.rollout.concurrency // spec.rollout.samples_per_prompt)
-        async with InferenceClient(self.cfg.inference_urls, self.cfg.served_model,
+        adapters = serves_adapters(spec.inference.engine, spec.inference.weight_sync)
+        async with InferenceClient(self.cfg.inference_urls, self.cfg.served_model, adapter_versions=adapters,
                                    max_concurrency=spec.rollout.concurrency, retry=retry) as inference, \
                 CoordinatorClient(self.cfg.coordinator_url, should_stop=self.should_stop) as coord:
             worker = RolloutWorker(inference, tok, bundle=_bundle(spec), scorer=scorer,

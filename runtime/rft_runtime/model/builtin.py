@@ -2,6 +2,8 @@
 
 - ``builtin:tiny``: the tiny model warm-started on ``arithmetic`` for
   :data:`DEFAULT_WARM_START_STEPS` steps (rewards at step 0 are neither all 0 nor all 1).
+- ``builtin:tiny-vllm``: the same recipe with head size 32 (2 heads instead of 4), the smallest
+  vLLM's CPU attention serves; for jobs whose inference engine is vLLM.
 - ``builtin:tiny-random``: the randomly initialised tiny model.
 
 A build lands in ``cache_dir/tiny-s<seed>-ws<steps>-<hash>`` where the hash covers the sizes, seed
@@ -31,7 +33,9 @@ DEFAULT_WARM_START_DATASET = "arithmetic"
 # Everything that shapes the warm start; part of the cache key, so a change here rebuilds.
 WARM_START_RECIPE = {"lr": 3e-3, "batch_size": 32, "num_tasks": 2000, "threads": 1,
                      "dataset_options": {"max_operand": 20, "ops": "+-"}}
-BUILTIN_MODELS = ("tiny", "tiny-random")
+BUILTIN_MODELS = ("tiny", "tiny-random", "tiny-vllm")
+# Sizes per builtin model (the defaults of TinyModelConfig unless named here).
+_SIZES = {"tiny-vllm": {"heads": 2, "kv_heads": 2}}
 _PREFIX = "builtin:"
 
 
@@ -82,7 +86,8 @@ def resolve_builtin_model(
     steps = 0 if name == "tiny-random" else (DEFAULT_WARM_START_STEPS if warm_start_steps is None else warm_start_steps)
     if steps < 0:
         raise ValueError(f"builtin model: field 'warm_start_steps' must be >= 0, got {steps}")
-    cfg = TinyModelConfig()
+    sizes = _SIZES.get(name, {})
+    cfg = TinyModelConfig(**sizes)
     key_blob = json.dumps({"model": cfg.key(seed), "ws": steps, "ds": DEFAULT_WARM_START_DATASET,
                            "recipe": WARM_START_RECIPE if steps else None,
                            "prompts": _prompt_format() if steps else None}, sort_keys=True)
@@ -101,7 +106,7 @@ def resolve_builtin_model(
             return final  # built by another process while we waited
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
         try:
-            make_tiny_model(tmp, seed)
+            make_tiny_model(tmp, seed, **sizes)
             if steps:
                 warm_start(tmp, DEFAULT_WARM_START_DATASET, steps, seed, tmp, **WARM_START_RECIPE)
             os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model is for every role to read

@@ -8,6 +8,12 @@ backoff and jitter, at most `retry.max_attempts` attempts within `retry.deadline
 raises `InferenceHTTPError` at once with the server's message. The concurrency limit counts HTTP
 requests in flight (a request waiting out its backoff holds no slot). Replicas are used round-robin,
 so a retry normally lands on another replica.
+
+With ``adapter_versions=True`` (an engine serving each policy version as a LoRA adapter, see
+:mod:`rft_runtime.adapters`) a sample of policy version ``v`` requests model ``<model>-v<v>``, the
+engine's echo of that name is checked, and a 404 for the model is retried like a 5xx: the adapter
+is being (re)loaded into a restarted server, or was retired while the request waited, in which case
+the attempts run out and the caller gives its task back.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
+from ..adapters import adapter_name
 from .concurrency import run_all
 from .errors import InferenceHTTPError, InferenceUnavailableError, SampleAborted, TokenContractError
 from .response import parse_completions
@@ -50,6 +57,7 @@ class InferenceClient:
         require_prompt_echo: bool = True,
         rng: random.Random | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        adapter_versions: bool = False,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
@@ -60,6 +68,7 @@ class InferenceClient:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.base_urls = [u.rstrip("/") for u in urls]
         self.model = model
+        self.adapter_versions = adapter_versions
         self.retry = retry or RetryPolicy()
         self.require_prompt_echo = require_prompt_echo
         self._rr = itertools.cycle(range(len(self.base_urls)))
@@ -118,9 +127,12 @@ class InferenceClient:
         self, prompt_ids: list[int], sampling: SamplingParams, *, seed: int | None, policy_version: int | None
     ) -> SampleOut:
         """One single-sample request (retried alone) → one `SampleOut`."""
-        body = {"model": self.model, "prompt": prompt_ids, "n": 1, **sampling.request_fields(seed)}
+        model = self.model_for(policy_version)
+        body = {"model": model, "prompt": prompt_ids, "n": 1, **sampling.request_fields(seed)}
 
         def parse(resp_body: Any, headers: Mapping[str, str], url: str) -> SampleOut:
+            if self.adapter_versions and isinstance(resp_body, dict) and resp_body.get("model") != model:
+                raise TokenContractError(f"{url}: asked for model {model!r}, the answer names {resp_body.get('model')!r}")
             return parse_completions(
                 resp_body,
                 headers,
@@ -134,6 +146,18 @@ class InferenceClient:
             )[0]
 
         return await self.post_json("/v1/completions", body, parse)
+
+    def model_for(self, policy_version: int | None) -> str:
+        """The model name to request for ``policy_version``: the served name, or with
+        ``adapter_versions`` the adapter of that version."""
+        if not self.adapter_versions:
+            return self.model
+        if policy_version is None:
+            raise ValueError("an engine serving adapters needs the policy version of every request")
+        return adapter_name(self.model, policy_version)
+
+    def _retryable(self, status: int, param: str | None) -> bool:
+        return is_retryable_status(status) or (self.adapter_versions and status == 404 and param == "model")
 
     async def post_json(self, path: str, body: dict[str, Any], parse: Any) -> Any:
         """POST `body` with retries; `parse(json, headers, url)` turns a 200 answer into the result.
@@ -157,7 +181,7 @@ class InferenceClient:
                 if resp.status_code == 200:
                     return parse(_json(resp, url), resp.headers, url.removesuffix(path))
                 message, param = _error_message(resp)
-                if not is_retryable_status(resp.status_code):
+                if not self._retryable(resp.status_code, param):
                     self.stats["failures"] += 1
                     raise InferenceHTTPError(resp.status_code, message, url=url, param=param)
                 last_error = f"HTTP {resp.status_code} from {url}: {message}"

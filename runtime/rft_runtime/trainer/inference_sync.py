@@ -1,13 +1,14 @@
 """Keep every inference endpoint on the trainer's current policy version.
 
 An inference server that restarts (its pod deleted or crashed, a replica rescheduled) comes back
-with the base weights and reports policy version 0 while the trainer is at version ``v``. Every
-sample it serves is then stale: the on-policy coordinator drops those episodes and re-queues their
-tasks, and the step never completes. :class:`InferenceSync` polls each endpoint's
-``GET /get_policy_version`` every ``period_s`` seconds and, for an endpoint that answers with a
-version other than the current one, re-loads the current weights (``<checkpoints>/weights/v<v>``,
-which the publisher keeps) with ``POST /update_weights_from_disk``. An unreachable endpoint (still
-starting, no address yet) is skipped until it answers.
+with the base weights and reports policy version 0 (or, serving adapters, none) while the trainer
+is at version ``v``. Every sample it serves is then stale (or, for adapters, refused): the step never
+completes. :class:`InferenceSync` polls the version each endpoint reports (``GET
+/get_policy_version``, or the adapters listed by ``/v1/models``) every ``period_s`` seconds and, for
+an endpoint that answers with a version other than the current one, re-loads the current weights
+(``<checkpoints>/weights/v<v>``, which the publisher keeps) through the engine's reload protocol
+(an adapter engine gets every kept version). An unreachable endpoint (still starting, no address
+yet) is skipped until it answers.
 
 The trainer holds :attr:`InferenceSync.lock` while it publishes a new version, so a check never
 sees a half-published version and never loads an older one over it.
@@ -21,7 +22,8 @@ from typing import Callable
 
 import httpx
 
-from .publisher import PublishError, WeightPublisher
+from .publisher import WeightPublisher
+from .reload import PublishError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class InferenceSync:
                     continue
                 log.warning("inference %s reports policy version %s, the trainer is at %d: re-loading %s",
                             url, reported, version, path)
-                self.publisher.load_endpoint(url, path, version)
+                self.publisher.restore_endpoint(url, version)
                 self.resynced.append((url, reported, version))
                 done.append(url)
         return done

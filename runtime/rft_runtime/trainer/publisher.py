@@ -2,12 +2,13 @@
 
 :meth:`WeightPublisher.publish` saves the policy to ``<checkpoints>/weights/v<version>`` —
 safetensors of the whole model, or of the LoRA adapter only — written to a temporary directory
-and renamed, then POSTs ``/update_weights_from_disk {"model_path", "policy_version"}`` (SGLang's
-route, served by our builtin server) to every inference endpoint, and verifies with
-``GET /get_policy_version`` that each server reports the new version. Failures are retried with
-backoff (425/429/5xx, connection errors) until a deadline; a server that refuses the weights
-(4xx) fails the publication with its message. Old weight directories are pruned (the newest
-``keep`` stay).
+and renamed, then makes every inference endpoint load it through the engine's reload protocol
+(:mod:`.reload`: ``/update_weights_from_disk`` for the builtin server, a named LoRA adapter per
+version for vLLM), and verifies that each endpoint reports the new version. Failures are retried
+with backoff (425/429/5xx, connection errors) until a deadline; a server that refuses the weights
+(4xx) fails the publication with its message. Only the newest ``keep`` versions stay: older weight
+directories are pruned, and an adapter engine unloads their adapters (``keep`` covers the versions
+that bounded-staleness rollouts may still request).
 """
 
 from __future__ import annotations
@@ -19,18 +20,15 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import httpx
 
 from .checkpoint import fsync_tree
+from .reload import DiskReload, PublishError, ReloadProtocol
 
 log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
-
-
-class PublishError(RuntimeError):
-    """Inference did not take the new weights; the message names the server and its answer."""
 
 
 def save_policy_weights(model: Any, out_dir: Path, tokenizer: Any = None) -> str:
@@ -48,8 +46,10 @@ class WeightPublisher:
     """Saves weights and makes every inference endpoint load them."""
 
     def __init__(self, root: str | Path, endpoints: Sequence[str], *, keep: int = 2,
-                 deadline_s: float = 600.0, attempt_timeout_s: float = 300.0) -> None:
+                 deadline_s: float = 600.0, attempt_timeout_s: float = 300.0,
+                 protocol: ReloadProtocol | None = None) -> None:
         self.root = Path(root)
+        self.protocol: ReloadProtocol = protocol or DiskReload()
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.keep = max(1, keep)
         self.deadline_s = deadline_s
@@ -85,63 +85,102 @@ class WeightPublisher:
             self.load_endpoint(url, path, version)
 
     def load_endpoint(self, url: str, path: Path, version: int) -> None:
-        """POST the reload to one endpoint and verify the policy version it reports."""
+        """Load ``version`` into one endpoint, retire the versions no longer kept, and verify the
+        policy version it reports."""
         url = url.rstrip("/")
         with httpx.Client(timeout=self.attempt_timeout_s) as http:
-            body = self._post(http, url + "/update_weights_from_disk",
-                              {"model_path": str(path), "policy_version": version})
-            if not body.get("success", False):
-                raise PublishError(f"{url}: update_weights_from_disk refused {path}: {body.get('message')}")
-            reported = self._get(http, url + "/get_policy_version").get("policy_version")
+            call = self._caller(http)
+            self.protocol.load(call, url, str(path), version)
+            retired = self.protocol.retire(call, url, self.kept_versions(version))
+            if retired:
+                log.info("%s: retired policy versions %s", url, retired)
+            reported = self.protocol.reported_version(call, url)
             if reported != version:
                 raise PublishError(f"{url}: reports policy version {reported} after loading version {version}")
 
+    def restore_endpoint(self, url: str, current: int) -> list[int]:
+        """Bring an endpoint that lost its weights (restarted) back to ``current``: an adapter engine
+        gets every kept version still on disk (bounded-staleness rollouts may request older ones),
+        others just ``current``. Returns the versions loaded."""
+        versions = [current]
+        if self.protocol.name == "adapter":
+            versions = sorted(v for v in self.kept_versions(current) if self.weights_dir(v).is_dir())
+        for v in versions:
+            if v != current:
+                with httpx.Client(timeout=self.attempt_timeout_s) as http:
+                    self.protocol.load(self._caller(http), url.rstrip("/"), str(self.weights_dir(v)), v)
+        self.load_endpoint(url, self.weights_dir(current), current)
+        return versions
+
+    def kept_versions(self, current: int) -> set[int]:
+        """The versions inference keeps serving once ``current`` is published: the newest ``keep``."""
+        return set(range(max(0, current - self.keep + 1), current + 1))
+
     def current_versions(self) -> dict[str, int | None]:
-        """The policy version each endpoint reports (None when unreachable)."""
+        """The policy version each endpoint reports (None when unreachable; :data:`.reload.NO_VERSION`
+        when it serves none)."""
         out: dict[str, int | None] = {}
         with httpx.Client(timeout=10.0) as http:
+            call = self._caller(http, deadline_s=0.0)
             for url in self.endpoints:
                 try:
-                    out[url] = http.get(url + "/get_policy_version").json().get("policy_version")
-                except (httpx.HTTPError, ValueError):
+                    out[url] = self.protocol.reported_version(call, url)
+                except (PublishError, httpx.HTTPError, ValueError):
                     out[url] = None
         return out
 
     def prune(self, current: int) -> None:
-        """Delete weight directories older than the newest ``keep``."""
+        """Delete the weight directories of versions no longer kept (older than the newest ``keep``,
+        and any newer than ``current`` left by a run that since resumed from an earlier checkpoint)."""
         if not self.root.is_dir():
             return
-        versions = sorted(int(m.group(1)) for d in self.root.iterdir() if (m := _VERSION_DIR.match(d.name)))
-        for v in versions[: max(len(versions) - self.keep, 0)]:
-            if v != current:
-                shutil.rmtree(self.weights_dir(v), ignore_errors=True)
+        kept = self.kept_versions(current)
+        for d in self.root.iterdir():
+            if (m := _VERSION_DIR.match(d.name)) and int(m.group(1)) not in kept:
+                shutil.rmtree(d, ignore_errors=True)
 
-    def _post(self, http: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._request(http, "POST", url, body)
+    def _caller(self, http: httpx.Client, deadline_s: float | None = None) -> Callable[..., httpx.Response]:
+        """``call(method, url, body=None, accept=(200,))`` for a protocol, retrying on ``http``."""
+        def call(method: str, url: str, body: dict[str, Any] | None = None,
+                 accept: tuple[int, ...] = (200,)) -> httpx.Response:
+            return self._request(http, method, url, body, accept,
+                                 self.deadline_s if deadline_s is None else deadline_s)
+        return call
 
-    def _get(self, http: httpx.Client, url: str) -> dict[str, Any]:
-        return self._request(http, "GET", url, None)
-
-    def _request(self, http: httpx.Client, method: str, url: str, body: dict[str, Any] | None) -> dict[str, Any]:
-        deadline = time.monotonic() + self.deadline_s
+    def _request(self, http: httpx.Client, method: str, url: str, body: dict[str, Any] | None,
+                 accept: tuple[int, ...], deadline_s: float) -> httpx.Response:
+        deadline = time.monotonic() + deadline_s
         attempt = 0
         while True:
             attempt += 1
             try:
                 resp = http.request(method, url, json=body)
-                if resp.status_code == 200:
-                    return resp.json()
+                if resp.status_code in accept:
+                    return resp
                 if resp.status_code not in (425, 429) and resp.status_code < 500:
-                    try:
-                        msg = resp.json().get("message") or resp.text
-                    except ValueError:
-                        msg = resp.text
-                    raise PublishError(f"{method} {url}: HTTP {resp.status_code}: {msg}")
+                    raise PublishError(f"{method} {url}: HTTP {resp.status_code}: {_message(resp)}")
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
             except httpx.TransportError as e:
+                if deadline_s <= 0:
+                    raise
                 last = f"{type(e).__name__}: {e}"
             delay = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + 0.5 * self._rng.random())
             if time.monotonic() + delay > deadline:
                 raise PublishError(f"{method} {url} failed after {attempt} attempts: {last}")
             log.warning("%s %s: %s; retrying in %.1fs", method, url, last, delay)
             time.sleep(delay)
+
+
+def _message(resp: httpx.Response) -> str:
+    """The error message of a vLLM/OpenAI (``{"error": {"message"}}``) or plain ``{"message"}`` body."""
+    try:
+        data = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if data.get("message"):
+            return str(data["message"])
+    return resp.text[:500]

@@ -54,6 +54,7 @@ from .learner import Learner, build_optimizer, build_scheduler, learner_config
 from .model_io import Reference, load_policy, load_tokenizer, resolve_model_dir
 from .inference_sync import InferenceSync
 from .publisher import WeightPublisher
+from .reload import reload_protocol
 from .signals import (
     advantage_metrics,
     advantages,
@@ -183,7 +184,10 @@ class Trainer:
         self.metrics = MetricsSink(cfg.output_dir, purge_step=(self.step_count + 1) if self.resumed_from else None)
         self.metrics.truncate_after(self.step_count)
         self._start_coordinator(next_seq)
-        self.publisher = WeightPublisher(cfg.checkpoints_dir / "weights", cfg.inference_urls)
+        inf = spec.inference
+        self.publisher = WeightPublisher(cfg.checkpoints_dir / "weights", cfg.inference_urls,
+                                         keep=spec.rollout.policy_versions_served(),
+                                         protocol=reload_protocol(inf.engine, inf.weight_sync, cfg.served_model))
         if spec.inference.weight_sync != "none":
             self.publisher.publish(self.model, self.policy_version, self.tokenizer)
             # a restarted inference server comes back with the base weights: bring it to the current ones
