@@ -21,6 +21,7 @@ import urllib.request
 
 import pytest
 
+from e2e.kubelet import vllm_venv
 from rft_operator import names
 from tests.e2e.stack import (EXAMPLES, JobDriver, deep_merge, driver, example_job,  # noqa: F401 (fixtures)
                              kill_pod_processes, platform, wait_for)
@@ -220,6 +221,58 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     # Rollouts hit the outage and retried (the client's backoff, or the task given back and re-leased).
     rollout_log = driver.role_logs(name, "rollout")
     assert re.search(r"retrying /v1/completions|releasing its lease", rollout_log), rollout_log[-3000:]
+
+
+def _adapter_versions(pod: dict, job: str) -> list[int] | None:
+    """The policy versions a vLLM pod serves as adapters ``<job>-v<N>`` (None when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/v1/models", timeout=5) as r:
+            ids = [m["id"] for m in json.loads(r.read())["data"]]
+    except OSError:
+        return None
+    return sorted(int(m.group(1)) for i in ids if (m := re.fullmatch(rf"{re.escape(job)}-v(\d+)", i)))
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_vllm_pod_deleted_new_pod_gets_the_current_adapters(driver: JobDriver) -> None:
+    """Delete the vLLM pod of ``examples/02-vllm-lora.yaml`` mid-run: the new pod starts with no adapters
+    and the trainer loads the current version into it (its inference sync, or the publication that was
+    in flight retrying until the new pod answers), and the job completes with every step trained on
+    samples whose log-probs match the trainer's (so the new pod served exactly the trainer's adapter)."""
+    if vllm_venv() is None:
+        pytest.skip("no vLLM venv (RFT_VLLM_PYTHON / RFT_VLLM_VENV); `make test` sets it")
+    name, steps = "vllm-kill", 14
+    driver.apply_docs(example_job(EXAMPLES / "02-vllm-lora.yaml", name, trainer={"maxSteps": steps}))
+    driver.wait_step(name, 2, START_S + 300)
+    old = wait_for("the inference pod", lambda: driver.ready_pod(name, "inference"), 30)
+    driver.delete_pod(old, wait=False)
+    version_at_kill = driver.progress(name)["policyVersion"]
+    assert driver.progress(name)["step"] < steps, "the job finished before the fault"
+
+    new = wait_for("a new ready inference pod", lambda: (
+        p if (p := driver.ready_pod(name, "inference")) and p["metadata"]["name"] != old["metadata"]["name"] else None),
+        FINISH_S, on_timeout=lambda: driver.diagnostics(name))
+
+    def restored() -> list[int] | None:
+        versions = _adapter_versions(new, name)
+        current = driver.progress(name)["policyVersion"]
+        return versions if versions and versions[-1] >= max(current, version_at_kill) else None
+    versions = wait_for("the new vLLM pod to serve the trainer's current adapter", restored, 120, interval=0.5,
+                        on_timeout=lambda: driver.diagnostics(name))
+    assert len(versions) <= 2, versions
+
+    st = driver.wait_phase(name, "Succeeded", FINISH_S)
+    assert_finished(st, steps)
+    assert st["restarts"] == 0, "the trainer did not fail"
+    rows = driver.metrics_rows(name)
+    assert_every_step_once(driver, name, steps)
+    worst = max(r["logprob_diff_abs_max"] for r in rows)
+    assert worst < 1e-3, f"vLLM's log-probs differ from the trainer's by up to {worst}"
+    # The outage was met: either the trainer's inference sync re-loaded the new pod (killed during
+    # rollouts) or the publication in flight retried until the new pod answered (killed mid-publish).
+    trainer_log = driver.role_logs(name, "trainer")
+    assert re.search(r"re-loading|load_lora_adapter: \w+Error.*retrying", trainer_log), trainer_log[-3000:]
 
 
 # -------------------------------------------------------------------------------------- evaluator
