@@ -20,11 +20,11 @@ from rft_runtime.rollout import InferenceClient, InferenceUnavailableError, Retr
 from rft_runtime.trainer.inference_sync import InferenceSync
 from rft_runtime.trainer.publisher import WeightPublisher
 from rft_runtime.trainer.reload import NO_VERSION, AdapterReload
+from tests.trainer.served_logprobs import PROMPT, local_logprobs, sample
 from tests.vllm_process import running_vllm
 
 pytestmark = pytest.mark.vllm
 SERVED = "m"
-PROMPT = [1, 120, 121, 122, 2, 1]
 LORA = SimpleNamespace(rank=8, alpha=16.0, dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 TOL = 1e-4  # measured: identical to the printed precision (float32 on both sides)
 
@@ -74,36 +74,20 @@ def _perturb_adapter(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.3)
 
 
-def _sample(url: str, model: str) -> tuple[list[int], list[float]]:
-    r = httpx.post(url + "/v1/completions", json={"model": model, "prompt": PROMPT, "max_tokens": 6, "temperature": 1.0,
-                                                 "seed": 7, "logprobs": 1, "return_token_ids": True,
-                                                 "ignore_eos": True}, timeout=60)
-    r.raise_for_status()
-    choice = r.json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
-
-
-def _local_logprobs(model: torch.nn.Module, ids: list[int]) -> list[float]:
-    with torch.no_grad():
-        x = torch.tensor([PROMPT + ids])
-        lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
-        return [float(lp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(ids)]
-
-
 def test_each_version_is_an_adapter_with_the_trainers_logprobs(vllm, publisher, lora_model):
-    base = _sample(vllm, SERVED)
+    base = sample(vllm, SERVED)
     # A fresh adapter (B = 0) is the base model.
     publisher.publish(lora_model, 0)
     assert _adapters(vllm) == [adapter_name(SERVED, 0)]
-    assert _sample(vllm, adapter_name(SERVED, 0)) == base
+    assert sample(vllm, adapter_name(SERVED, 0)) == base
 
     _perturb_adapter(lora_model, 1)
     publisher.publish(lora_model, 1)
-    ids1, lps1 = _sample(vllm, adapter_name(SERVED, 1))
+    ids1, lps1 = sample(vllm, adapter_name(SERVED, 1))
     assert lps1 != base[1]
-    torch.testing.assert_close(torch.tensor(lps1), torch.tensor(_local_logprobs(lora_model, ids1)), rtol=0, atol=TOL)
+    torch.testing.assert_close(torch.tensor(lps1), torch.tensor(local_logprobs(lora_model, ids1)), rtol=0, atol=TOL)
     # The base model is untouched by the adapters.
-    assert _sample(vllm, SERVED) == base
+    assert sample(vllm, SERVED) == base
 
     # Version 2: version 0 is retired (keep=2) on the server and on disk.
     _perturb_adapter(lora_model, 2)
@@ -111,10 +95,10 @@ def test_each_version_is_an_adapter_with_the_trainers_logprobs(vllm, publisher, 
     assert _adapters(vllm) == [adapter_name(SERVED, 1), adapter_name(SERVED, 2)]
     assert sorted(p.name for p in publisher.root.iterdir()) == ["v1", "v2"]
     assert publisher.current_versions() == {vllm: 2}
-    ids2, lps2 = _sample(vllm, adapter_name(SERVED, 2))
-    torch.testing.assert_close(torch.tensor(lps2), torch.tensor(_local_logprobs(lora_model, ids2)), rtol=0, atol=TOL)
+    ids2, lps2 = sample(vllm, adapter_name(SERVED, 2))
+    torch.testing.assert_close(torch.tensor(lps2), torch.tensor(local_logprobs(lora_model, ids2)), rtol=0, atol=TOL)
     # Version 1 is still served as it was (bounded-staleness rollouts may still ask for it).
-    assert _sample(vllm, adapter_name(SERVED, 1)) == (ids1, lps1)
+    assert sample(vllm, adapter_name(SERVED, 1)) == (ids1, lps1)
 
 
 async def test_rollout_client_requests_the_granted_versions_adapter(vllm, publisher, lora_model):
@@ -125,7 +109,7 @@ async def test_rollout_client_requests_the_granted_versions_adapter(vllm, publis
         with pytest.raises(ValueError, match="policy version"):
             await client.complete(PROMPT, 1, SamplingParams(max_tokens=5), policy_version=None)
     assert s.policy_version == 4
-    torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(_local_logprobs(lora_model, s.completion_ids)),
+    torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(local_logprobs(lora_model, s.completion_ids)),
                                rtol=0, atol=TOL)
 
 
@@ -149,16 +133,16 @@ def test_republished_version_replaces_its_adapter_and_newer_leftovers_are_retire
     _perturb_adapter(lora_model, 4)
     publisher.publish(lora_model, 3)
     publisher.publish(lora_model, 4)
-    old = _sample(vllm, adapter_name(SERVED, 4))
+    old = sample(vllm, adapter_name(SERVED, 4))
     # A trainer that resumed from the checkpoint of version 3 trains version 4 again, differently.
     _perturb_adapter(lora_model, 5)
     publisher.publish(lora_model, 3)
     assert _adapters(vllm) == [adapter_name(SERVED, 3)]  # the old run's version 4 is gone
     assert publisher.current_versions() == {vllm: 3}
     publisher.publish(lora_model, 4)
-    ids, lps = _sample(vllm, adapter_name(SERVED, 4))
+    ids, lps = sample(vllm, adapter_name(SERVED, 4))
     assert (ids, lps) != old
-    torch.testing.assert_close(torch.tensor(lps), torch.tensor(_local_logprobs(lora_model, ids)), rtol=0, atol=TOL)
+    torch.testing.assert_close(torch.tensor(lps), torch.tensor(local_logprobs(lora_model, ids)), rtol=0, atol=TOL)
 
 
 def test_a_server_that_lost_its_adapters_gets_every_kept_version_back(vllm, publisher, lora_model):
