@@ -30,20 +30,30 @@ TOL = 1e-4  # measured: identical to the printed precision (float32 on both side
 
 
 @pytest.fixture(scope="module")
-def vllm(tiny_model_dir, tmp_path_factory):
+def vllm_model_dir(tmp_path_factory):
+    """The tiny model with head size 32 (as ``builtin:tiny-vllm``): vLLM's CPU attention refuses 16."""
+    from rft_runtime.model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-h32") / "model", seed=0, heads=2, kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm-lora") / "vllm.log"
-    with running_vllm(tiny_model_dir, SERVED, log,
+    with running_vllm(vllm_model_dir, SERVED, log,
                       extra_args=["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--max-cpu-loras", "2"],
                       env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}) as url:
         yield url
 
 
 @pytest.fixture
-def lora_model(tiny_model):
+def lora_model(vllm_model_dir):
+    from transformers import AutoModelForCausalLM
+
     from rft_runtime.trainer.model_io import wrap_lora
 
     torch.manual_seed(0)
-    model = wrap_lora(tiny_model, LORA)
+    model = wrap_lora(AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32), LORA)
     model.eval()
     return model
 
