@@ -427,7 +427,9 @@ def test_liveness_failure_restarts_the_container(cluster, kubelet: ProcessKubele
     cs = wait_for("container restarted after liveness failures", restarted, 90)
     assert cs["lastState"]["terminated"]["exitCode"] in (137, 143)
     assert "liveness" in cs["lastState"]["terminated"].get("message", "")
-    assert kubelet.logs(namespace, "live", "main").count("start\n") >= 2
+    # the restarted process writes its line soon after the status reports the restart, not before it
+    wait_for("the restarted container's first line", lambda: kubelet.logs(namespace, "live", "main").count("start\n") >= 2,
+             30)
     events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
     assert any(e["reason"] == "Unhealthy" and "Liveness" in e["message"] for e in events)
 
