@@ -38,6 +38,7 @@ from e2e.cluster import LocalCluster, free_port
 from e2e.kubelet import ProcessKubelet
 from rft_operator import names
 from rft_operator.kube import Kube, KubeError
+from tests.polling import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rft-operator"
@@ -50,28 +51,10 @@ T = TypeVar("T")
 Obj = dict[str, Any]
 
 
-class Timeout(AssertionError):
-    """A wait passed its deadline; the message says what was awaited and what was last seen."""
-
-
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 1.0,
              on_timeout: Callable[[], str] | None = None) -> T:
-    """Poll ``fn`` until it returns something truthy and return it; at ``timeout`` seconds raise
-    :class:`Timeout` naming ``what``, the last value, and ``on_timeout()`` (diagnostics)."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = fn()
-        except KubeError as e:  # an API hiccup under load is not the answer; keep polling
-            last = f"<{e}>"
-        else:
-            if last:
-                return last
-        if time.monotonic() > deadline:
-            extra = f"\n{on_timeout()}" if on_timeout is not None else ""
-            raise Timeout(f"timed out after {timeout:.0f}s waiting for {what} (last: {str(last)[:1500]}){extra}")
-        time.sleep(interval)
+    """:func:`tests.polling.wait_for`, where an API hiccup under load is not the answer (keep polling)."""
+    return poll(what, fn, timeout, interval, on_timeout=on_timeout, retry_on=(KubeError,))
 
 
 # ------------------------------------------------------------------------------------------ platform

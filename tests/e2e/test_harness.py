@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 
 from e2e import podenv, podnet, podstatus
 from e2e.kubelet import ProcessKubelet, default_image_map, image_entry, resolve_image
+from tests.polling import wait_for as poll
 
 T = TypeVar("T")
 IMAGE = "ghcr.io/rft-dev/rft-runtime:0.1.0"
@@ -29,16 +29,7 @@ IMAGE = "ghcr.io/rft-dev/rft-runtime:0.1.0"
 
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 90.0, interval: float = 0.25) -> T:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what`` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = fn()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {str(last)[:2000]})")
-        time.sleep(interval)
+    return poll(what, fn, timeout, interval)
 
 
 def apply(cluster, namespace: str, *docs: dict) -> None:

@@ -25,6 +25,7 @@ from rft_operator.app import OperatorConfig, run
 from rft_operator.controller import Controller
 from rft_operator.kube import Kube
 from rft_operator.metrics import Metrics
+from tests.polling import wait_for as poll
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "rftjob.yaml"
@@ -33,16 +34,7 @@ T = TypeVar("T")
 
 
 def wait_for(what: str, fn: Callable[[], Optional[T]], timeout: float = 60.0, interval: float = 0.25) -> T:
-    """Poll ``fn`` until it returns something truthy; fail naming ``what`` (and the last value) at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        last = fn()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
+    return poll(what, fn, timeout, interval)
 
 
 @pytest.fixture(scope="session")

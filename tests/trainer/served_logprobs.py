@@ -1,7 +1,12 @@
-"""What an inference server samples for a fixed prompt, and the trainer-side recomputation of those
-log-probs: the check that a server serves exactly the weights the trainer published."""
+"""The builtin inference server for trainer tests, what a server samples for a fixed prompt, and the
+trainer-side recomputation of those log-probs: the check that a server serves exactly the weights the
+trainer published."""
 
 from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator
 
 import httpx
 import torch
@@ -25,3 +30,19 @@ def local_logprobs(model: torch.nn.Module, ids: list[int]) -> list[float]:
         x = torch.tensor([PROMPT + ids])
         lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
         return [float(lp[len(PROMPT) - 1 + i, t]) for i, t in enumerate(ids)]
+
+
+@contextlib.contextmanager
+def builtin_server(model_dir: Path, served_model: str, max_batch_size: int) -> Iterator[str]:
+    """``rft serve``'s app on ``model_dir`` in this process, on a free loopback port; yields its URL."""
+    from rft_runtime.coordinator.server import AppThread
+    from rft_runtime.serve.engine import Engine
+    from rft_runtime.serve.model import load_model
+    from rft_runtime.serve.server import create_app
+
+    engine = Engine(load_model(str(model_dir)), max_batch_size=max_batch_size)
+    app = AppThread(create_app(engine, served_model, stop_engine_on_cleanup=True)).start()
+    try:
+        yield f"http://127.0.0.1:{app.port}"
+    finally:
+        app.stop()

@@ -7,23 +7,14 @@ import httpx
 import pytest
 import torch
 
-from rft_runtime.coordinator.server import AppThread
 from rft_runtime.trainer.publisher import PublishError, WeightPublisher
-from tests.trainer.served_logprobs import local_logprobs, sample
+from tests.trainer.served_logprobs import builtin_server, local_logprobs, sample
 
 
 @pytest.fixture
 def server(tiny_model_dir):
-    from rft_runtime.serve.engine import Engine
-    from rft_runtime.serve.model import load_model
-    from rft_runtime.serve.server import create_app
-
-    engine = Engine(load_model(str(tiny_model_dir)), max_batch_size=8)
-    app = AppThread(create_app(engine, "m", stop_engine_on_cleanup=True)).start()
-    try:
-        yield f"http://127.0.0.1:{app.port}"
-    finally:
-        app.stop()
+    with builtin_server(tiny_model_dir, "m", max_batch_size=8) as url:
+        yield url
 
 
 def test_full_weights_publication_changes_outputs(server, tiny_model, tmp_path):

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from rft_api.job import validate_spec
-from rft_runtime.coordinator.server import AppThread
 from rft_runtime.coordinator.worker_loop import RolloutLoop
 from rft_runtime.metrics_sink import read_metrics
 from rft_runtime.trainer.config import build_config, parse_config
 from rft_runtime.trainer.state import ResumeError
 from rft_runtime.trainer.trainer import Trainer
+from tests.trainer.served_logprobs import builtin_server
 
 
 def _spec(model_dir: Path, **over: Any) -> dict[str, Any]:
@@ -41,16 +41,8 @@ def _spec(model_dir: Path, **over: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def serve(tiny_model_dir):
-    from rft_runtime.serve.engine import Engine
-    from rft_runtime.serve.model import load_model
-    from rft_runtime.serve.server import create_app
-
-    engine = Engine(load_model(str(tiny_model_dir)), max_batch_size=64)
-    app = AppThread(create_app(engine, "job", stop_engine_on_cleanup=True)).start()
-    try:
-        yield f"http://127.0.0.1:{app.port}"
-    finally:
-        app.stop()
+    with builtin_server(tiny_model_dir, "job", max_batch_size=64) as url:
+        yield url
 
 
 def _run(tmp_path: Path, url: str, spec: dict[str, Any], *, resume: bool = True, max_steps: int | None = None):
