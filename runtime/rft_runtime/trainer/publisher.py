@@ -99,18 +99,17 @@ class WeightPublisher:
                 raise PublishError(f"{url}: reports policy version {reported} after loading version {version}")
 
     def restore_endpoint(self, url: str, current: int) -> list[int]:
-        """Bring an endpoint that lost its weights (restarted) back to ``current``: an adapter engine
-        gets every kept version still on disk (bounded-staleness rollouts may request older ones),
-        others just ``current``. Returns the versions loaded."""
-        versions = [current]
-        if self.protocol.name == "adapter":
-            versions = sorted(v for v in self.kept_versions(current) if self.weights_dir(v).is_dir())
-        for v in versions:
-            if v != current:
-                with httpx.Client(timeout=self.attempt_timeout_s) as http:
-                    self.protocol.load(self._caller(http), url.rstrip("/"), str(self.weights_dir(v)), v)
+        """Bring an endpoint that lost its weights (restarted) back to ``current``: the older versions the
+        protocol serves side by side (:attr:`.reload.ReloadProtocol.serves_several`; bounded-staleness
+        rollouts may request them) that are still on disk, then ``current``. Returns the versions loaded."""
+        older = []
+        if self.protocol.serves_several:
+            older = sorted(v for v in self.kept_versions(current) - {current} if self.weights_dir(v).is_dir())
+        with httpx.Client(timeout=self.attempt_timeout_s) as http:
+            for v in older:
+                self.protocol.load(self._caller(http), url.rstrip("/"), str(self.weights_dir(v)), v)
         self.load_endpoint(url, self.weights_dir(current), current)
-        return versions
+        return [*older, current]
 
     def kept_versions(self, current: int) -> set[int]:
         """The versions inference keeps serving once ``current`` is published: the newest ``keep``."""

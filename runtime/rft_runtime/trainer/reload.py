@@ -39,7 +39,8 @@ Call = Callable[..., httpx.Response]
 class ReloadProtocol(Protocol):
     """Load a version into one endpoint, read back what it serves, retire what it no longer needs."""
 
-    name: str
+    serves_several: bool
+    """Whether the engine serves several versions side by side (each by its own name)."""
 
     def load(self, call: Call, url: str, path: str, version: int) -> None: ...
 
@@ -58,7 +59,7 @@ def _json(resp: httpx.Response, what: str) -> Any:
 class DiskReload:
     """``/update_weights_from_disk`` + ``/get_policy_version`` (builtin server, SGLang)."""
 
-    name = "disk"
+    serves_several = False
 
     def load(self, call: Call, url: str, path: str, version: int) -> None:
         body = _json(call("POST", url + "/update_weights_from_disk",
@@ -79,7 +80,7 @@ class DiskReload:
 class AdapterReload:
     """Each version a named LoRA adapter (vLLM runtime LoRA updating)."""
 
-    name = "adapter"
+    serves_several = True
 
     def __init__(self, served_model: str, *, load_route: str = "/v1/load_lora_adapter",
                  unload_route: str = "/v1/unload_lora_adapter", models_route: str = "/v1/models") -> None:
