@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 RUN_OUT ?= runs/tiny-arith
 PYTEST_ARGS ?=
 
-.PHONY: help venv vllm run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane bench helm-lint lint-images clean
+.PHONY: help venv vllm lock lint run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane bench helm-lint lint-images clean
 
 help:
 	@echo "make run          train examples/01-tiny-arith.yaml locally (rft run), ending with the reward curve"
@@ -18,8 +18,10 @@ help:
 	@echo "make cluster-down stop them"
 	@echo "make e2e          end-to-end scenarios on the local control plane"
 	@echo "make bench        benchmarks (JSON under bench/results/)"
+	@echo "make lint         ruff, mypy (rft_api, rft_operator), the import layers and cycles"
+	@echo "make lock         regenerate the lock files under requirements/ from pyproject.toml"
 
-$(VENV)/.ready: pyproject.toml hack/venv.sh
+$(VENV)/.ready: pyproject.toml requirements/dev.txt hack/venv.sh
 	bash hack/venv.sh
 
 venv: $(VENV)/.ready
@@ -38,6 +40,18 @@ crds: venv
 	$(VENV)/bin/rft crds > crds/rftjob.yaml
 	cp crds/rftjob.yaml charts/rft-operator/crds/rftjob.yaml
 	$(VENV)/bin/rft docs > docs/api.md
+
+# Regenerate requirements/*.txt (hashes included) after changing a dependency in pyproject.toml.
+lock:
+	bash hack/lock.sh
+
+# Style (ruff), types (mypy on the API and the operator), the import layers written in pyproject.toml
+# (import-linter: api <- operator, api <- runtime, roles independent) and no cycles between packages.
+lint: venv
+	$(PY) -m ruff check api operator runtime e2e tests bench hack
+	$(PY) -m mypy -p rft_api -p rft_operator
+	$(PY) -c 'from importlinter.cli import lint_imports_command; lint_imports_command()' --config pyproject.toml
+	$(PY) hack/check_cycles.py
 
 # The whole suite: unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
 # (no tests collected) fails the target like any other non-zero code.

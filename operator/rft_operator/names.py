@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 
+from rft_api.layout import CONFIG_KEY as CONFIG_KEY
+from rft_api.progress import PROGRESS_KEY as PROGRESS_KEY
+
 MANAGED_BY = "rft-operator"
 FIELD_MANAGER = "rft-operator"
 APP_NAME = "rft"
@@ -25,9 +28,6 @@ LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 ROLES = ("config", "progress", "inference", "reward", "rollout", "trainer", "checkpoints")
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-
-PROGRESS_KEY = "progress.json"
-CONFIG_KEY = "config.json"
 
 
 def config(job: str) -> str:

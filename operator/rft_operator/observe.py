@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 from . import names
-from .progress import Progress, ProgressError, parse
+from rft_api.progress import Progress, ProgressError, parse
 
 Obj = dict[str, Any]
 

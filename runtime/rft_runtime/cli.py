@@ -12,11 +12,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "docs": ("rft_runtime.cli:_docs", "print the API reference (docs/api.md)"),
     "run": ("rft_runtime.local.cli:main", "run an RFTJob manifest on this machine (roles as Ray actors)"),
     "trainer": ("rft_runtime.trainer.main:main", "the trainer role: coordinator + learner (--config FILE)"),
-    "rollout": ("rft_runtime.coordinator.worker_loop:main",
+    "rollout": ("rft_runtime.rollout.loop:main",
                 "the rollout role: lease tasks, sample, score, post episodes (--config FILE)"),
     "make-tiny-model": ("rft_runtime.model.cli:make_tiny_model_cli",
                         "build the tiny Qwen2-architecture model and byte tokenizer offline"),
-    "model": ("rft_runtime.model.export:model_cli", "model utilities (export a builtin model for vLLM/SGLang)"),
+    "model": ("rft_runtime.model.export:model_cli", "model utilities (export a builtin model for vLLM)"),
     "serve": ("rft_runtime.serve.server:main", "the builtin vLLM-compatible inference server"),
     "reward": ("rft_runtime.rewards.server:main", "the reward role: serve the reward API (--config FILE)"),
 }

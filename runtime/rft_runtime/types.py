@@ -1,6 +1,6 @@
-"""Rollout data types (rLLM's Episode / Trajectory / Step) and an Eval-Protocol-shaped row view.
+"""Rollout data types (rLLM's Episode / Trajectory / Step).
 
-Token contract (DESIGN.md, contract 1), as enforced by :class:`Step`:
+Token contract (contract 1 in docs/architecture.md), as enforced by :class:`Step`:
 
 - ``prompt_ids``: the exact token ids sent to the engine (non-empty).
 - ``response_ids``: every token after the prompt, in order. Sampled tokens have
@@ -21,7 +21,7 @@ as ``metadata`` holds JSON values.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
@@ -34,16 +34,6 @@ __all__ = [
     "episode_id",
     "parse_episode_id",
     "group_key",
-    "Message",
-    "MetricResult",
-    "EvaluateResult",
-    "InputMetadata",
-    "ExecutionMetadata",
-    "EvaluationRow",
-    "RowScore",
-    "to_evaluation_row",
-    "read_evaluation_result",
-    "apply_evaluation_result",
 ]
 
 LOGPROB_TOLERANCE = 1e-6  # a processed logprob may round to a hair above 0
@@ -283,198 +273,3 @@ class Episode(_JsonModel):
 def group_key(episode: Episode, trajectory: Trajectory) -> str:
     """Advantage grouping key: ``"{task_id}:{trajectory.name}"``."""
     return f"{episode.task_id}:{trajectory.name}"
-
-
-# ----------------------------------------------------------------------------------------------
-# Eval-Protocol-shaped row view
-
-
-class _RowModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Message(_RowModel):
-    """A chat message (OpenAI shape); unknown fields are kept."""
-
-    role: str
-    content: str | list[Any] | None = ""
-
-
-class MetricResult(_RowModel):
-    """One component metric of an evaluation."""
-
-    score: float
-    reason: str = ""
-    is_score_valid: bool = True
-
-
-class EvaluateResult(_RowModel):
-    """An evaluator's verdict: overall score, reason, component metrics, optional error."""
-
-    score: float
-    is_score_valid: bool = True
-    reason: str | None = None
-    metrics: dict[str, MetricResult] = Field(default_factory=dict)
-    error: str | None = None
-
-
-class InputMetadata(_RowModel):
-    """Where the row came from."""
-
-    row_id: str | None = None
-    dataset_info: dict[str, Any] | None = None
-
-
-class ExecutionMetadata(_RowModel):
-    """How the row was produced; ``extra`` carries the token contract per sample."""
-
-    rollout_id: str | None = None
-    finish_reason: str | None = None
-    extra: dict[str, Any] | None = None
-
-
-class EvaluationRow(_RowModel):
-    """Eval Protocol's row: messages, ground truth, evaluation result, execution metadata.
-
-    ``execution_metadata.extra`` holds lists with one entry per sample: ``prompt_ids``,
-    ``completion_ids``, ``completion_masks``, ``inference_logprobs`` (aligned with completion ids,
-    0.0 on mask-0 tokens), ``completions_text``, ``truncated``, ``finish_reasons``,
-    ``policy_versions``, ``episode_ids`` and ``rewards``.
-    """
-
-    messages: list[Message] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-    input_metadata: InputMetadata = Field(default_factory=InputMetadata)
-    ground_truth: Any = None
-    evaluation_result: EvaluateResult | None = None
-    execution_metadata: ExecutionMetadata = Field(default_factory=ExecutionMetadata)
-
-    def last_assistant_message(self) -> Message | None:
-        """The last assistant message, if any."""
-        return next((m for m in reversed(self.messages) if m.role == "assistant"), None)
-
-
-def _item_messages_and_truth(item: Any) -> tuple[list[dict[str, Any]], Any, str | None]:
-    if isinstance(item, Mapping):
-        if "messages" in item and item["messages"] is not None:
-            msgs = [dict(m) for m in item["messages"]]
-        elif "prompt" in item and item["prompt"] is not None:
-            msgs = [{"role": "user", "content": item["prompt"]}]
-        else:
-            msgs = []
-        return msgs, item.get("ground_truth"), item.get("task_id")
-    return item.chat_messages(), getattr(item, "ground_truth", None), getattr(item, "task_id", None)
-
-
-def _evaluate_result_of(ep: Episode, traj: Trajectory) -> EvaluateResult | None:
-    if traj.reward is None:
-        return None
-    return EvaluateResult(
-        score=traj.reward,
-        reason=ep.reward_reason,
-        metrics={k: MetricResult(score=v) for k, v in ep.metrics.items()},
-        error=ep.errors.message if ep.errors.any else None,
-    )
-
-
-def to_evaluation_row(episodes: Episode | Sequence[Episode], item: Any, *,
-                      trajectory_name: str | None = None) -> EvaluationRow:
-    """The Eval Protocol row view of one episode (a sample) or of a group of episodes of one task.
-
-    ``item`` is the dataset row: a :class:`rft_runtime.data.Task` or a mapping with ``messages`` or
-    ``prompt`` and ``ground_truth``. ``messages`` is the first sample's conversation (its last
-    step's ``messages``, else the item's) followed by an assistant message with its last response
-    text. ``evaluation_result`` is set from the first sample's reward when it has one (for a single
-    episode this is the episode's verdict). Per-sample token data is in
-    ``execution_metadata.extra`` (see :class:`EvaluationRow`). Each sample uses the trajectory
-    ``trajectory_name`` (default: see :meth:`Episode.trajectory`), merged over its steps.
-    """
-    group = [episodes] if isinstance(episodes, Episode) else list(episodes)
-    if not group:
-        raise ValueError("to_evaluation_row needs at least one episode")
-    item_msgs, truth, item_task_id = _item_messages_and_truth(item)
-    task_ids = {e.task_id for e in group}
-    if len(task_ids) != 1 or (item_task_id is not None and item_task_id not in task_ids):
-        raise ValueError(f"episodes and item must share one task_id; got episodes {sorted(task_ids)}, item {item_task_id!r}")
-    trajs = [e.trajectory(trajectory_name) for e in group]
-    merged = [t.merged() for t in trajs]
-    extra = {
-        "prompt_ids": [m.prompt_ids for m in merged],
-        "completion_ids": [m.response_ids for m in merged],
-        "completion_masks": [m.response_mask for m in merged],
-        "inference_logprobs": [m.logprobs for m in merged],
-        "completions_text": [m.response_text or "" for m in merged],
-        "truncated": [m.truncated for m in merged],
-        "finish_reasons": [m.finish_reason for m in merged],
-        "policy_versions": [m.policy_version for m in merged],
-        "episode_ids": [e.id for e in group],
-        "rewards": [t.reward for t in trajs],
-    }
-    first_last_step = trajs[0].steps[-1]
-    convo = [dict(m) for m in first_last_step.messages] if first_last_step.messages else item_msgs
-    messages = [Message.model_validate(m) for m in convo]
-    messages.append(Message(role="assistant", content=merged[0].response_text or ""))
-    single = len(group) == 1
-    return EvaluationRow(
-        messages=messages,
-        ground_truth=truth,
-        input_metadata=InputMetadata(row_id=group[0].id if single else group[0].task_id),
-        evaluation_result=_evaluate_result_of(group[0], trajs[0]),
-        execution_metadata=ExecutionMetadata(
-            rollout_id=group[0].id if single else None,
-            finish_reason=merged[0].finish_reason,
-            extra=extra,
-        ),
-    )
-
-
-class RowScore(_JsonModel):
-    """A score read back from a row: ``score`` None means not applicable (or invalid)."""
-
-    score: float | None
-    reason: str | None = None
-    metrics: dict[str, float] = Field(default_factory=dict)
-    error: str | None = None
-
-
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
-def read_evaluation_result(row: Any) -> RowScore:
-    """Read the verdict of a row an evaluator filled in.
-
-    Accepts our :class:`EvaluationRow`, a plain dict of the same shape, or any object with an
-    ``evaluation_result`` attribute (e.g. Eval Protocol's own row). No result, or
-    ``is_score_valid`` false, gives ``score=None``. Metric values become floats.
-    """
-    result = _get(row, "evaluation_result")
-    if result is None:
-        return RowScore(score=None)
-    score = _get(result, "score")
-    valid = _get(result, "is_score_valid", True)
-    metrics: dict[str, float] = {}
-    for name, m in (_get(result, "metrics") or {}).items():
-        value = m if isinstance(m, (int, float)) else _get(m, "score")
-        if isinstance(value, (int, float)) and _get(m, "is_score_valid", True) is not False:
-            metrics[name] = float(value)
-    return RowScore(
-        score=float(score) if valid is not False and isinstance(score, (int, float)) else None,
-        reason=_get(result, "reason"),
-        metrics=metrics,
-        error=_get(result, "error"),
-    )
-
-
-def apply_evaluation_result(episode: Episode, row: Any, *, trajectory_name: str | None = None) -> Episode:
-    """A copy of ``episode`` with the row's verdict: the trajectory reward, reason and metrics."""
-    verdict = read_evaluation_result(row)
-    ep = episode.model_copy(deep=True)
-    ep.trajectory(trajectory_name).reward = verdict.score
-    ep.reward_reason = verdict.reason
-    ep.metrics = {**ep.metrics, **verdict.metrics}
-    if verdict.error:
-        ep.errors = ep.errors.model_copy(update={"runtime_error": True, "message": verdict.error})
-    return ep

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from rft_api import constants
+from rft_api.presets import ALGORITHM_PRESETS
 from rft_runtime.algos import (
     ADVANTAGE_ESTIMATORS,
-    ALGORITHMS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
     TIS_MODES,
-    AlgorithmPreset,
     DuplicateRegistrationError,
+    PolicyLossConfig,
     Registry,
     UnknownNameError,
-    get_algorithm,
 )
 
 ALL = {
@@ -27,7 +27,6 @@ ALL = {
     ),
     "KL_ESTIMATORS": (KL_ESTIMATORS, {"k1", "k2", "k3"}),
     "TIS_MODES": (TIS_MODES, {"truncate", "mask"}),
-    "ALGORITHMS": (ALGORITHMS, {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"}),
 }
 
 
@@ -83,8 +82,11 @@ def test_registry_decorator_and_types() -> None:
         reg.register("b", 3)
     with pytest.raises(TypeError, match="non-empty"):
         reg.register("", a)
-    typed: Registry = Registry("preset", entry_type=AlgorithmPreset)
-    with pytest.raises(TypeError, match="AlgorithmPreset"):
+    class Widget:
+        pass
+
+    typed: Registry = Registry("widget", entry_type=Widget)
+    with pytest.raises(TypeError, match="Widget"):
         typed.register("x", a)
 
 
@@ -97,64 +99,51 @@ def test_entries_document_shapes_and_equation(reg_name: str) -> None:
         assert "=" in doc, f"{reg_name}[{key}] docstring lacks its equation"
 
 
-@pytest.mark.parametrize("name", sorted(ALL["ALGORITHMS"][1]))
+# ---- agreement with the API (api/rft_api): the CRD enums and the API's preset table -----
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHM_PRESETS))
 def test_presets_refer_to_registered_entries(name: str) -> None:
-    p = get_algorithm(name)
-    assert p.name == name
+    p = ALGORITHM_PRESETS[name]
     assert p.advantage_estimator in ADVANTAGE_ESTIMATORS
     assert p.policy_loss in POLICY_LOSSES
     assert p.loss_aggregation in LOSS_AGGREGATIONS
-    assert p.group_relative and p.min_samples_per_prompt == 2
-    cfg = p.policy_loss_config()
+    assert name in constants.GROUP_RELATIVE_ALGORITHMS
+    cfg = PolicyLossConfig(clip_low=p.clip_low, clip_high=p.clip_high, dual_clip_c=p.dual_clip_c)
     assert (cfg.clip_low, cfg.clip_high, cfg.dual_clip_c) == (p.clip_low, p.clip_high, p.dual_clip_c)
     assert p.reference
 
 
 def test_preset_values() -> None:
-    dapo = get_algorithm("dapo")
+    dapo = ALGORITHM_PRESETS["dapo"]
     assert (dapo.advantage_estimator, dapo.policy_loss, dapo.loss_aggregation) == ("grpo", "ppo_clip", "token-mean")
     assert (dapo.clip_low, dapo.clip_high) == (0.2, 0.28)
     assert dapo.dynamic_sampling and dapo.overlong_shaping
-    gspo = get_algorithm("gspo")
+    gspo = ALGORITHM_PRESETS["gspo"]
     assert (gspo.policy_loss, gspo.loss_aggregation, gspo.clip_low, gspo.clip_high) == (
         "gspo", "seq-mean-token-mean", 3e-4, 4e-4)
-    dr = get_algorithm("dr_grpo")
+    dr = ALGORITHM_PRESETS["dr_grpo"]
     assert (dr.advantage_estimator, dr.policy_loss, dr.loss_aggregation) == (
         "dr_grpo", "ppo_clip", "seq-mean-token-sum-norm")
-    cispo = get_algorithm("cispo")
+    cispo = ALGORITHM_PRESETS["cispo"]
     assert (cispo.policy_loss, cispo.clip_low, cispo.clip_high) == ("cispo", 0.99, 4.0)
-    assert get_algorithm("grpo").loss_aggregation == "token-mean"
-    assert get_algorithm("rloo").advantage_estimator == "rloo"
-    assert get_algorithm("reinforce_pp").advantage_estimator == "reinforce_pp_baseline"
-    for name in ALGORITHMS:
-        p = get_algorithm(name)
+    assert ALGORITHM_PRESETS["grpo"].loss_aggregation == "token-mean"
+    assert ALGORITHM_PRESETS["rloo"].advantage_estimator == "rloo"
+    assert ALGORITHM_PRESETS["reinforce_pp"].advantage_estimator == "reinforce_pp_baseline"
+    for name, p in ALGORITHM_PRESETS.items():
         if name != "dapo":
             assert not p.dynamic_sampling and not p.overlong_shaping
 
 
-def test_preset_overrides_and_validation() -> None:
-    p = get_algorithm("grpo")
-    assert p.policy_loss_config(clip_high=0.3).clip_high == 0.3
-    assert p.policy_loss_config(clip_low=None).clip_low == 0.2
-    assert p.policy_loss_config(dual_clip_c=None).dual_clip_c is None
-    assert p.policy_loss_config().dual_clip_c is None
-    assert p.policy_loss_config(dual_clip_c=3.0).dual_clip_c == 3.0
+def test_policy_loss_config_validation() -> None:
+    assert PolicyLossConfig(dual_clip_c=3.0).dual_clip_c == 3.0
     with pytest.raises(ValueError, match="dual_clip_c"):
-        p.policy_loss_config(dual_clip_c=0.5)
-    with pytest.raises(UnknownNameError, match="known"):
-        p.with_overrides(policy_loss="ppo")
-    assert p.with_overrides(loss_aggregation="token-mean").loss_aggregation == "token-mean"
-    with pytest.raises(UnknownNameError, match="algorithm 'ppo'"):
-        get_algorithm("ppo")
-    with pytest.raises(Exception):
-        p.name = "x"  # frozen
-
-
-# ---- agreement with the API (operator/rft_api): the CRD enums and the API's preset table -----
+        PolicyLossConfig(dual_clip_c=0.5)
+    with pytest.raises(ValueError, match="clip_low"):
+        PolicyLossConfig(clip_low=-1)
 
 
 API_ENUMS = {
-    "ALGORITHMS": ALGORITHMS,
     "ADVANTAGE_ESTIMATORS": ADVANTAGE_ESTIMATORS,
     "POLICY_LOSSES": POLICY_LOSSES,
     "LOSS_AGGREGATIONS": LOSS_AGGREGATIONS,
@@ -164,20 +153,8 @@ API_ENUMS = {
 
 @pytest.mark.parametrize("name", sorted(API_ENUMS))
 def test_registry_keys_equal_api_enums(name: str) -> None:
-    from rft_api import constants
-
     assert set(API_ENUMS[name].names()) == set(getattr(constants, name))
 
 
-def test_presets_equal_api_preset_table() -> None:
-    from rft_api import constants
-    from rft_api.presets import ALGORITHM_PRESETS
-
-    assert set(ALGORITHM_PRESETS) == set(ALGORITHMS.names())
-    fields = ("advantage_estimator", "policy_loss", "loss_aggregation", "clip_low", "clip_high",
-              "dual_clip_c", "dynamic_sampling", "overlong_shaping")
-    for name, api in ALGORITHM_PRESETS.items():
-        ours = get_algorithm(name)
-        diff = {f: (getattr(ours, f), getattr(api, f)) for f in fields if getattr(ours, f) != getattr(api, f)}
-        assert diff == {}, f"preset {name}: runtime vs API {diff}"
-        assert ours.group_relative == (name in constants.GROUP_RELATIVE_ALGORITHMS)
+def test_preset_table_covers_the_algorithm_enum() -> None:
+    assert set(ALGORITHM_PRESETS) == set(constants.ALGORITHMS)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rft_api.presets import ALGORITHM_PRESETS
 from rft_runtime.algos import (
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
@@ -14,7 +15,6 @@ from rft_runtime.algos import (
     aggregate_loss,
     compute_advantages,
     compute_global_normaliser,
-    get_algorithm,
     kl_in_loss,
     tis_weights,
 )
@@ -28,8 +28,11 @@ NOISE = {"ppo_clip": 0.3, "gspo": 1e-3, "cispo": 0.3, "reinforce": 0.3}
 def _cfg(loss: str) -> PolicyLossConfig:
     preset = LOSS_PRESET.get(loss)
     if loss == "cispo":  # the preset caps the weight at 5; a tighter cap engages clipping here
-        return get_algorithm("cispo").policy_loss_config(clip_high=0.28)
-    return get_algorithm(preset).policy_loss_config() if preset else PolicyLossConfig()
+        return PolicyLossConfig(clip_low=ALGORITHM_PRESETS["cispo"].clip_low, clip_high=0.28)
+    if preset is None:
+        return PolicyLossConfig()
+    p = ALGORITHM_PRESETS[preset]
+    return PolicyLossConfig(clip_low=p.clip_low, clip_high=p.clip_high, dual_clip_c=p.dual_clip_c)
 
 
 def _advantages(n: int, seed: int) -> torch.Tensor:
@@ -48,7 +51,7 @@ def test_every_parameter_moves_after_one_step(tiny: SimpleNamespace, loss_name: 
     mask = batch.response_mask
     adv = _advantages(8, seed=2)
     preset = LOSS_PRESET.get(loss_name)
-    mode = get_algorithm(preset).loss_aggregation if preset else "token-mean"
+    mode = ALGORITHM_PRESETS[preset].loss_aggregation if preset else "token-mean"
 
     def objective() -> torch.Tensor:
         lp = tiny.logprobs(model, batch)

@@ -17,7 +17,7 @@ from rft_api.job import parse_manifest
 from rft_operator import names
 from rft_operator.builders import BuildContext, desired_children
 from rft_operator.kube import Kube, KubeError
-from rft_operator.progress import Progress
+from rft_api.progress import Progress
 from tests.operator.cluster_support import (api, children, create_job, crd, finish_trainer, get_job,  # noqa: F401
                                             job_manifest, make_role_ready, operator, pods_of, wait_for, wait_phase)
 

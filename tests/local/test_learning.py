@@ -30,4 +30,4 @@ def test_reward_rises(tmp_path, tiny_model, manifest, rft, algorithm):
     assert progress["done"] is True and progress["step"] == 12 and progress["policyVersion"] == 12
     if algorithm == "dapo":
         assert all("ds_rounds" in r for r in rows)
-    assert f"reward: first-3 mean" in log
+    assert "reward: first-3 mean" in log

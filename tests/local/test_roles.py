@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from rft_api.job import validate_spec
-from rft_runtime.trainer.config import build_config
+from tests.runtime_config import local_config
 
 
 def _port() -> int:
@@ -57,21 +57,15 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
     try:
         serve = start(["serve", "--model", str(tiny_model), "--host", "127.0.0.1", "--port", str(p_inf),
                        "--served-model-name", "roles", "--threads", "1"], "serve")
-        reward_url = None
-        if remote:
-            evaluator = spec.evaluator.model_dump(by_alias=True, exclude_none=True, mode="json")
-            (tmp_path / "reward.json").write_text(json.dumps(evaluator))
-            reward = start(["reward", "--config", str(tmp_path / "reward.json"), "--host", "127.0.0.1",
+        reward_url = f"http://127.0.0.1:{p_rew}" if remote else None
+        cfg = local_config("roles", spec, inference=[f"http://127.0.0.1:{p_inf}"], reward=reward_url,
+                           coordinator_port=p_coord, checkpoints=tmp_path / "ckpt", output=tmp_path / "out")
+        (tmp_path / "config.json").write_text(cfg.to_json())
+        if remote:  # the reward role reads the same runtime config as every other role
+            reward = start(["reward", "--config", str(tmp_path / "config.json"), "--host", "127.0.0.1",
                             "--port", str(p_rew)], "reward")
-            reward_url = f"http://127.0.0.1:{p_rew}"
             _wait_http(reward_url + "/health", reward)
         _wait_http(f"http://127.0.0.1:{p_inf}/get_policy_version", serve)
-        doc = build_config("roles", spec, inference=[f"http://127.0.0.1:{p_inf}"], reward=reward_url,
-                           coordinator_host="127.0.0.1", coordinator_port=p_coord, coordinator_bind="127.0.0.1",
-                           checkpoints=tmp_path / "ckpt", model_cache=None, output=tmp_path / "out", threads=1,
-                           progress="file")
-        doc["paths"].pop("modelCache")
-        (tmp_path / "config.json").write_text(json.dumps(doc))
         trainer = start(["trainer", "--config", str(tmp_path / "config.json")], "trainer")
         _wait_http(f"http://127.0.0.1:{p_coord}/health", trainer)
         rollout = start(["rollout", "--config", str(tmp_path / "config.json"), "--worker-id", "r0"], "rollout")

@@ -6,11 +6,12 @@ from typing import Any, Iterator
 
 import pytest
 
-from rft_api.presets import resolve_algorithm
+from rft_api.job import InvalidSpec
+from rft_api.presets import ResolvedAlgorithm, resolve_algorithm
 from rft_api.spec import RFTJobSpec
 from rft_operator import names
 from rft_operator.builders import BuildContext, desired_children, stateful_children
-from rft_operator.builders.common import CHECKPOINT_DIR, EVALUATOR_DIR
+from rft_api.layout import CHECKPOINT_DIR, EVALUATOR_DIR
 from rft_operator.topology import reward_required
 from tests.operator.support import FIXED_UID, GOLDEN_INPUTS, make_job, manifest
 
@@ -18,7 +19,6 @@ ALL_JOBS = {
     "tiny": lambda: make_job(),
     "vllm-lora": lambda: make_job(manifest(GOLDEN_INPUTS / "vllm-lora.yaml")),
     "bundle": lambda: make_job(manifest(GOLDEN_INPUTS / "bundle.yaml")),
-    "sglang": lambda: make_job(inference={"engine": "sglang", "replicas": 1}),
     "judge": lambda: make_job(evaluator={"builtin": "llm_judge", "config": {"endpoint": "http://j"},
                                          "apiKeySecretRef": {"name": "judge", "key": "k"}}),
 }
@@ -149,7 +149,8 @@ def test_reward_role_exists_exactly_when_required(evaluator: dict, expected: boo
     assert (("Deployment", names.reward(job.name)) in c) is expected
     assert (("Service", names.reward(job.name)) in c) is expected
     config = json.loads(c[("ConfigMap", names.config(job.name))]["data"]["config.json"])
-    assert (config["endpoints"]["reward"] is not None) is expected
+    assert (config["endpoints"].get("reward") is not None) is expected
+    assert config["scoring"] == ("reward" if expected else "rollout")
 
 
 def test_rollout_runs_the_bundle_image_and_mounts_file_evaluators() -> None:
@@ -164,7 +165,7 @@ def test_rollout_runs_the_bundle_image_and_mounts_file_evaluators() -> None:
         {"configMap": {"name": "extra-evals", "items": [{"key": "brevity.py", "path": "1/brevity.py"}]}}]
     config = json.loads(c[("ConfigMap", names.config(job.name))]["data"]["config.json"])
     assert config["paths"]["evaluatorFiles"] == [
-        {"index": 1, "path": f"{EVALUATOR_DIR}/1/brevity.py", "function": "score", "rollout": None}]
+        {"index": 1, "path": f"{EVALUATOR_DIR}/1/brevity.py", "function": "score"}]
     assert c[("Deployment", names.rollout(job.name))]["spec"]["replicas"] == 3
 
 
@@ -223,15 +224,15 @@ def test_builtin_inference(tiny_job) -> None:
     assert dep["spec"]["strategy"] == {"type": "Recreate"} and dep["spec"]["replicas"] == 1
     ctr = dep["spec"]["template"]["spec"]["containers"][0]
     assert ctr["command"] == ["rft", "serve", "--model", "builtin:tiny", "--host", "$(POD_IP)", "--port", "8000",
-                              "--served-model-name", "tiny-arith"]
+                              "--served-model-name", "tiny-arith", "--dtype", "auto"]
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR, "readOnly": True} in ctr["volumeMounts"]
     svc = c[("Service", "tiny-arith-inference")]
     assert svc["spec"]["ports"][0]["port"] == 8000 and svc["spec"]["type"] == "ClusterIP"
 
 
-def test_vllm_and_sglang_get_an_exported_builtin_model() -> None:
-    for engine, marker in (("vllm", "--logprobs-mode"), ("sglang", "sglang.launch_server")):
+def test_vllm_gets_an_exported_builtin_model() -> None:
+    for engine, marker in (("vllm", "--logprobs-mode"),):
         job = make_job(inference={"engine": engine, "weightSync": "none"})
         pod = children(job)[("Deployment", "tiny-arith-inference")]["spec"]["template"]["spec"]
         cmd = pod["containers"][0]["command"]
@@ -265,9 +266,9 @@ def test_runtime_config(tiny_job) -> None:
     assert config["endpoints"]["coordinator"] == "http://tiny-arith-trainer.default.svc:8100"
     assert config["endpoints"]["inference"] == ["http://tiny-arith-inference.default.svc:8000"]
     assert config["paths"]["checkpoints"] == "/checkpoints"
-    assert config["algorithm"] == resolve_algorithm(tiny_job.spec).to_dict()
+    assert ResolvedAlgorithm.model_validate(config["algorithm"]) == resolve_algorithm(tiny_job.spec)
     assert RFTJobSpec.model_validate(config["spec"]) == tiny_job.spec
-    assert config["progress"] == {"configMap": "tiny-arith-progress", "key": "progress.json"}
+    assert config["progress"] == {"sink": "configmap", "configMap": "tiny-arith-progress"}
 
 
 def test_progress_configmap_carries_no_data(tiny_job) -> None:
@@ -281,3 +282,16 @@ def test_suspended_job_keeps_state_children(tiny_job) -> None:
     assert kept == {(o["kind"], o["metadata"]["name"]) for o in stateful_children(tiny_job, BuildContext())}
     assert ("PersistentVolumeClaim", "tiny-arith-checkpoints") in kept
     assert not any(k[0] in ("Deployment", "Job") for k in kept)
+
+
+def test_builtin_server_gets_the_spec_dtype_and_context_length() -> None:
+    pod = children(make_job(model={"base": "builtin:tiny", "dtype": "float32"}, inference={"maxModelLen": 256}))
+    cmd = pod[("Deployment", "tiny-arith-inference")]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[cmd.index("--dtype") + 1] == "float32" and cmd[cmd.index("--max-model-len") + 1] == "256"
+    default = children(make_job())[("Deployment", "tiny-arith-inference")]["spec"]["template"]["spec"]
+    assert "--max-model-len" not in default["containers"][0]["command"]  # the model's own maximum
+
+
+def test_sglang_is_not_an_engine() -> None:
+    with pytest.raises(InvalidSpec, match="spec.inference.engine"):
+        make_job(inference={"engine": "sglang"})

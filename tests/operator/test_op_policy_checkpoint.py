@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from rft_api.status import CheckpointRecord
 from rft_operator.policies import checkpoint
-from rft_operator.progress import Progress
+from rft_api.progress import Progress
 
 
 def prog(*steps: int) -> Progress:

@@ -5,7 +5,7 @@ import pytest
 
 from rft_operator.policies import failure
 from rft_operator.policies.failure import TrainerAction
-from rft_operator.progress import Progress
+from rft_api.progress import Progress
 from tests.operator.support import at, make_job, trainer_obs
 
 

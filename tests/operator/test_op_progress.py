@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rft_operator.progress import Progress, ProgressError, parse, parse_text
+from rft_api.progress import Progress, ProgressError, parse, parse_text
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "progress.md"
 

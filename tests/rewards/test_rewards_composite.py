@@ -15,6 +15,7 @@ from rft_runtime.rewards import (
     CompositeEvaluator, ConfigError, CustomEvaluator, EvaluatorError, Item, Sample, ScoreResult, Slot,
     build_composite, load_function,
 )
+from rft_runtime.rewards.config import from_spec
 from rft_runtime.rewards.custom import parse_reference
 
 EVAL_SOURCE = textwrap.dedent('''
@@ -169,16 +170,19 @@ async def test_returned_error_flags_are_kept_as_returned() -> None:
     assert (r.reward, r.error) == (0.0, "parse_error")  # a verdict about the sample, not a failure
 
 
-async def test_build_composite_from_config(eval_module: str, eval_file: Path) -> None:
-    comp = build_composite({
+async def test_build_composite_from_config(eval_module: str, eval_file: Path, tmp_path: Path) -> None:
+    module_file = tmp_path / "modroot" / "user_rewards" / "scoring.py"
+    comp = build_composite(from_spec({
         "evaluators": [
             {"builtin": "math", "weight": 2.0},
-            {"entrypoint": f"{eval_module}:score", "weight": 1.0, "name": "exact"},
-            {"file": str(eval_file), "function": "ascore", "weight": 1.0, "timeoutSeconds": 2},
+            {"file": {"configMapKeyRef": {"name": "cm", "key": "scoring.py"}, "function": "score"}, "weight": 1.0,
+             "name": "exact"},
+            {"file": {"configMapKeyRef": {"name": "cm", "key": eval_file.name}, "function": "ascore"},
+             "weight": 1.0, "timeoutSeconds": 2},
             {"bundle": {"image": "x", "entrypoint": f"{eval_module}:not_applicable"}},
         ],
         "timeoutSeconds": 5, "onError": "exclude",
-    })
+    }, files={1: str(module_file), 2: str(eval_file)}))
     assert comp.names == ["math", "exact", "ascore", "not_applicable"]
     assert [s.timeout_seconds for s in comp.slots] == [5, 5, 2, 5]
     r = await comp.score(Sample(text="#### 12"), Item(ground_truth="12"))

@@ -1,4 +1,5 @@
-"""Reward configuration: the CRD's evaluator entries, service settings, errors naming the field."""
+"""Reward configuration: the CRD's ``spec.evaluator`` (one typed shape), resolved through the runtime
+contract, with errors naming the field."""
 
 from __future__ import annotations
 
@@ -6,132 +7,96 @@ from pathlib import Path
 
 import pytest
 
-from rft_runtime.rewards import ConfigError, api_key_env_name, load_reward_config, parse_reward_config
+from rft_api.job import parse_manifest
+from rft_operator.builders.common import BuildContext
+from rft_operator.builders.config import runtime_config
+from rft_runtime.rewards import ConfigError, api_key_env_name, from_runtime_config, from_spec, load_reward_config
+from rft_runtime.rewards.config import evaluator_names
 
 
 def test_single_entry_at_top_level_like_the_crd() -> None:
-    cfg = parse_reward_config({"builtin": "math", "timeoutSeconds": 12, "onError": "exclude", "remote": True})
+    cfg = from_spec({"builtin": "math", "timeoutSeconds": 12, "onError": "exclude", "remote": True})
     assert [(e.name, e.kind, e.builtin, e.weight) for e in cfg.evaluators] == [("math", "builtin", "math", 1.0)]
     assert (cfg.timeout_seconds, cfg.on_error, cfg.concurrency) == (12.0, "exclude", 16)
-    assert cfg.evaluators[0].timeout_seconds is None
+    assert cfg.evaluators[0].timeout_seconds == 12.0  # the single form: its timeout is the entry's
 
 
-def test_list_with_every_kind(tmp_path: Path) -> None:
-    cfg = parse_reward_config({
+def test_list_with_every_kind() -> None:
+    cfg = from_spec({
         "evaluators": [
             {"builtin": "regex", "config": {"pattern": "x"}, "weight": 0.5, "timeoutSeconds": 3},
-            {"entrypoint": "pkg.mod:grade"},
             {"bundle": {"image": "img:1", "entrypoint": "pkg.other:score"}},
-            {"file": "/etc/eval.py", "function": "judge"},
-            {"file": {"configMapKeyRef": {"name": "my-evals", "key": "eval.py"}}},
-        ],
-        "concurrency": 4, "filesDir": str(tmp_path),
-    })
+            {"file": {"configMapKeyRef": {"name": "my-evals", "key": "eval.py"}, "function": "judge"}},
+            {"file": {"configMapKeyRef": {"name": "my-evals", "key": "other.py"}}},
+        ]}, files={2: "/mnt/2/eval.py", 3: "/mnt/3/other.py"}, concurrency=4)
     e = cfg.evaluators
-    assert [x.name for x in e] == ["regex", "grade", "score_1", "judge", "score_2"]
+    assert [x.name for x in e] == ["regex", "score_1", "judge", "score_2"]
     assert (e[0].weight, e[0].timeout_seconds, e[0].config) == (0.5, 3.0, {"pattern": "x"})
-    assert e[1].entrypoint == "pkg.mod:grade" and e[2].entrypoint == "pkg.other:score"
-    assert (e[3].path, e[3].function) == ("/etc/eval.py", "judge")
-    assert e[4].path == str(tmp_path / "4" / "eval.py")  # the operator mounts <index>/<key>
+    assert e[1].entrypoint == "pkg.other:score"
+    assert (e[2].path, e[2].function) == ("/mnt/2/eval.py", "judge")
     assert cfg.concurrency == 4
+    assert evaluator_names({"evaluators": [{"builtin": "math"}, {"builtin": "math"}]}) == ["math_1", "math_2"]
 
 
 def test_api_key_secret_ref_becomes_an_env_var_name() -> None:
-    cfg = parse_reward_config({"evaluators": [{"builtin": "math"}, {
+    cfg = from_spec({"evaluators": [{"builtin": "math"}, {
         "builtin": "llm_judge", "name": "judge-a", "apiKeySecretRef": {"name": "s", "key": "k"},
         "config": {"endpoint": "http://j", "model": "m"}}]})
     assert cfg.evaluators[1].config["apiKeyEnv"] == "RFT_EVALUATOR_1_API_KEY" == api_key_env_name(1)
 
 
-RUNTIME_CONFIG = {
-    "apiVersion": "rft.dev/v1alpha1", "kind": "RFTRuntimeConfig",
-    "spec": {
-        "evaluator": {
-            "evaluators": [
-                {"builtin": "math", "weight": 1.0},
-                {"file": {"configMapKeyRef": {"name": "evals", "key": "style.py"}, "function": "style"}, "weight": 0.5},
-                {"builtin": "llm_judge", "apiKeySecretRef": {"name": "judge", "key": "token"},
-                 "config": {"endpoint": "http://judge:8000", "model": "m"}, "weight": 1.0},
-            ],
-            "timeoutSeconds": 45.0, "onError": "exclude", "remote": True,
-        },
-        "rollout": {"concurrency": 12},
-    },
-    "paths": {"evaluatorFiles": [{"index": 1, "path": "/etc/rft/evaluator/1/style.py", "function": "style"}]},
-    "secretEnv": [{"index": 2, "env": "RFT_EVALUATOR_2_API_KEY"}],
-}
+def _job(evaluator: dict, **spec_over: object):
+    spec = {"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
+            "evaluator": evaluator, **spec_over}
+    return parse_manifest({"apiVersion": "rft.dev/v1alpha1", "kind": "RFTJob",
+                           "metadata": {"name": "judge-job", "namespace": "ns"}, "spec": spec})
 
 
-def test_operator_runtime_config_is_accepted() -> None:
-    cfg = parse_reward_config(RUNTIME_CONFIG)
-    math_e, file_e, judge_e = cfg.evaluators
+def test_operator_runtime_config_resolves_files_and_keys(tmp_path: Path) -> None:
+    job = _job({"evaluators": [
+        {"builtin": "math", "weight": 1.0},
+        {"file": {"configMapKeyRef": {"name": "evals", "key": "style.py"}, "function": "style"}, "weight": 0.5},
+        {"builtin": "llm_judge", "apiKeySecretRef": {"name": "judge", "key": "token"},
+         "config": {"endpoint": "http://judge:8000", "model": "m"}, "weight": 1.0}],
+        "timeoutSeconds": 45.0, "onError": "exclude", "remote": True}, rollout={"concurrency": 12})
+    cfg = runtime_config(job, BuildContext())
+    reward = from_runtime_config(cfg)
+    math_e, file_e, judge_e = reward.evaluators
     assert (file_e.kind, file_e.path, file_e.function, file_e.name) == ("file", "/etc/rft/evaluator/1/style.py",
                                                                          "style", "style")
     assert judge_e.config["apiKeyEnv"] == "RFT_EVALUATOR_2_API_KEY"
-    assert (cfg.timeout_seconds, cfg.on_error, cfg.concurrency) == (45.0, "exclude", 12)
+    assert (reward.timeout_seconds, reward.on_error, reward.concurrency) == (45.0, "exclude", 12)
+    (tmp_path / "config.json").write_text(cfg.to_json())  # `rft reward --config` reads the same file
+    assert [e.name for e in load_reward_config(str(tmp_path / "config.json")).evaluators] == [
+        "math", "style", "llm_judge"]
 
 
-def test_runtime_config_with_a_file_evaluator_but_no_path_is_refused() -> None:
-    broken = {**RUNTIME_CONFIG, "paths": {"evaluatorFiles": []}}
-    with pytest.raises(ConfigError, match="evaluator 1 is a file evaluator"):
-        parse_reward_config(broken)
-
-
-def test_config_json_built_by_the_operator() -> None:
-    """Contract check against the operator's real builder (skipped while it is not importable)."""
-    try:
-        from rft_api.job import parse_manifest
-        from rft_operator.builders.common import BuildContext
-        from rft_operator.builders.config import runtime_config
-    except ImportError as exc:
-        pytest.skip(f"operator builders not importable: {exc}")
-    job = parse_manifest({
-        "apiVersion": "rft.dev/v1alpha1", "kind": "RFTJob", "metadata": {"name": "judge-job", "namespace": "ns"},
-        "spec": {"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
-                 "evaluator": {"evaluators": [
-                     {"builtin": "math"},
-                     {"builtin": "llm_judge", "apiKeySecretRef": {"name": "judge", "key": "token"},
-                      "config": {"endpoint": "http://judge:8000", "model": "m"}},
-                     {"builtin": "code_sandbox", "weight": 2}],
-                     "timeoutSeconds": 40}},
-    })
-    cfg = parse_reward_config(runtime_config(job, BuildContext()))
-    assert [e.name for e in cfg.evaluators] == ["math", "llm_judge", "code_sandbox"]
-    assert [e.weight for e in cfg.evaluators] == [1.0, 1.0, 2.0]
-    assert cfg.evaluators[1].config["apiKeyEnv"] == api_key_env_name(1)
-    assert cfg.timeout_seconds == 40.0
+def test_a_file_evaluator_without_a_mounted_path_is_refused() -> None:
+    with pytest.raises(ConfigError, match="evaluator 0 is a file evaluator"):
+        from_spec({"file": {"configMapKeyRef": {"name": "x", "key": "e.py"}}})
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"evaluators": [{"builtin": "maths"}]}, r"evaluators\[0\]: field 'builtin' is 'maths'; known: code_sandbox, "
-                                               r"llm_judge, math, regex, string_check"),
-    ({"evaluators": [{"builtin": "math", "entrypoint": "a:b"}]}, "exactly one of"),
-    ({"evaluators": [{"builtin": "math", "wieght": 2}]}, r"unknown field\(s\) wieght"),
-    ({"evaluators": [{"builtin": "math", "weight": -1}]}, "'weight' must be >= 0"),
+    ({"evaluators": [{"builtin": "maths"}]}, r"spec\.evaluator\.evaluators\.0\.builtin"),
+    ({"evaluators": [{"builtin": "math", "bundle": {"image": "i", "entrypoint": "a:b"}}]}, "exactly one of"),
+    ({"evaluators": [{"builtin": "math", "wieght": 2}]}, r"evaluators\.0\.wieght: Extra inputs"),
+    ({"evaluators": [{"builtin": "math", "weight": -1}]}, r"weight: Input should be greater than or equal to 0"),
     ({"evaluators": [{"builtin": "math", "weight": 0}]}, "weight above 0"),
-    ({"evaluators": []}, "non-empty list"),
-    ({"evaluators": [{"builtin": "math"}], "concurency": 3}, r"unknown field\(s\) concurency"),
-    ({"evaluators": [{"builtin": "math"}], "onError": "ignore"}, "onError.*zero, exclude"),
+    ({"evaluators": []}, "at least 1 item"),
+    ({"builtin": "math", "onError": "ignore"}, r"onError: Input should be 'zero' or 'exclude'"),
     ({"evaluators": [{"builtin": "math", "name": "a"}, {"builtin": "regex", "name": "a", "config": {"pattern": "x"}}]},
      "name.*a used more than once"),
-    ({"evaluators": [{"file": {"configMapKeyRef": {"name": "x"}}}]}, "'file' must be"),
     ([1, 2], "must be an object"),
 ])
 def test_bad_configs_name_the_field(raw: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_reward_config(raw)
+        from_spec(raw)  # type: ignore[arg-type]
 
 
-def test_load_yaml_and_json_files(tmp_path: Path) -> None:
-    y = tmp_path / "reward.yaml"
-    y.write_text("evaluators:\n  - builtin: string_check\n    config: {operation: eq}\ntimeoutSeconds: 7\n")
-    assert load_reward_config(str(y)).timeout_seconds == 7.0
-    j = tmp_path / "reward.json"
-    j.write_text('{"builtin": "math", "concurrency": 2}')
-    assert load_reward_config(str(j)).concurrency == 2
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("evaluators: [unclosed")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+def test_load_refuses_what_is_not_a_runtime_config(tmp_path: Path) -> None:
+    bad = tmp_path / "reward.json"
+    bad.write_text('{"builtin": "math"}')
+    with pytest.raises(ConfigError, match="job: Field required"):
         load_reward_config(str(bad))
-    with pytest.raises(ConfigError, match="No such file"):
-        load_reward_config(str(tmp_path / "missing.yaml"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_reward_config(str(tmp_path / "missing.json"))

@@ -16,8 +16,11 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from rft_api.job import validate_spec
 from rft_runtime.rewards import CompositeEvaluator, CustomEvaluator, Item, RewardService, Sample, Slot
 from rft_runtime.rewards.server import make_app
+
+from tests.runtime_config import local_config
 
 from .conftest import free_port
 
@@ -67,8 +70,8 @@ async def test_http_server_in_process() -> None:
             {"builtin": "math", "weight": 1.0},
             {"builtin": "regex", "name": "format", "weight": 0.0, "config": {"pattern": r"\\boxed\{"}},
         ],
-        "timeoutSeconds": 10, "concurrency": 4,
-    })
+        "timeoutSeconds": 10,
+    }, concurrency=4)
     runner = web.AppRunner(make_app(service), access_log=None)
     await runner.setup()
     port = free_port()
@@ -111,13 +114,20 @@ async def test_http_server_in_process() -> None:
         await runner.cleanup()
 
 
+def _runtime_config(tmp_path: Path, evaluator: dict, concurrency: int = 2) -> Path:
+    """The runtime config ``rft reward --config`` reads (the one every role reads)."""
+    spec = validate_spec({"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
+                          "evaluator": evaluator, "rollout": {"concurrency": concurrency}})
+    path = tmp_path / "config.json"
+    path.write_text(local_config("reward", spec, inference=["http://127.0.0.1:9"], checkpoints=tmp_path / "ckpt",
+                                 output=tmp_path / "out").to_json())
+    return path
+
+
 def test_main_serves_until_sigterm(tmp_path: Path) -> None:
-    config = tmp_path / "reward.yaml"
-    config.write_text(
-        "evaluators:\n"
-        "  - builtin: string_check\n    config: {operation: ilike, reference: '%paris%'}\n"
-        "  - builtin: code_sandbox\n    weight: 2\n    config: {timeoutSeconds: 5}\n"
-        "timeoutSeconds: 20\nconcurrency: 2\n")
+    config = _runtime_config(tmp_path, {"evaluators": [
+        {"builtin": "string_check", "config": {"operation": "ilike", "reference": "%paris%"}},
+        {"builtin": "code_sandbox", "weight": 2, "config": {"timeoutSeconds": 5}}], "timeoutSeconds": 20})
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "rft_runtime.rewards.server", "--config", str(config),
                              "--host", "127.0.0.1", "--port", str(port)],
@@ -161,9 +171,9 @@ def test_main_serves_until_sigterm(tmp_path: Path) -> None:
 
 
 def test_main_refuses_a_bad_config(tmp_path: Path) -> None:
-    config = tmp_path / "bad.yaml"
-    config.write_text("evaluators:\n  - builtin: regexp\n")
+    config = _runtime_config(tmp_path, {"builtin": "math"})
+    config.write_text(config.read_text().replace('"builtin": "math"', '"builtin": "regexp"'))
     proc = subprocess.run([sys.executable, "-m", "rft_runtime.rewards.server", "--config", str(config)],
                           capture_output=True, timeout=60, env=dict(os.environ))
     assert proc.returncode == 2
-    assert "builtin" in proc.stderr.decode() and "regexp" in proc.stderr.decode()
+    assert "spec.evaluator.builtin" in proc.stderr.decode()

@@ -22,11 +22,10 @@ def test_names_round_trip_and_foreign_names_are_not_versions():
 
 
 def test_which_engines_serve_adapters_and_the_protocol_each_gets():
-    assert serves_adapters("vllm", "lora") and serves_adapters("sglang", "lora")
+    assert serves_adapters("vllm", "lora")
     assert not serves_adapters("builtin", "lora")  # loads adapters in place, one model name
     assert not serves_adapters("vllm", "none")
     assert isinstance(reload_protocol("builtin", "lora", "j"), DiskReload)
     assert isinstance(reload_protocol("builtin", "disk", "j"), DiskReload)
     vllm = reload_protocol("vllm", "lora", "j")
     assert isinstance(vllm, AdapterReload) and vllm.load_route == "/v1/load_lora_adapter"
-    assert reload_protocol("sglang", "lora", "j").load_route == "/load_lora_adapter"

@@ -1,11 +1,10 @@
-"""Datasets: builtin generators, registry, JSONL loader, resumable cursor, domain mixing."""
+"""Datasets: builtin generators, registry, JSONL loader, resumable cursor."""
 
 from __future__ import annotations
 
 import json
 import random
 import re
-from collections import Counter
 
 import pytest
 
@@ -13,7 +12,6 @@ from rft_runtime.data import (
     DataCursor,
     DatasetError,
     Task,
-    interleave,
     list_datasets,
     load_builtin,
     load_jsonl,
@@ -165,39 +163,3 @@ def test_cursor_refuses_state_of_another_dataset():
         c.load_state_dict({"seed": 0, "epoch": 0, "num_tasks": 5, "fingerprint": "x"})
 
 
-# ---------------------------------------------------------------- mixing
-
-
-def test_interleave_is_deterministic_follows_weights_and_keeps_every_task_once():
-    math_tasks = load_builtin("arithmetic", 300, seed=0)
-    word = load_builtin("gsm8k_synth", 300, seed=0)
-    mixed = interleave({"math": math_tasks, "word": word}, {"math": 3.0, "word": 1.0}, seed=7)
-    assert [t.task_id for t in mixed] == [t.task_id for t in
-                                          interleave({"math": math_tasks, "word": word}, {"math": 3.0, "word": 1.0}, seed=7)]
-    assert sorted(t.task_id for t in mixed) == sorted(t.task_id for t in math_tasks + word)
-    head = Counter(t.domain for t in mixed[:200])
-    assert 120 <= head["math"] <= 180, head  # expected 150 (p = 0.75)
-    assert {t.domain for t in mixed} == {"math", "word"}
-    assert [t.task_id for t in interleave({"math": math_tasks, "word": word}, {"math": 1, "word": 1}, seed=8)] != \
-        [t.task_id for t in mixed]
-
-
-def test_interleave_validates_weights_and_n():
-    a = load_builtin("arithmetic", 4, seed=0)
-    assert len(interleave({"a": a, "b": []}, {"a": 1, "b": 0}, seed=0)) == 4
-    assert len(interleave({"a": a}, {"a": 1}, seed=0, n=2)) == 2
-    with pytest.raises(DatasetError, match="missing \\['b'\\]"):
-        interleave({"a": a, "b": a}, {"a": 1}, seed=0)
-    with pytest.raises(DatasetError, match="probs.a"):
-        interleave({"a": a}, {"a": -1}, seed=0)
-    with pytest.raises(DatasetError, match="weight > 0"):
-        interleave({"a": a}, {"a": 0}, seed=0)
-    with pytest.raises(DatasetError, match="'n' must be between 0 and 4"):
-        interleave({"a": a}, {"a": 1}, seed=0, n=5)
-
-
-def test_builtin_dataset_registry_equals_crd_enum():
-    from rft_api.constants import BUILTIN_DATASETS
-    from rft_runtime.data import list_datasets
-
-    assert sorted(list_datasets()) == sorted(BUILTIN_DATASETS)

@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rft_runtime.data import Task, load_builtin
+from tests.runtime.model_accuracy import accuracy
 from rft_runtime.model import (
     TinyModelConfig,
-    accuracy,
     build_tokenizer,
     encode_sft_example,
     make_tiny_model,

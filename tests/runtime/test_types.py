@@ -1,29 +1,21 @@
-"""Token-contract types: JSON round trips, length checks, grouping, the Eval Protocol row view."""
+"""Token-contract types: JSON round trips, length checks, grouping, multi-turn merge."""
 
 from __future__ import annotations
 
 import json
 import random
-from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
 
-from rft_runtime.data import Task
 from rft_runtime.types import (
     Episode,
     ErrorFlags,
-    EvaluateResult,
-    EvaluationRow,
-    MetricResult,
     Step,
     Trajectory,
-    apply_evaluation_result,
     episode_id,
     group_key,
     parse_episode_id,
-    read_evaluation_result,
-    to_evaluation_row,
 )
 
 
@@ -164,70 +156,3 @@ def test_merge_refuses_a_step_that_retokenised_the_history():
     s2 = Step(prompt_ids=[1, 10, 20, 99, 30], response_ids=[40], logprobs=[-0.3], policy_version=0)
     with pytest.raises(ValueError, match=r"steps\[1\].prompt_ids does not extend .* position 3"):
         Trajectory(steps=[s1, s2]).merged()
-
-
-# ---------------------------------------------------------------- evaluation rows
-
-
-def test_evaluation_row_view_of_one_episode_round_trips_and_reads_back():
-    task = Task(task_id="arith-7", prompt="What is 40 + 2?", ground_truth="42")
-    ep = make_episode("arith-7", 2, reward=1.0, reward_reason="correct", metrics={"format": 1.0})
-    row = to_evaluation_row(ep, task)
-    assert [m.role for m in row.messages] == ["user", "assistant"]
-    assert row.messages[0].content == "What is 40 + 2?" and row.last_assistant_message().content == "42"
-    assert row.ground_truth == "42"
-    extra = row.execution_metadata.extra
-    step = ep.trajectories[0].steps[0]
-    assert extra["prompt_ids"] == [step.prompt_ids]
-    assert extra["completion_ids"] == [step.response_ids]
-    assert extra["inference_logprobs"] == [step.logprobs]
-    assert extra["completions_text"] == ["42"] and extra["finish_reasons"] == ["stop"]
-    assert extra["truncated"] == [False] and extra["episode_ids"] == ["arith-7:2"]
-    assert row.execution_metadata.rollout_id == "arith-7:2"
-    back = EvaluationRow.model_validate_json(row.model_dump_json())
-    assert back == row
-    verdict = read_evaluation_result(back)
-    assert verdict.score == 1.0 and verdict.reason == "correct" and verdict.metrics == {"format": 1.0}
-
-
-def test_evaluation_row_of_a_group_has_one_entry_per_sample():
-    eps = [make_episode("g", i, reward=float(i % 2)) for i in range(4)]
-    row = to_evaluation_row(eps, {"task_id": "g", "messages": [{"role": "user", "content": "q"}],
-                                  "ground_truth": 7})
-    extra = row.execution_metadata.extra
-    for key in ("prompt_ids", "completion_ids", "inference_logprobs", "completions_text", "truncated",
-                "finish_reasons", "episode_ids", "rewards", "completion_masks", "policy_versions"):
-        assert len(extra[key]) == 4, key
-    assert extra["completion_ids"] == [e.trajectories[0].steps[0].response_ids for e in eps]
-    assert extra["rewards"] == [0.0, 1.0, 0.0, 1.0]
-    assert row.input_metadata.row_id == "g" and row.ground_truth == 7
-    with pytest.raises(ValueError, match="share one task_id"):
-        to_evaluation_row([make_episode("a", 0), make_episode("b", 0)], {"prompt": "x", "ground_truth": 1})
-
-
-def test_score_written_by_a_row_evaluator_is_applied_to_the_episode():
-    ep = make_episode("arith-1", 0, reward=None)
-    row = to_evaluation_row(ep, Task(task_id="arith-1", prompt="q", ground_truth="42"))
-    assert row.evaluation_result is None and read_evaluation_result(row).score is None
-
-    # an evaluator written for rows: reads the last assistant message, sets evaluation_result
-    text = row.messages[-1].content
-    row.evaluation_result = EvaluateResult(score=float(text == row.ground_truth), reason="exact match",
-                                           metrics={"exact": MetricResult(score=1.0, reason="ok")})
-    scored = apply_evaluation_result(ep, row)
-    assert scored.reward == 1.0 and scored.reward_reason == "exact match" and scored.metrics == {"exact": 1.0}
-    assert ep.reward is None  # the input is not mutated
-
-
-def test_read_back_accepts_dicts_foreign_objects_and_invalid_scores():
-    as_dict = {"evaluation_result": {"score": 0.25, "reason": "r", "metrics": {"m": {"score": 0.5}}}}
-    assert read_evaluation_result(as_dict).score == 0.25
-    assert read_evaluation_result(as_dict).metrics == {"m": 0.5}
-    foreign = SimpleNamespace(evaluation_result=SimpleNamespace(score=1, is_score_valid=True, reason=None,
-                                                                metrics={}, error=None))
-    assert read_evaluation_result(foreign).score == 1.0
-    invalid = {"evaluation_result": {"score": 0.0, "is_score_valid": False, "error": "parse failed"}}
-    verdict = read_evaluation_result(invalid)
-    assert verdict.score is None and verdict.error == "parse failed"
-    ep = apply_evaluation_result(make_episode(), invalid)
-    assert ep.reward is None and ep.errors.runtime_error and ep.errors.message == "parse failed"

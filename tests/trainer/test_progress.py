@@ -1,69 +1,42 @@
-"""The runtime's progress record is exactly what the operator parses (the format is mirrored)."""
+"""The trainer's progress sinks write the one record model (rft_api.progress) that the operator parses."""
 
 from __future__ import annotations
 
 import json
 
-from rft_operator.progress import PROGRESS_KEY as OPERATOR_KEY
-from rft_operator.progress import Progress, ProgressCheckpoint, ProgressErrors, parse, parse_text
-from rft_runtime.progress import (
-    PROGRESS_KEY,
-    CheckpointEntry,
-    ConfigMapProgressSink,
-    FileProgressSink,
-    ProgressErrors as RtErrors,
-    ProgressRecord,
-    progress_configmap_name,
-)
+from rft_api.progress import PROGRESS_KEY, Progress, ProgressCheckpoint, ProgressErrors, parse, parse_text
+from rft_runtime.progress import MAX_MESSAGE, ConfigMapProgressSink, FileProgressSink, clip_message, finite
 
 
-def _full_record() -> ProgressRecord:
-    return ProgressRecord(
+def _full_record() -> Progress:
+    return Progress(
         attempt=2, step=12, total_steps=30, policy_version=12, reward_mean=0.4, reward_std=0.2, eval_score=0.35,
-        samples_scored=1536, errors=RtErrors(timeouts=1, runtime_errors=2, parse_errors=3, dropped_episodes=4,
-                                             reissued_leases=5),
-        checkpoints=[CheckpointEntry(10, "/ckpt/step-000010", "2025-01-01T00:00:00Z")], done=True,
+        samples_scored=1536, errors=ProgressErrors(timeouts=1, runtime_errors=2, parse_errors=3, dropped_episodes=4,
+                                                   reissued_leases=5),
+        checkpoints=[ProgressCheckpoint(step=10, path="/ckpt/step-000010", time="2025-01-01T00:00:00Z")], done=True,
         message="finished", update_time="2025-01-01T00:01:00Z")
 
 
-def test_operator_parses_every_field():
+def test_written_record_parses_back_field_for_field():
     rec = _full_record()
-    p = parse_text(rec.to_text())
-    assert p == Progress(
-        attempt=2, step=12, total_steps=30, policy_version=12, reward_mean=0.4, reward_std=0.2, eval_score=0.35,
-        samples_scored=1536, errors=ProgressErrors(timeouts=1, runtime_errors=2, parse_errors=3,
-                                                   dropped_episodes=4, reissued_leases=5),
-        checkpoints=[ProgressCheckpoint(step=10, path="/ckpt/step-000010", time="2025-01-01T00:00:00Z")],
-        done=True, message="finished", update_time="2025-01-01T00:01:00Z")
+    text = rec.to_data()[PROGRESS_KEY]
+    assert parse_text(text) == rec
+    assert set(json.loads(text)) == {f.alias or n for n, f in Progress.model_fields.items()}
 
 
-def test_field_sets_agree():
-    """Every key the runtime writes is a field the operator knows, and vice versa."""
-    written = set(json.loads(_full_record().to_text()))
-    known = {f.alias or name for name, f in Progress.model_fields.items()}
-    assert written == known
-    err_written = set(json.loads(_full_record().to_text())["errors"])
-    assert err_written == {f.alias or n for n, f in ProgressErrors.model_fields.items()}
-
-
-def test_none_and_nonfinite_are_left_out():
-    rec = ProgressRecord(step=1, reward_mean=float("nan"))
-    d = json.loads(rec.to_text())
-    assert "rewardMean" not in d and "evalScore" not in d
-    assert parse_text(rec.to_text()).reward_mean is None
-
-
-def test_key_and_configmap_name_match():
-    assert PROGRESS_KEY == OPERATOR_KEY
-    assert progress_configmap_name("job") == "job-progress"
+def test_nonfinite_numbers_and_long_messages_are_made_writable():
+    assert finite(float("nan")) is None and finite(float("inf")) is None and finite(0.5) == 0.5
+    rec = Progress(step=1, reward_mean=finite(float("nan")), message=clip_message("x" * 5000))
+    d = json.loads(rec.to_data()[PROGRESS_KEY])
+    assert "rewardMean" not in d and len(d["message"]) == MAX_MESSAGE
 
 
 def test_file_sink_roundtrip(tmp_path):
     sink = FileProgressSink(tmp_path)
     assert sink.read() is None
     sink.write(_full_record())
-    assert sink.read().to_json() == _full_record().to_json()
-    assert parse({OPERATOR_KEY: (tmp_path / PROGRESS_KEY).read_text()}).step == 12
+    assert sink.read() == _full_record()
+    assert parse({PROGRESS_KEY: (tmp_path / PROGRESS_KEY).read_text()}).step == 12
 
 
 class _FakeCoreV1:
@@ -78,7 +51,7 @@ class _FakeCoreV1:
 
 def test_configmap_sink_patches_only_the_progress_configmap():
     api = _FakeCoreV1()
-    ConfigMapProgressSink("tiny", "ns", api=api).write(_full_record())
+    ConfigMapProgressSink("tiny-progress", "ns", api=api).write(_full_record())
     ((name, ns, body),) = api.patches
     assert (name, ns) == ("tiny-progress", "ns") and list(body) == ["data"]
     assert parse(body["data"]).checkpoints[0].step == 10

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from rft_api.job import validate_spec
-from rft_runtime.coordinator.worker_loop import RolloutLoop
+from rft_runtime.rollout.loop import RolloutLoop
 from rft_runtime.metrics_sink import read_metrics
-from rft_runtime.trainer.config import build_config, parse_config
 from rft_runtime.trainer.state import ResumeError
 from rft_runtime.trainer.trainer import Trainer
+from tests.runtime_config import local_config, with_coordinator
 from tests.trainer.served_logprobs import builtin_server
 
 
@@ -46,13 +46,11 @@ def serve(tiny_model_dir):
 
 
 def _run(tmp_path: Path, url: str, spec: dict[str, Any], *, resume: bool = True, max_steps: int | None = None):
-    doc = build_config("job", validate_spec(spec), inference=[url], reward=None, coordinator_host="127.0.0.1",
-                       coordinator_port=0, coordinator_bind="127.0.0.1", checkpoints=tmp_path / "ckpt",
-                       model_cache=None, output=tmp_path / "out", threads=1, progress="file")
-    trainer = Trainer(parse_config(doc), resume=resume, max_steps=max_steps).setup()
-    doc["endpoints"]["coordinator"]["port"] = int(trainer.coordinator_url.rsplit(":", 1)[1])
+    cfg = local_config("job", validate_spec(spec), inference=[url], checkpoints=tmp_path / "ckpt",
+                       output=tmp_path / "out")
+    trainer = Trainer(cfg, resume=resume, max_steps=max_steps).setup()
     stop = threading.Event()
-    loop = RolloutLoop(parse_config(doc), worker_id="w", should_stop=stop.is_set)
+    loop = RolloutLoop(with_coordinator(cfg, trainer.coordinator_url), worker_id="w", should_stop=stop.is_set)
     th = threading.Thread(target=lambda: asyncio.run(loop.run()), daemon=True)
     th.start()
     try:

@@ -1,30 +1,24 @@
 """Shared pieces of the child builders: metadata with owner references, pod security, volumes, env.
 
+Pod paths and their resolution come from :mod:`rft_api.layout`.
+
 All pure functions of the job; nothing here talks to the API server.
 """
 from __future__ import annotations
 
-import posixpath
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from rft_api.constants import API_VERSION, KIND
 from rft_api.job import RFTJob
-from rft_api.spec import DataSource, EnvVar, Resources, RFTJobSpec, VolumeRef
+from rft_api.layout import CACHE_DIR, CHECKPOINT_DIR, CONFIG_DIR, TMP_DIR, CONFIG_PATH
+from rft_api.spec import EnvVar, Resources, VolumeRef
 
 from .. import names
 
 Obj = dict[str, Any]
 
-CONFIG_DIR = "/etc/rft"
-CONFIG_PATH = f"{CONFIG_DIR}/{names.CONFIG_KEY}"
-CHAT_TEMPLATE_KEY = "chat_template.jinja"
-EVALUATOR_DIR = f"{CONFIG_DIR}/evaluator"
-DATASET_DIR = f"{CONFIG_DIR}/datasets"
-CHECKPOINT_DIR = "/checkpoints"
-CACHE_DIR = "/var/cache/rft"
-MODEL_CACHE_DIR = f"{CACHE_DIR}/models"
-TMP_DIR = "/tmp"
+
 RUN_AS = 1000
 
 
@@ -173,40 +167,6 @@ def claim_volumes(refs: Iterable[Optional[VolumeRef]], prefix: str) -> tuple[lis
             mount["subPath"] = ref.sub_path
         mounts.append(mount)
     return vols, mounts
-
-
-def model_path(spec: RFTJobSpec) -> str:
-    """Where the base model is inside the pods (``builtin:<name>`` stays symbolic)."""
-    base = spec.model.base
-    if base.startswith("builtin:") or base.startswith("/"):
-        return base
-    assert spec.model.volume is not None  # guaranteed by the ModelSpec rule
-    return posixpath.join(spec.model.volume.mount_path, base)
-
-
-def exported_model_path(spec: RFTJobSpec) -> str:
-    """Where an engine that needs a model directory finds a builtin model (exported by an init container)."""
-    return f"{MODEL_CACHE_DIR}/{spec.model.base.split(':', 1)[1]}" if spec.model.base.startswith("builtin:") \
-        else model_path(spec)
-
-
-def tokenizer_path(spec: RFTJobSpec) -> Optional[str]:
-    tok = spec.model.tokenizer
-    if tok is None or tok.startswith("/") or spec.model.volume is None:
-        return tok
-    return posixpath.join(spec.model.volume.mount_path, tok)
-
-
-def dataset_path(split: str, src: Optional[DataSource]) -> Optional[str]:
-    """Where the trainer reads a dataset split (``None`` for builtin datasets and absent splits)."""
-    if src is None or src.builtin is not None:
-        return None
-    if src.config_map_key_ref is not None:
-        return f"{DATASET_DIR}/{split}/{src.config_map_key_ref.key}"
-    assert src.path is not None
-    if src.path.startswith("/") or src.volume is None:
-        return src.path
-    return posixpath.join(src.volume.mount_path, src.path)
 
 
 def pod_spec(containers: list[Obj], volumes: list[Obj], *, init_containers: Optional[list[Obj]] = None,

@@ -8,32 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from rft_api.job import RFTJob
+from rft_api.layout import api_key_env_name
 from rft_api.spec import RFTJobSpec
+from rft_api.layout import EVALUATOR_DIR
 
-from .common import EVALUATOR_DIR, secret_env
+from .common import secret_env
 
 Obj = dict[str, Any]
-
-
-def api_key_env_name(index: int) -> str:
-    """Env var holding evaluator ``index``'s API key (the config names it; the value comes from a Secret)."""
-    return f"RFT_EVALUATOR_{index}_API_KEY"
-
-
-def file_entries(spec: RFTJobSpec) -> list[Obj]:
-    """File evaluators: index in ``evaluator.entries()``, path in the pod, functions."""
-    out = []
-    for i, e in enumerate(spec.evaluator.entries()):
-        if e.file is not None:
-            out.append({"index": i, "path": f"{EVALUATOR_DIR}/{i}/{e.file.config_map_key_ref.key}",
-                        "function": e.file.function, "rollout": e.file.rollout})
-    return out
-
-
-def secret_entries(spec: RFTJobSpec) -> list[Obj]:
-    """Evaluators with an API key: index and the env var that holds the key (never the key)."""
-    return [{"index": i, "env": api_key_env_name(i)}
-            for i, e in enumerate(spec.evaluator.entries()) if e.api_key_secret_ref is not None]
 
 
 def secret_envs(spec: RFTJobSpec) -> list[Obj]:

@@ -1,34 +1,32 @@
-"""The inference role: a Deployment serving the policy (builtin, vLLM or SGLang) and its Service.
+"""The inference role: a Deployment serving the policy (builtin or vLLM) and its Service.
 
 Every engine serves the policy under the job's name (``--served-model-name <job>``), on
 ``spec.inference.port``, with ``/health`` as readiness probe, and mounts the checkpoint claim
 read-only at ``/checkpoints`` to load the weights the trainer publishes there.
 
-- builtin: ``rft serve`` in the runtime image (weight reload: ``/update_weights_from_disk``).
+- builtin: ``rft serve`` in the runtime image with the spec's ``model.dtype`` and
+  ``inference.maxModelLen`` (weight reload: ``/update_weights_from_disk``).
 - vllm: ``python -m vllm.entrypoints.openai.api_server`` with ``--logprobs-mode processed_logprobs``
   (logprobs after temperature, as the trainer computes them). weightSync=lora adds ``--enable-lora``
   (rank rounded up to one vLLM accepts; as many adapters as policy versions are served at once) and
   runtime adapter loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``): the trainer loads each policy
   version as adapter ``<job>-v<version>`` (see ``rft_runtime.adapters``). weightSync=disk is refused
   by validation for vLLM.
-- sglang: ``python -m sglang.launch_server`` (native ``/update_weights_from_disk``); lora as above.
 
-vLLM and SGLang need a model directory: for a ``builtin:`` model an init container running the
-runtime image exports it (``rft model export``) into the pod's cache. Their root filesystems stay
-writable (both write caches outside ``$HOME``); the runtime image's is read-only.
+vLLM needs a model directory: for a ``builtin:`` model an init container running the
+runtime image exports it (``rft model export``) into the pod's cache. Its root filesystem stays
+writable (it writes caches outside ``$HOME``); the runtime image's is read-only.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from rft_api.constants import DEFAULT_SGLANG_IMAGE, DEFAULT_VLLM_IMAGE, VLLM_LORA_RANKS
+from rft_api.constants import DEFAULT_VLLM_IMAGE, VLLM_LORA_RANKS
 from rft_api.job import RFTJob
+from rft_api.layout import CHAT_TEMPLATE_KEY, CONFIG_DIR, exported_model_path, model_path, tokenizer_path
 
 from .. import names
-from .common import (BIND_HOST, CHAT_TEMPLATE_KEY, CONFIG_DIR, BuildContext, base_env, checkpoint_mount, checkpoint_volume,
-                     claim_volumes, config_mount, config_volume, container_security_context, deployment,
-                     env_var, exported_model_path, http_probe, model_path, pod_spec, resources, scratch_mounts,
-                     scratch_volumes, service, tokenizer_path, user_env)
+from .common import BIND_HOST, BuildContext, base_env, checkpoint_mount, checkpoint_volume, claim_volumes, config_mount, config_volume, container_security_context, deployment, env_var, http_probe, pod_spec, resources, scratch_mounts, scratch_volumes, service, user_env
 
 Obj = dict[str, Any]
 ROLE = "inference"
@@ -40,7 +38,7 @@ def image(job: RFTJob) -> str:
     inf = job.spec.inference
     if inf.image:
         return inf.image
-    return {"builtin": job.spec.runtime_image, "vllm": DEFAULT_VLLM_IMAGE, "sglang": DEFAULT_SGLANG_IMAGE}[inf.engine]
+    return {"builtin": job.spec.runtime_image, "vllm": DEFAULT_VLLM_IMAGE}[inf.engine]
 
 
 def command(job: RFTJob) -> list[str]:
@@ -52,11 +50,15 @@ def command(job: RFTJob) -> list[str]:
     template = f"{CONFIG_DIR}/{CHAT_TEMPLATE_KEY}" if spec.model.chat_template else None
     if inf.engine == "builtin":
         cmd = ["rft", "serve", "--model", model_path(spec), "--host", BIND_HOST, "--port", port,
-               "--served-model-name", job.name]
+               "--served-model-name", job.name, "--dtype", spec.model.dtype]
+        if inf.max_model_len is not None:
+            cmd += ["--max-model-len", str(inf.max_model_len)]
     elif inf.engine == "vllm":
         cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", exported_model_path(spec),
                "--served-model-name", job.name, "--host", BIND_HOST, "--port", port,
-               "--max-model-len", str(inf.max_model_len), "--logprobs-mode", "processed_logprobs"]
+               "--logprobs-mode", "processed_logprobs"]
+        if inf.max_model_len is not None:
+            cmd += ["--max-model-len", str(inf.max_model_len)]
         if spec.model.dtype != "auto":
             cmd += ["--dtype", spec.model.dtype]
         if tok:
@@ -67,19 +69,6 @@ def command(job: RFTJob) -> list[str]:
             loras = str(spec.rollout.policy_versions_served())
             cmd += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(lora.rank)), "--max-loras", loras,
                     "--max-cpu-loras", loras]
-    else:  # sglang
-        cmd = ["python", "-m", "sglang.launch_server", "--model-path", exported_model_path(spec),
-               "--served-model-name", job.name, "--host", BIND_HOST, "--port", port,
-               "--context-length", str(inf.max_model_len)]
-        if spec.model.dtype != "auto":
-            cmd += ["--dtype", spec.model.dtype]
-        if tok:
-            cmd += ["--tokenizer-path", tok]
-        if template:
-            cmd += ["--chat-template", template]
-        if lora is not None:
-            cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--max-loras-per-batch",
-                    str(spec.rollout.policy_versions_served())]
     return cmd + list(inf.extra_args)
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from rft_api.job import RFTJob
+from rft_api.layout import CONFIG_PATH
 
 from .. import names
 from ..topology import REWARD_REPLICAS
 from . import evaluator
-from .common import (BIND_HOST, CONFIG_PATH, BuildContext, base_env, config_mount, config_volume, container_security_context,
-                     deployment, http_probe, pod_spec, scratch_mounts, scratch_volumes, service)
+from .common import BIND_HOST, BuildContext, base_env, config_mount, config_volume, container_security_context, deployment, http_probe, pod_spec, scratch_mounts, scratch_volumes, service
 
 Obj = dict[str, Any]
 ROLE = "reward"

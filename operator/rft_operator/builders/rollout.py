@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from rft_api.job import RFTJob
+from rft_api.layout import CONFIG_PATH
 
 from .. import names
 from ..topology import reward_required
 from . import evaluator
-from .common import (CONFIG_PATH, BuildContext, base_env, config_mount, config_volume, container_security_context,
-                     deployment, pod_spec, scratch_mounts, scratch_volumes)
+from .common import BuildContext, base_env, config_mount, config_volume, container_security_context, deployment, pod_spec, scratch_mounts, scratch_volumes
 
 Obj = dict[str, Any]
 ROLE = "rollout"

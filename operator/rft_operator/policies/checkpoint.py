@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from rft_api.status import CheckpointRecord
 
-from ..progress import Progress
+from rft_api.progress import Progress
 
 
 def retained(progress: Optional[Progress], keep_last: int,

@@ -24,7 +24,7 @@ from typing import Optional
 from rft_api.spec import RFTJobSpec
 
 from ..observe import TrainerObs
-from ..progress import Progress
+from rft_api.progress import Progress
 
 
 @dataclass(frozen=True)

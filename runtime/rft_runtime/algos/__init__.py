@@ -9,8 +9,10 @@ name twice raises :class:`DuplicateRegistrationError`):
   ``seq-mean-token-sum-norm``
 * :data:`KL_ESTIMATORS` — ``k1``, ``k2``, ``k3``
 * :data:`TIS_MODES` — ``truncate``, ``mask`` (levels :data:`TIS_LEVELS`: ``token``, ``sequence``)
-* :data:`ALGORITHMS` — presets ``grpo``, ``dr_grpo``, ``dapo``, ``gspo``, ``cispo``, ``rloo``,
-  ``reinforce_pp`` (the ``trainer.algorithm`` CRD enum)
+
+The algorithm presets (``trainer.algorithm``: which estimator, loss and aggregation, with which
+defaults) are data in the API, :data:`rft_api.presets.ALGORITHM_PRESETS`, resolved per job by
+:func:`rft_api.presets.resolve_algorithm`; a test checks that every name they use is registered here.
 
 One optimiser step, in order: rewards (+ :func:`apply_overlong_penalty`, + KL-in-reward) →
 :func:`filter_groups` / :class:`DynamicSampler` → advantages (``valid`` masks the loss) →
@@ -42,13 +44,11 @@ from .kl import KL_ESTIMATORS, KLEstimator, apply_kl_to_rewards, kl_in_loss, kl_
 from .logits import entropy_from_logits, logprobs_from_logits
 from .overlong import apply_overlong_penalty, overlong_penalty
 from .policy_losses import POLICY_LOSSES, PolicyLoss, PolicyLossConfig, compute_policy_loss
-from .presets import ALGORITHMS, AlgorithmPreset, get_algorithm
 from .registry import DuplicateRegistrationError, Registry, UnknownNameError
 from .tis import TIS_LEVELS, TIS_MODES, TISOutput, tis_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
-    "ALGORITHMS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
@@ -57,7 +57,6 @@ __all__ = [
     "AdvantageConfig",
     "AdvantageEstimator",
     "AdvantageOutput",
-    "AlgorithmPreset",
     "DuplicateRegistrationError",
     "DynamicSampler",
     "FilterResult",
@@ -77,7 +76,6 @@ __all__ = [
     "compute_policy_loss",
     "entropy_from_logits",
     "filter_groups",
-    "get_algorithm",
     "group_key",
     "has_signal",
     "kl_in_loss",

@@ -3,8 +3,8 @@
 * :mod:`.core` — the pure state machine (tasks, leases, groups, staleness, counters).
 * :mod:`.service` — thread-safe wrapper; the trainer blocks on it for complete groups.
 * :mod:`.http` / :mod:`.server` — the aiohttp API, served from a thread of the trainer process.
-* :mod:`.client` — async client for rollout workers.
-* :mod:`.worker_loop` — the rollout role (`rft rollout --config FILE`).
+
+The rollout side (client, scoring, the rollout loop) lives in :mod:`rft_runtime.rollout`.
 """
 
 from .core import COUNTER_NAMES, Coordinator, CoordinatorConfig, CoordinatorError, Group

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from rft_api import runtime
+from rft_api.runtime import BIND_HOST_ENV
 
 ACTOR_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -82,14 +84,15 @@ class InferenceActor:
 class TrainerActor:
     """The trainer role (:class:`~rft_runtime.trainer.trainer.Trainer`, coordinator included)."""
 
-    def __init__(self, config_doc: dict[str, Any], *, resume: bool, require_resume: bool,
-                 max_steps: int | None, threads: int = 1, log_file: str | None = None) -> None:
+    def __init__(self, config_doc: str, *, resume: bool, require_resume: bool,
+                 max_steps: int | None, threads: int = 1, local: bool = True, log_file: str | None = None) -> None:
         _setup_process(log_file, threads)
-        from ..trainer.config import parse_config
+        if local:  # the coordinator listens on loopback only (the runtime contract's bind address)
+            os.environ[BIND_HOST_ENV] = "127.0.0.1"
         from ..trainer.trainer import Trainer
 
         self._stop = threading.Event()
-        self.trainer = Trainer(parse_config(config_doc), resume=resume, require_resume=require_resume,
+        self.trainer = Trainer(runtime.parse(config_doc), resume=resume, require_resume=require_resume,
                                max_steps=max_steps, should_stop=self._stop.is_set)
 
     def setup(self) -> dict[str, Any]:
@@ -122,14 +125,12 @@ class TrainerActor:
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class RolloutActor:
-    """The rollout role (:class:`~rft_runtime.coordinator.worker_loop.RolloutLoop`)."""
+    """The rollout role (:class:`~rft_runtime.rollout.loop.RolloutLoop`)."""
 
-    def __init__(self, config_doc: dict[str, Any], worker_id: str, *, threads: int = 1,
+    def __init__(self, config_doc: str, worker_id: str, *, threads: int = 1,
                  log_file: str | None = None) -> None:
         _setup_process(log_file, threads)
-        from ..trainer.config import parse_config
-
-        self.cfg = parse_config(config_doc)
+        self.cfg = runtime.parse(config_doc)
         self.worker_id = worker_id
         self._stop = threading.Event()
 
@@ -137,7 +138,7 @@ class RolloutActor:
         """Run the loop until the coordinator says done or :meth:`stop` is called."""
         import dataclasses
 
-        from ..coordinator.worker_loop import RolloutLoop
+        from ..rollout.loop import RolloutLoop
 
         loop = RolloutLoop(self.cfg, worker_id=self.worker_id, should_stop=self._stop.is_set)
         return dataclasses.asdict(asyncio.run(loop.run()))

@@ -24,11 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from rft_api.job import InvalidSpec
+    from rft_api.runtime import ConfigError
 
     from ..coordinator import CollectTimeout
     from ..data import DatasetError
     from ..trainer.checkpoint import CheckpointError
-    from ..trainer.config import ConfigError
     from ..trainer.publisher import PublishError
     from ..trainer.state import ResumeError
     from .runner import LocalRunError, RunOptions, run_local

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rft_api import runtime
+from rft_api.job import RFTJob
+
 from ..metrics_sink import read_metrics
 from .report import format_summary, plot_reward_curve, reward_summary
 
@@ -139,10 +142,11 @@ def run_local(opts: RunOptions) -> RunResult:
     out = _out_dir(opts, job.name, opts.max_steps or spec.trainer.max_steps)
     started = time.perf_counter()
     from ..model import default_cache_dir
-    from ..trainer.model_io import resolve_model_dir
+    from ..model.loading import resolve_model_dir
 
     cache = default_cache_dir()
-    model_dir = resolve_model_dir(spec.model, cache)  # build a builtin model once, before the actors
+    paths = local_paths(job, opts.manifest, out, cache)
+    model_dir = resolve_model_dir(paths)  # build a builtin model once, before the actors
     import ray
 
     _init_ray(opts.address)
@@ -151,7 +155,7 @@ def run_local(opts: RunOptions) -> RunResult:
     interrupted = False
     steps_done = 0
     try:
-        steps_done, interrupted = _run_roles(opts, job, model_dir, cache, out, local, actors)
+        steps_done, interrupted = _run_roles(opts, job, model_dir, paths, out, local, actors)
     except ray.exceptions.RayError as e:
         inner = _unwrap(e)
         if inner is e:
@@ -174,35 +178,76 @@ def run_local(opts: RunOptions) -> RunResult:
     return RunResult(out, steps_done, interrupted, seconds, summary, EXIT_INTERRUPTED if interrupted else 0)
 
 
-def _run_roles(opts: RunOptions, job: Any, model_dir: Path, cache: Path, out: Path, local: bool,
+def local_paths(job: RFTJob, manifest: str, out: Path, model_cache: Path) -> runtime.Paths:
+    """The job's paths on this machine: checkpoints and metrics under ``out``, every spec path resolved
+    as in a pod (:mod:`rft_api.layout`), and each ``configMapKeyRef`` (datasets, evaluator files)
+    taken from a ConfigMap in the manifest file and written where a pod would have it mounted."""
+    spec = job.spec
+    mounts = out / "mounts"
+    dataset_dir, evaluator_dir = mounts / "datasets", mounts / "evaluator"
+    configmaps = _manifest_configmaps(manifest)
+
+    def place(field: str, ref: Any, dest: Path) -> None:
+        data = configmaps.get(ref.name)
+        if data is None:
+            raise LocalRunError(f"{field}.configMapKeyRef: ConfigMap {ref.name!r} is not in {manifest} (rft run "
+                                "reads ConfigMaps from the manifest file)")
+        if ref.key not in data:
+            raise LocalRunError(f"{field}.configMapKeyRef: ConfigMap {ref.name!r} has no key {ref.key!r}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(data[ref.key])
+
+    for split in ("train", "eval"):
+        src = getattr(spec.dataset, split)
+        if src is not None and src.config_map_key_ref is not None:
+            place(f"spec.dataset.{split}", src.config_map_key_ref,
+                  dataset_dir / split / src.config_map_key_ref.key)
+    for i, e in enumerate(spec.evaluator.entries()):
+        if e.file is not None:
+            ref = e.file.config_map_key_ref
+            place(f"spec.evaluator (evaluator {i}).file", ref, evaluator_dir / str(i) / ref.key)
+    return runtime.spec_paths(spec, checkpoints=str(out / "checkpoints"), model_cache=str(model_cache),
+                              output=str(out), dataset_dir=str(dataset_dir), evaluator_dir=str(evaluator_dir))
+
+
+def _manifest_configmaps(manifest: str) -> dict[str, dict[str, str]]:
+    import yaml
+
+    with open(manifest) as f:
+        docs = [d for d in yaml.safe_load_all(f) if isinstance(d, dict)]
+    return {d.get("metadata", {}).get("name", ""): dict(d.get("data") or {}) for d in docs if d.get("kind") == "ConfigMap"}
+
+
+def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Paths, out: Path, local: bool,
                actors: list[Any]) -> tuple[int, bool]:
     """Start the role actors, drive the trainer, and shut the roles down; returns (steps, interrupted)."""
     import ray
 
     spec = job.spec
-    from ..trainer.config import build_config
     from .actors import InferenceActor, RolloutActor, TrainerActor, node_host
 
     logs = out / "logs"
     infer = [InferenceActor.remote(str(model_dir), job.name, local=local, threads=opts.threads,
-                                   dtype=spec.model.dtype, log_file=str(logs / f"inference-{i}.log"))
+                                   dtype=spec.model.dtype, max_model_len=spec.inference.max_model_len,
+                                   log_file=str(logs / f"inference-{i}.log"))
              for i in range(max(1, spec.inference.replicas))]
     actors += infer
     urls = ray.get([a.url.remote() for a in infer])
     host = node_host(local)
-    doc = build_config(job.name, spec, namespace=job.namespace, inference=urls, reward=None,
-                       coordinator_host=host, coordinator_port=0,
-                       coordinator_bind="127.0.0.1" if local else "0.0.0.0",
-                       checkpoints=out / "checkpoints", model_cache=cache, output=out, threads=opts.threads,
-                       progress="file")
-    trainer = TrainerActor.remote(doc, resume=opts.resume, require_resume=opts.resume,
-                                  max_steps=opts.max_steps, threads=opts.threads,
+    cfg = runtime.build(
+        job, endpoints=runtime.Endpoints(inference=urls, served_model_name=job.name,
+                                         coordinator=f"http://{host}:0"),
+        ports=runtime.Ports(coordinator=0), paths=paths, scoring="rollout",
+        progress=runtime.ProgressTarget(sink="file"), trainer=runtime.TrainerSettings(threads=opts.threads))
+    trainer = TrainerActor.remote(cfg.to_json(), resume=opts.resume, require_resume=opts.resume,
+                                  max_steps=opts.max_steps, threads=opts.threads, local=local,
                                   log_file=str(logs / "trainer.log"))
     actors.append(trainer)
     info = ray.get(trainer.setup.remote())
-    port = int(info["coordinator_url"].rsplit(":", 1)[1])
-    doc["endpoints"]["coordinator"]["port"] = port
-    (out / "config.json").write_text(json.dumps(doc, indent=1))
+    cfg = cfg.model_copy(update={"endpoints": cfg.endpoints.model_copy(
+        update={"coordinator": info["coordinator_url"]})})
+    doc = cfg.to_json()
+    (out / "config.json").write_text(doc)
     rollouts = [RolloutActor.remote(doc, f"local-rollout-{i}", threads=opts.threads,
                                     log_file=str(logs / f"rollout-{i}.log"))
                 for i in range(max(1, spec.rollout.replicas))]

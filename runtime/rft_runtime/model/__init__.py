@@ -13,27 +13,22 @@ from .builtin import (  # noqa: E402
     resolve_builtin_model,
 )
 from .cli import make_tiny_model_cli
-from .evaluate import AccuracyReport, accuracy, last_number_matches, sample_texts
 from .tiny import TinyModelConfig, make_tiny_model
 from .tokenizer import build_tokenizer, chat_template
 from .warm_start import WarmStartResult, encode_sft_example, warm_start
 
 __all__ = [
-    "AccuracyReport",
     "BUILTIN_MODELS",
     "DEFAULT_WARM_START_STEPS",
     "TinyModelConfig",
     "WarmStartResult",
-    "accuracy",
     "build_tokenizer",
     "chat_template",
     "default_cache_dir",
     "encode_sft_example",
     "is_builtin_spec",
-    "last_number_matches",
     "make_tiny_model",
     "make_tiny_model_cli",
     "resolve_builtin_model",
-    "sample_texts",
     "warm_start",
 ]

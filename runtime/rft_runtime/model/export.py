@@ -1,6 +1,6 @@
 """``rft model export --model SPEC --out DIR``: materialise a model as a plain Hugging Face directory.
 
-Engines that cannot build our builtin models themselves (vLLM, SGLang) get one this way: the operator
+Engines that cannot build our builtin models themselves (vLLM) get one this way: the operator
 runs it as an init container that writes into the pod's scratch volume. A path is copied as is.
 """
 from __future__ import annotations

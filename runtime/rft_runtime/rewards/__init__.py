@@ -5,7 +5,7 @@ means not applicable and is left out of group baselines. See ``types.py``.
 """
 
 from .composite import CompositeEvaluator, Slot
-from .config import EvaluatorEntry, RewardConfig, api_key_env_name, load_reward_config, parse_reward_config
+from .config import EvaluatorEntry, RewardConfig, api_key_env_name, from_runtime_config, from_spec, load_reward_config
 from .custom import CustomEvaluator, load_function
 from .factory import build_composite, build_evaluator
 from .options import ConfigError
@@ -15,7 +15,7 @@ from .types import ERROR_KINDS, ErrorKind, EvaluatorError, Item, Sample, ScoreRe
 
 __all__ = [
     "CompositeEvaluator", "Slot", "EvaluatorEntry", "RewardConfig", "api_key_env_name", "load_reward_config",
-    "parse_reward_config", "CustomEvaluator", "load_function", "build_composite", "build_evaluator", "ConfigError",
+    "from_runtime_config", "from_spec", "CustomEvaluator", "load_function", "build_composite", "build_evaluator", "ConfigError",
     "BUILTINS", "Evaluator", "Registry", "UnknownEvaluatorError", "register_builtin", "RewardService",
     "ERROR_KINDS", "ErrorKind", "EvaluatorError", "Item", "Sample", "ScoreResult", "normalise_result",
 ]

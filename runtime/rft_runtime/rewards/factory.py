@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from . import builtins as _builtins  # noqa: F401  (registers the builtins)
 from .composite import CompositeEvaluator, Slot
-from .config import EvaluatorEntry, RewardConfig, parse_reward_config
+from .config import EvaluatorEntry, RewardConfig
 from .custom import CustomEvaluator, load_function
 from .options import ConfigError
 from .registry import BUILTINS
@@ -27,10 +27,8 @@ def build_evaluator(entry: EvaluatorEntry) -> Any:
         raise ConfigError(f"evaluator {entry.name!r}: {exc}") from None
 
 
-def build_composite(config: RewardConfig | Mapping[str, Any]) -> CompositeEvaluator:
-    """A CompositeEvaluator for a whole reward config (a RewardConfig or its raw dict form)."""
-    if not isinstance(config, RewardConfig):
-        config = parse_reward_config(config)
+def build_composite(config: RewardConfig) -> CompositeEvaluator:
+    """A CompositeEvaluator for a whole reward config."""
     slots = [Slot(name=e.name, evaluator=build_evaluator(e), weight=e.weight,
                   timeout_seconds=e.timeout_seconds or config.timeout_seconds) for e in config.evaluators]
     return CompositeEvaluator(slots, on_error=config.on_error, sync_workers=max(4, config.concurrency))

@@ -16,7 +16,10 @@ import signal
 import sys
 
 from aiohttp import web
+from rft_api.runtime import BIND_HOST_ENV
 
+from .config import load_reward_config
+from .factory import build_composite
 from .options import ConfigError
 from .service import RewardService
 from .wire import RequestError, parse_request, result_json
@@ -89,14 +92,15 @@ async def _serve(service: RewardService, host: str, port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rft reward``; returns the exit code (2 for a bad config)."""
     parser = argparse.ArgumentParser(prog="rft reward", description="serve the reward API (contract 3)")
-    parser.add_argument("--config", required=True, help="YAML/JSON: {evaluators: [...], timeoutSeconds, concurrency}")
-    parser.add_argument("--host", default=os.environ.get("RFT_BIND_HOST", "0.0.0.0"),
+    parser.add_argument("--config", required=True, help="the job's runtime config (config.json)")
+    parser.add_argument("--host", default=os.environ.get(BIND_HOST_ENV, "0.0.0.0"),
                         help="listen address (default: $RFT_BIND_HOST, else 0.0.0.0)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        service = RewardService.from_config(args.config)
+        cfg = load_reward_config(args.config)
+        service = RewardService(build_composite(cfg), concurrency=cfg.concurrency)
     except (ConfigError, RuntimeError) as exc:
         print(f"rft reward: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,10 @@ import time
 from typing import Any, Iterable, Mapping
 
 from .composite import CompositeEvaluator
-from .config import RewardConfig, load_reward_config, parse_reward_config
+from rft_api.runtime import RuntimeConfig
+from rft_api.spec import EvaluatorSpec
+
+from .config import RewardConfig, from_runtime_config, from_spec
 from .factory import build_composite
 from .metrics import RewardMetrics
 from .types import Item, Sample, ScoreResult
@@ -27,13 +30,14 @@ class RewardService:
         self._sem: asyncio.Semaphore | None = None
 
     @classmethod
-    def from_config(cls, config: RewardConfig | Mapping[str, Any] | str) -> "RewardService":
-        """From a RewardConfig, its raw dict, or a YAML/JSON file path."""
-        if isinstance(config, str):
-            config = load_reward_config(config)
+    def from_config(cls, config: RewardConfig | RuntimeConfig | EvaluatorSpec | Mapping[str, Any],
+                    concurrency: int | None = None) -> "RewardService":
+        """From a RewardConfig, a job's runtime config, or ``spec.evaluator`` (the model or its dict)."""
+        if isinstance(config, RuntimeConfig):
+            config = from_runtime_config(config)
         elif not isinstance(config, RewardConfig):
-            config = parse_reward_config(config)
-        return cls(build_composite(config), concurrency=config.concurrency)
+            config = from_spec(config, concurrency=concurrency or 16)
+        return cls(build_composite(config), concurrency=concurrency or config.concurrency)
 
     async def score(self, sample: Sample | Mapping[str, Any], item: Item | Mapping[str, Any] | None) -> ScoreResult:
         """Scores one sample (waits for a concurrency slot)."""

@@ -1,6 +1,6 @@
 """The trainer role: learner numerics, checkpoints, weight publication and the step loop.
 
-* :mod:`.config` — the resolved runtime config (`--config FILE`) and :func:`build_config`.
+* The runtime config (`--config FILE`) is :mod:`rft_api.runtime`, parsed once by :mod:`.main`.
 * :mod:`.batch` — episodes → padded tensors; :mod:`.signals` — rewards → advantages, statistics.
 * :mod:`.learner` — log-probs, micro-batched update with the global normaliser, AdamW, schedule.
 * :mod:`.checkpoint` / :mod:`.state` — atomic checkpoints and what they hold.
@@ -9,16 +9,10 @@
 """
 
 from .checkpoint import CheckpointError, CheckpointManager
-from .config import ConfigError, RuntimeConfig, build_config, load_config, parse_config
 from .state import ResumeError
 
 __all__ = [
     "CheckpointError",
     "CheckpointManager",
-    "ConfigError",
     "ResumeError",
-    "RuntimeConfig",
-    "build_config",
-    "load_config",
-    "parse_config",
 ]

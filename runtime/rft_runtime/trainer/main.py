@@ -14,7 +14,8 @@ import signal
 import sys
 import threading
 
-from .config import ConfigError, load_config
+from rft_api import runtime
+
 from .state import ResumeError
 from .trainer import StopRequested, Trainer
 
@@ -32,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     # httpx logs every request at INFO (the inference version check alone is one line every 2 s).
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
+        cfg = runtime.load(args.config)
+    except runtime.ConfigError as e:
         print(f"rft trainer: {e}", file=sys.stderr)
         return 2
     stop = threading.Event()

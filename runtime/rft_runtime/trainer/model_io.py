@@ -13,40 +13,11 @@ import torch  # noqa: E402
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_model_dir(model_spec: Any, model_cache: str | Path | None) -> Path:
-    """The directory of ``spec.model.base``: a builtin model (built and cached in
-    ``model_cache``), an absolute path, or a path relative to ``spec.model.volume``'s mount."""
-    base = model_spec.base
-    if base.startswith("builtin:"):
-        from ..model import resolve_builtin_model
-
-        return Path(resolve_builtin_model(base, model_cache))
-    if base.startswith("/"):
-        path = Path(base)
-    elif model_spec.volume is not None:
-        path = Path(model_spec.volume.mount_path) / base
-    else:
-        raise ValueError(f"spec.model.base: {base!r} is relative but spec.model.volume is not set")
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"spec.model.base: {path} is not a model directory (no config.json)")
-    return path
-
-
 def torch_dtype(name: str) -> torch.dtype:
     """``auto`` is bfloat16 on GPU and float32 on CPU."""
     if name == "auto":
         return torch.bfloat16 if torch.cuda.is_available() else torch.float32
     return DTYPES[name]
-
-
-def load_tokenizer(model_dir: Path, tokenizer_dir: str | None = None, chat_template: str | None = None) -> Any:
-    """The tokenizer of the model (or ``spec.model.tokenizer``), with an optional template override."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir or model_dir)
-    if chat_template:
-        tok.chat_template = chat_template
-    return tok
 
 
 def load_base(model_dir: Path, dtype: torch.dtype, warm_start_from: str | None = None) -> torch.nn.Module:
@@ -81,10 +52,10 @@ def wrap_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
     return get_peft_model(model, cfg)
 
 
-def load_policy(model_spec: Any, model_dir: Path, seed: int) -> torch.nn.Module:
-    """The trainable policy: base (or warm-start) weights, LoRA-wrapped when configured."""
+def load_policy(model_spec: Any, model_dir: Path, seed: int, warm_start: str | None = None) -> torch.nn.Module:
+    """The trainable policy: base (or warm-start, ``paths.warmStart``) weights, LoRA-wrapped when configured."""
     dtype = torch_dtype(model_spec.dtype)
-    model = load_base(model_dir, dtype, model_spec.warm_start_from)
+    model = load_base(model_dir, dtype, warm_start)
     if model_spec.lora is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -100,11 +71,11 @@ class Reference:
     otherwise a separate frozen model is loaded.
     """
 
-    def __init__(self, policy: torch.nn.Module, model_spec: Any, model_dir: Path) -> None:
+    def __init__(self, policy: torch.nn.Module, model_spec: Any, model_dir: Path, warm_start: str | None = None) -> None:
         self._policy = policy
         self._model: torch.nn.Module | None = None
         if not hasattr(policy, "disable_adapter"):
-            self._model = load_base(model_dir, torch_dtype(model_spec.dtype), model_spec.warm_start_from)
+            self._model = load_base(model_dir, torch_dtype(model_spec.dtype), warm_start)
             self._model.eval()
             for p in self._model.parameters():
                 p.requires_grad_(False)

@@ -1,7 +1,7 @@
 """How an inference engine takes a published policy version: one class per reload protocol.
 
 - :class:`DiskReload` — ``POST /update_weights_from_disk {"model_path", "policy_version"}`` and
-  ``GET /get_policy_version`` (our builtin server; SGLang's route). The engine keeps one model name
+  ``GET /get_policy_version`` (our builtin server; the route name is SGLang's). The engine keeps one model name
   and reports the version it serves.
 - :class:`AdapterReload` — runtime LoRA loading (vLLM with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``):
   ``POST /v1/load_lora_adapter {"lora_name": "<served>-v<version>", "lora_path", "load_inplace": true}``,
@@ -57,7 +57,7 @@ def _json(resp: httpx.Response, what: str) -> Any:
 
 
 class DiskReload:
-    """``/update_weights_from_disk`` + ``/get_policy_version`` (builtin server, SGLang)."""
+    """``/update_weights_from_disk`` + ``/get_policy_version`` (the builtin server)."""
 
     serves_several = False
 
@@ -117,8 +117,5 @@ class AdapterReload:
 def reload_protocol(engine: str, weight_sync: str, served_model: str) -> ReloadProtocol:
     """The protocol for ``spec.inference.engine`` / ``weightSync`` serving ``served_model``."""
     if serves_adapters(engine, weight_sync):
-        if engine == "sglang":  # SGLang's routes carry no /v1 prefix
-            return AdapterReload(served_model, load_route="/load_lora_adapter",
-                                 unload_route="/unload_lora_adapter")
         return AdapterReload(served_model)
     return DiskReload()

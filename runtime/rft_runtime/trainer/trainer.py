@@ -28,9 +28,12 @@ import random
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
+from rft_api.progress import Progress, ProgressCheckpoint, ProgressErrors
+from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
 from ..algos import DynamicSampler, tis_weights
 from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, Group
@@ -38,20 +41,14 @@ from ..coordinator.episodes import episode_reward
 from ..coordinator.server import CoordinatorServer
 from ..data import DataCursor, Task
 from ..metrics_sink import MetricsSink
-from ..progress import (
-    CheckpointEntry,
-    ConfigMapProgressSink,
-    FileProgressSink,
-    ProgressErrors,
-    ProgressRecord,
-    in_cluster,
-)
+from ..rewards.config import evaluator_names
+from ..progress import ConfigMapProgressSink, FileProgressSink, clip_message, finite, now_rfc3339
 from .batch import TrainSequence, collate, sequences_from_groups
 from .checkpoint import CheckpointManager
-from .config import RuntimeConfig
 from .datasets import load_tasks
 from .learner import Learner, build_optimizer, build_scheduler, learner_config
-from .model_io import Reference, load_policy, load_tokenizer, resolve_model_dir
+from ..model.loading import load_tokenizer, resolve_model_dir
+from .model_io import Reference, load_policy
 from .inference_sync import InferenceSync
 from .publisher import WeightPublisher
 from .reload import reload_protocol
@@ -90,14 +87,6 @@ def sampling_params(spec: Any, temperature: float | None = None) -> dict[str, An
 def group_rewards(g: Group) -> list[float | None]:
     """The rewards of a group's episodes (for dynamic sampling)."""
     return [episode_reward(e) for e in g.episodes]
-
-
-def evaluator_names(evaluator_spec: Any) -> list[str]:
-    """The names the reward composite gives the job's evaluators (keys of per-evaluator metrics)."""
-    from ..rewards.config import parse_reward_config
-
-    raw = evaluator_spec.model_dump(by_alias=True, exclude_none=True, mode="json")
-    return [e.name for e in parse_reward_config(raw).evaluators]
 
 
 def mismatch_metrics(old: torch.Tensor, inference: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -171,23 +160,23 @@ class Trainer:
         """Load everything, restore the latest checkpoint when resuming, start the coordinator,
         and make inference serve the current weights."""
         cfg, spec = self.cfg, self.spec
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        if cfg.trainer.threads:
+            torch.set_num_threads(cfg.trainer.threads)
         random.seed(spec.trainer.seed)
         np.random.seed(spec.trainer.seed % (2**32))
         torch.manual_seed(spec.trainer.seed)
         self._load_learner()
         self._load_data()
-        self.checkpoints = CheckpointManager(cfg.checkpoints_dir, spec.checkpoint.keep_last)
+        self.checkpoints = CheckpointManager(Path(cfg.paths.checkpoints), spec.checkpoint.keep_last)
         self.progress_sink = self._progress_sink()
         next_seq = self._restore() if self.resume else 0
-        self.metrics = MetricsSink(cfg.output_dir, purge_step=(self.step_count + 1) if self.resumed_from else None)
+        self.metrics = MetricsSink(cfg.paths.metrics_dir, purge_step=(self.step_count + 1) if self.resumed_from else None)
         self.metrics.truncate_after(self.step_count)
         self._start_coordinator(next_seq)
         inf = spec.inference
-        self.publisher = WeightPublisher(cfg.checkpoints_dir / "weights", cfg.inference_urls,
+        self.publisher = WeightPublisher(Path(cfg.paths.checkpoints) / "weights", cfg.endpoints.inference,
                                          keep=spec.rollout.policy_versions_served(),
-                                         protocol=reload_protocol(inf.engine, inf.weight_sync, cfg.served_model))
+                                         protocol=reload_protocol(inf.engine, inf.weight_sync, cfg.endpoints.served_model_name))
         if spec.inference.weight_sync != "none":
             self.publisher.publish(self.model, self.policy_version, self.tokenizer)
             # a restarted inference server comes back with the base weights: bring it to the current ones
@@ -198,12 +187,14 @@ class Trainer:
     def _load_learner(self) -> None:
         """Tokenizer, policy (LoRA-wrapped when configured), reference, optimiser, scheduler."""
         spec = self.spec
-        self.model_dir = resolve_model_dir(spec.model, self.cfg.model_cache_dir)
-        self.tokenizer = load_tokenizer(self.model_dir, spec.model.tokenizer, spec.model.chat_template)
+        paths = self.cfg.paths
+        self.model_dir = resolve_model_dir(paths)
+        self.tokenizer = load_tokenizer(self.model_dir, paths.tokenizer, spec.model.chat_template)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.model = load_policy(spec.model, self.model_dir, spec.trainer.seed)
+        self.model = load_policy(spec.model, self.model_dir, spec.trainer.seed, paths.warm_start)
         self.evaluator_names = evaluator_names(spec.evaluator)
-        self.reference = Reference(self.model, spec.model, self.model_dir) if self.alg.kl_coef > 0 else None
+        self.reference = (Reference(self.model, spec.model, self.model_dir, paths.warm_start)
+                          if self.alg.kl_coef > 0 else None)
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = build_optimizer(params, spec.trainer.learning_rate, spec.trainer.weight_decay)
         sched = build_scheduler(opt, spec.trainer.scheduler.kind, spec.trainer.scheduler.warmup_steps,
@@ -212,7 +203,7 @@ class Trainer:
 
     def _load_data(self) -> None:
         """Training tasks behind a seeded cursor; the evaluation tasks when evaluation is on."""
-        spec, files = self.spec, self.cfg.dataset_files
+        spec, files = self.spec, self.cfg.paths.datasets
         self.tasks = load_tasks(spec.dataset.train, "train", files)
         self.cursor = DataCursor(self.tasks, seed=spec.dataset.train.seed, shuffle=spec.dataset.shuffle)
         self.eval_tasks: list[Task] = []
@@ -225,7 +216,7 @@ class Trainer:
         latest = self.checkpoints.latest()
         if latest is None:
             if self.require_resume:
-                raise ResumeError(f"--resume: no checkpoint under {self.cfg.checkpoints_dir}")
+                raise ResumeError(f"--resume: no checkpoint under {self.cfg.paths.checkpoints}")
             return 0
         state = read_checkpoint(latest.path, self.model, self.learner.optimizer, self.learner.scheduler,
                                 expect_run=self._run_identity())
@@ -254,9 +245,9 @@ class Trainer:
                               max_staleness=spec.rollout.max_staleness, sampling=sampling_params(spec)),
             policy_version=self.policy_version, seq_start=next_seq)
         self.coordinator = CoordinatorService(coord)
-        self._server = CoordinatorServer(self.coordinator, cfg.coordinator_bind, cfg.coordinator_port,
-                                         metrics_registry=self.metrics.registry,
-                                         advertise_host=cfg.coordinator_host).start()
+        self._server = CoordinatorServer(self.coordinator, os.environ.get(BIND_HOST_ENV) or "0.0.0.0",
+                                         cfg.ports.coordinator, metrics_registry=self.metrics.registry,
+                                         advertise_host=urlsplit(cfg.endpoints.coordinator).hostname).start()
 
     @property
     def coordinator_url(self) -> str:
@@ -272,12 +263,12 @@ class Trainer:
         return {"algorithm": self.alg.name, "lora": self.spec.model.lora is not None, "model": self.spec.model.base}
 
     def _progress_sink(self) -> Any:
-        mode = self.cfg.progress
-        if mode == "configmap" or (mode == "auto" and in_cluster()):
-            return ConfigMapProgressSink(self.cfg.job_name, self.cfg.namespace)
-        return FileProgressSink(self.cfg.output_dir)
+        target = self.cfg.progress
+        if target.sink == "configmap":
+            return ConfigMapProgressSink(target.config_map or f"{self.cfg.job.name}-progress", self.cfg.job.namespace)
+        return FileProgressSink(self.cfg.paths.metrics_dir)
 
-    def _merge_previous_counters(self, previous: ProgressRecord) -> None:
+    def _merge_previous_counters(self, previous: Progress) -> None:
         e = previous.errors
         for key, val in (("samples_scored", previous.samples_scored), ("errors/timeout", e.timeouts),
                          ("errors/runtime_error", e.runtime_errors), ("errors/parse_error", e.parse_errors)):
@@ -298,7 +289,7 @@ class Trainer:
         return self.coordinator.submit(tasks, seeds=seeds, **kw)
 
     def _collect(self, keys: list[str]) -> list[Group]:
-        groups = self.coordinator.collect(keys, stall_timeout_s=self.cfg.stall_timeout_s,
+        groups = self.coordinator.collect(keys, stall_timeout_s=self.cfg.trainer.stall_timeout_seconds,
                                           should_stop=self.should_stop)
         if groups is None:
             raise StopRequested()
@@ -474,10 +465,10 @@ class Trainer:
         last = self.history[-1] if self.history else {}
         counters = self.coordinator.counters() if hasattr(self, "coordinator") else {}
         base = self._coord_base
-        rec = ProgressRecord(
+        rec = Progress(
             attempt=self.attempt, step=self.step_count, total_steps=self.max_steps,
-            policy_version=self.policy_version, reward_mean=last.get("reward_mean"),
-            reward_std=last.get("reward_std"), eval_score=self.eval_score,
+            policy_version=self.policy_version, reward_mean=finite(last.get("reward_mean")),
+            reward_std=finite(last.get("reward_std")), eval_score=finite(self.eval_score),
             samples_scored=int(self.counters.get("samples_scored", 0)),
             errors=ProgressErrors(
                 timeouts=int(self.counters.get("errors/timeout", 0)),
@@ -487,8 +478,9 @@ class Trainer:
                                      + counters.get("episodes_duplicate", 0)),
                 reissued_leases=int(base["reissued"] + counters.get("tasks_reissued", 0)),
             ),
-            checkpoints=[CheckpointEntry(c.step, str(c.path), c.time) for c in self.checkpoints.committed()],
-            done=done, message=message,
+            checkpoints=[ProgressCheckpoint(step=c.step, path=str(c.path), time=c.time)
+                         for c in self.checkpoints.committed()],
+            done=done, message=clip_message(message), update_time=now_rfc3339(),
         )
         try:
             self.progress_sink.write(rec)

@@ -9,7 +9,7 @@ from typing import Any
 from .policy import SandboxPolicy
 from .runner import run_sandboxed
 
-__all__ = ["SandboxUnavailableError", "probe_isolation", "resolve_policy"]
+__all__ = ["SandboxUnavailableError", "probe_isolation"]
 
 _cache: dict[tuple[Any, ...], tuple[SandboxPolicy, dict[str, Any]]] = {}
 _lock = threading.Lock()

@@ -12,6 +12,10 @@ import time
 from typing import Any
 
 import httpx
+from rft_api.runtime import RuntimeConfig
+
+from ..rewards.service import RewardService
+from ..rewards.types import Item, Sample, ScoreResult
 
 
 def _task_dict(task: Any) -> dict[str, Any]:
@@ -25,19 +29,13 @@ def _sample_dict(sample: Any) -> dict[str, Any]:
 
 
 class InProcessScorer:
-    """Scores with a :class:`~rft_runtime.rewards.service.RewardService` built from
-    ``spec.evaluator`` (the same evaluator entries the reward role would run)."""
+    """Scores with a :class:`~rft_runtime.rewards.service.RewardService` built from the job's
+    runtime config (the same evaluator entries the reward role would run)."""
 
-    def __init__(self, evaluator_spec: Any) -> None:
-        from ..rewards.service import RewardService
-
-        raw = evaluator_spec.model_dump(by_alias=True, exclude_none=True, mode="json") \
-            if hasattr(evaluator_spec, "model_dump") else dict(evaluator_spec)
-        self.service = RewardService.from_config(raw)
+    def __init__(self, cfg: RuntimeConfig) -> None:
+        self.service = RewardService.from_config(cfg)
 
     async def __call__(self, sample: Any, task: Any) -> Any:
-        from ..rewards.types import Item, Sample
-
         t0 = time.perf_counter()
         result = await self.service.score(Sample.from_any(sample), Item.from_any(_task_dict(task)))
         result.metrics["time/reward"] = time.perf_counter() - t0
@@ -55,8 +53,6 @@ class RemoteScorer:
         self._http = httpx.AsyncClient(timeout=timeout_s)
 
     async def __call__(self, sample: Any, task: Any) -> Any:
-        from ..rewards.types import ScoreResult
-
         t0 = time.perf_counter()
         body = {"samples": [{"id": sample.id, "sample": _sample_dict(sample), "item": _task_dict(task)}]}
         resp = await self._http.post(self.url + "/v1/score", json=body)

@@ -21,9 +21,20 @@ import socket
 import time
 from typing import Any, Callable
 
+from rft_api import runtime
+from rft_api.runtime import RuntimeConfig
+
 from ..adapters import serves_adapters
-from .client import CoordinatorClient, CoordinatorUnavailable
+from ..model.loading import load_tokenizer, resolve_model_dir
+from .bundle import EvaluatorBundle, load_bundle
+from .chat_template import ChatTokenizer
+from .client import InferenceClient
+from .coordinator_client import CoordinatorClient, CoordinatorUnavailable
+from .episodes import episode_json
+from .retry import RetryPolicy
+from .sampling import SamplingParams
 from .scoring import InProcessScorer, RemoteScorer
+from .worker import RolloutWorker
 
 log = logging.getLogger(__name__)
 
@@ -39,28 +50,20 @@ class LoopStats:
     episodes_rejected: int = 0
 
 
-def _bundle(spec: Any) -> Any:
-    """The evaluator bundle whose ``rollout`` function replaces the default single-turn rollout."""
-    from ..rollout import EvaluatorBundle, load_bundle
-
-    for e in spec.evaluator.entries():
-        if e.bundle is not None and e.bundle.rollout:
-            b = load_bundle(e.bundle.rollout)
-            return EvaluatorBundle(source=b.source, rollout=b.rollout) if b.rollout else None
-        if e.file is not None and e.file.rollout:
-            from ..rewards.config import DEFAULT_FILES_DIR
-
-            base = os.environ.get("RFT_EVALUATOR_FILES_DIR") or DEFAULT_FILES_DIR
-            path = os.path.join(base, e.file.config_map_key_ref.name, e.file.config_map_key_ref.key)
-            b = load_bundle(f"{path}:{e.file.rollout}")
-            return EvaluatorBundle(source=b.source, rollout=b.rollout) if b.rollout else None
-    return None
+def _bundle(cfg: RuntimeConfig) -> EvaluatorBundle | None:
+    """The evaluator's ``rollout`` function (a bundle's, or a file evaluator's at its mounted path),
+    which replaces the default single-turn rollout."""
+    ref = cfg.rollout_function()
+    if ref is None:
+        return None
+    b = load_bundle(ref)
+    return EvaluatorBundle(source=b.source, rollout=b.rollout) if b.rollout else None
 
 
 class RolloutLoop:
     """One rollout worker process's loop (see the module docstring)."""
 
-    def __init__(self, cfg: Any, *, worker_id: str | None = None, poll_s: float = 0.2,
+    def __init__(self, cfg: RuntimeConfig, *, worker_id: str | None = None, poll_s: float = 0.2,
                  should_stop: Callable[[], bool] = lambda: False, max_consecutive_failures: int = 20) -> None:
         self.cfg = cfg
         self.spec = cfg.spec
@@ -73,31 +76,30 @@ class RolloutLoop:
         self._last_error = ""
 
     def _scorer(self) -> Any:
-        # The operator's config says where scoring happens ("scoring": "reward" whenever the job has a
-        # reward role: evaluator.remote, code_sandbox, llm_judge); only then do the reward pods hold
-        # the evaluator files and API keys.
-        remote = self.spec.evaluator.remote or (self.cfg.raw or {}).get("scoring") == "reward"
-        if remote and self.cfg.reward_url:
-            return RemoteScorer(self.cfg.reward_url, timeout_s=self.spec.rollout.request_timeout_seconds)
-        return InProcessScorer(self.spec.evaluator)
+        # The config says where scoring happens ("reward" whenever the job has a reward role:
+        # evaluator.remote, code_sandbox, llm_judge); only then do the reward pods hold the evaluator
+        # files and API keys.
+        if self.cfg.scoring == "reward":
+            if not self.cfg.endpoints.reward:
+                raise runtime.ConfigError("config: scoring is 'reward' but endpoints.reward is not set")
+            return RemoteScorer(self.cfg.endpoints.reward, timeout_s=self.spec.rollout.request_timeout_seconds)
+        return InProcessScorer(self.cfg)
 
     async def run(self) -> LoopStats:
         """Run until the coordinator says done (or ``should_stop``); returns the stats."""
-        from ..rollout import ChatTokenizer, InferenceClient, RetryPolicy, RolloutWorker
-        from ..trainer.model_io import load_tokenizer, resolve_model_dir
-
         spec = self.spec
-        model_dir = resolve_model_dir(spec.model, self.cfg.model_cache_dir)
-        tok = ChatTokenizer(load_tokenizer(model_dir, spec.model.tokenizer, spec.model.chat_template))
+        paths = self.cfg.paths
+        model_dir = resolve_model_dir(paths)
+        tok = ChatTokenizer(load_tokenizer(model_dir, paths.tokenizer, spec.model.chat_template))
         retry = RetryPolicy(deadline_s=spec.rollout.request_timeout_seconds,
                             attempt_timeout_s=spec.rollout.request_timeout_seconds)
         scorer = self._scorer()
         per_lease = max(1, spec.rollout.concurrency // spec.rollout.samples_per_prompt)
         adapters = serves_adapters(spec.inference.engine, spec.inference.weight_sync)
-        async with InferenceClient(self.cfg.inference_urls, self.cfg.served_model, adapter_versions=adapters,
+        async with InferenceClient(self.cfg.endpoints.inference, self.cfg.endpoints.served_model_name, adapter_versions=adapters,
                                    max_concurrency=spec.rollout.concurrency, retry=retry) as inference, \
-                CoordinatorClient(self.cfg.coordinator_url, should_stop=self.should_stop) as coord:
-            worker = RolloutWorker(inference, tok, bundle=_bundle(spec), scorer=scorer,
+                CoordinatorClient(self.cfg.endpoints.coordinator, should_stop=self.should_stop) as coord:
+            worker = RolloutWorker(inference, tok, bundle=_bundle(self.cfg), scorer=scorer,
                                    max_concurrent_rollouts=spec.rollout.concurrency,
                                    rollout_timeout_s=spec.rollout.request_timeout_seconds)
             try:
@@ -138,9 +140,6 @@ class RolloutLoop:
 
     async def _one(self, coord: CoordinatorClient, worker: Any, scorer: Any, grant: dict[str, Any]) -> None:
         """Roll out, score and post one leased task; on failure release the lease (re-issued)."""
-        from ..rollout import SamplingParams
-        from ..rollout.episodes import episode_json
-
         try:
             s = grant.get("sampling") or {}
             sampling = SamplingParams(max_tokens=int(s.get("max_tokens", self.spec.rollout.max_tokens)),
@@ -189,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: the lease poll alone would be five lines a second.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    from ..trainer.config import load_config
-
-    cfg = load_config(args.config)
+    cfg = runtime.load(args.config)
     stats = asyncio.run(RolloutLoop(cfg, worker_id=args.worker_id).run())
     log.info("rollout done: %s", dataclasses.asdict(stats))
     return 0

@@ -5,11 +5,10 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, StringConstraints
 
+from .constants import ConditionType, Phase
 from .spec import ApiModel
 
-Phase = Literal["Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended", "ValidationFailed"]
-ConditionType = Literal[
-    "InferenceReady", "RewardReady", "RolloutReady", "TrainerRunning", "Succeeded", "Failed", "Suspended"]
+
 Text = Annotated[str, StringConstraints(max_length=32768)]
 Short = Annotated[str, StringConstraints(max_length=1024)]
 Time = Annotated[str, StringConstraints(max_length=64)]

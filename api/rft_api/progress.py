@@ -1,7 +1,8 @@
 """The progress record: what the trainer writes to ConfigMap ``<job>-progress``, key ``progress.json``.
 
 The trainer is the only writer of that ConfigMap (its Role allows get and patch of it and nothing
-else); the operator reads it and folds it into ``RFTJob.status``. The format is documented in
+else); the operator reads it and folds it into ``RFTJob.status``. Both sides use this one model (the
+trainer builds and writes it, the operator parses it). The format is documented in
 ``docs/progress.md``. Rules for readers:
 
 - missing keys take their defaults (a trainer that has not reached a step yet writes ``{}``);
@@ -16,7 +17,8 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from pydantic.alias_generators import to_camel
 
-from .names import PROGRESS_KEY
+PROGRESS_KEY = "progress.json"
+"""The ConfigMap key (and the file name, on one machine) that holds the record."""
 
 MAX_CHECKPOINTS = 10_000
 Count = Annotated[int, Field(ge=0)]

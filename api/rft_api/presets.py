@@ -6,8 +6,10 @@ and defaults that the spec may override. The runtime's registries must contain e
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Optional
+
+from pydantic import BaseModel, ConfigDict
 
 from .spec import RFTJobSpec
 
@@ -43,9 +45,10 @@ ALGORITHM_PRESETS: dict[str, Preset] = {
 }
 
 
-@dataclass(frozen=True)
-class ResolvedAlgorithm:
+class ResolvedAlgorithm(BaseModel):
     """The concrete algorithm a job runs: its preset with the spec's overrides applied."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     advantage_estimator: str
@@ -53,19 +56,19 @@ class ResolvedAlgorithm:
     loss_aggregation: str
     clip_low: float
     clip_high: float
-    dual_clip_c: Optional[float]
     kl_coef: float
     kl_estimator: str
     kl_placement: str
     dynamic_sampling: bool
     dynamic_sampling_max_rounds: int
-    overlong_buffer_tokens: Optional[int]
     overlong_penalty_factor: float
-    importance_sampling: Optional[dict]
     old_logprobs: str
+    dual_clip_c: Optional[float] = None
+    overlong_buffer_tokens: Optional[int] = None
+    importance_sampling: Optional[dict] = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return self.model_dump()
 
 
 def resolve_algorithm(spec: RFTJobSpec) -> ResolvedAlgorithm:

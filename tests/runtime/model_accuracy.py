@@ -1,6 +1,6 @@
-"""Offline sampling and accuracy with transformers, to measure a model on a dataset.
+"""Offline sampling and accuracy with transformers, to measure a model on a dataset (a test tool).
 
-This is a measuring tool (warm start, tests, benches), not the inference server: it samples with
+Not the inference server: it samples with
 ``model.generate`` (pure temperature sampling, no top-k/top-p) from the chat-templated prompt.
 """
 
@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..data.task import Task
-from .tiny import seeded_torch
+from rft_runtime.data.task import Task
+from rft_runtime.model.tiny import seeded_torch
 
 __all__ = ["AccuracyReport", "sample_texts", "last_number_matches", "accuracy"]
 

@@ -11,7 +11,9 @@ from typing import Annotated, Literal, Optional
 from pydantic import ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
-from .constants import BUILTIN_MODELS, DEFAULT_RUNTIME_IMAGE, GROUP_RELATIVE_ALGORITHMS, VLLM_LORA_RANKS
+from .constants import (BUILTIN_MODELS, DEFAULT_RUNTIME_IMAGE, GROUP_RELATIVE_ALGORITHMS, VLLM_LORA_RANKS,
+                        AdvantageEstimatorName, AlgorithmName, BuiltinDatasetName, BuiltinEvaluatorName, EngineName,
+                        KLEstimatorName, LossAggregationName, PolicyLossName)
 from .rules import Rule, RuleChecked, rules
 
 VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]
@@ -25,13 +27,6 @@ EnvName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern
 Quantity = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$")]
 Entrypoint = Annotated[str, StringConstraints(max_length=512, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
 
-AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"]
-AdvantageEstimatorName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"]
-PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "reinforce"]
-LossAggregationName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLEstimatorName = Literal["k1", "k2", "k3"]
-BuiltinEvaluatorName = Literal["math", "string_check", "regex", "code_sandbox", "llm_judge"]
-EngineName = Literal["builtin", "vllm", "sglang"]
 
 
 class ApiModel(RuleChecked):
@@ -141,7 +136,7 @@ class ModelSpec(ApiModel):
     check=lambda d: sum(x is not None for x in (d.builtin, d.config_map_key_ref, d.path)) == 1,
 ))
 class DataSource(ApiModel):
-    builtin: Optional[Literal["arithmetic", "gsm8k_synth"]] = None
+    builtin: Optional[BuiltinDatasetName] = None
     """A dataset generated offline by the runtime."""
     config_map_key_ref: Optional[ConfigMapKeySelector] = None
     """JSONL in a ConfigMap key (small datasets only: ConfigMaps are limited to 1 MiB)."""
@@ -318,7 +313,7 @@ class RolloutSpec(ApiModel):
 # ---------------------------------------------------------------- inference
 class InferenceSpec(ApiModel):
     engine: EngineName = "builtin"
-    """builtin (our torch server), vllm or sglang."""
+    """builtin (our torch server) or vllm."""
     image: Optional[Image] = None
     """Engine image; defaults to the runtime image for builtin and an upstream image otherwise."""
     replicas: int = Field(1, ge=0, le=256)
@@ -330,9 +325,9 @@ class InferenceSpec(ApiModel):
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment for the engine."""
     weight_sync: Literal["disk", "lora", "none"] = "disk"
-    """How new weights reach inference: disk (update_weights_from_disk from the shared volume; builtin and sglang), lora (each policy version a LoRA adapter loaded at runtime; needs model.lora; the way for vllm), none (frozen policy, for evaluation)."""
-    max_model_len: int = Field(4096, ge=64, le=1048576)
-    """Context length served."""
+    """How new weights reach inference: disk (update_weights_from_disk from the shared volume; builtin), lora (each policy version a LoRA adapter loaded at runtime; needs model.lora; the way for vllm), none (frozen policy, for evaluation)."""
+    max_model_len: Optional[int] = Field(None, ge=64, le=1048576)
+    """Context length served (prompt plus completion); default the model's own maximum (max_position_embeddings). A value above the model's maximum is refused by the engine at start."""
     port: int = Field(8000, ge=1024, le=65535)
     """Container port."""
 
@@ -502,7 +497,7 @@ def _group_ok(s: "RFTJobSpec") -> bool:
     check=lambda s: s.evaluation is None or s.evaluation.every_steps == 0 or s.dataset.eval is not None,
 ), Rule(
     cel="!has(self.model.lora) || self.inference.weightSync != 'disk' || self.inference.engine == 'builtin'",
-    message="with model.lora on vllm or sglang, inference.weightSync must be lora (or none)",
+    message="with model.lora on vllm, inference.weightSync must be lora (or none)",
     field=".inference.weightSync",
     check=lambda s: s.model.lora is None or s.inference.weight_sync != "disk" or s.inference.engine == "builtin",
 ), Rule(

