@@ -233,3 +233,40 @@ async def test_refused_request_is_an_episode_error_but_config_errors_propagate(r
     server.faults = [404]
     with pytest.raises(InferenceHTTPError, match="404"):
         await worker(url, chat_tokenizer).rollout_task(TASK, 1, SAMPLING, policy_version=0)
+
+
+async def test_max_turns_ends_the_episode_with_its_termination_reason(real_server, chat_tokenizer):
+    """rollout.maxTurns: turn maxTurns+1 is not sampled; the episode ends as `max_turns` and is scored."""
+    scored = []
+
+    def score(sample, item):
+        scored.append(sample)
+        return 1.0
+
+    w = worker(real_server, chat_tokenizer, bundle=EvaluatorBundle("inline", rollout=_continue_loop(5), score=score),
+               max_turns=2)
+    try:
+        eps = await w.rollout_task(TASK, 2, SAMPLING, policy_version=1)
+    finally:
+        w.close()
+    for ep in eps:
+        assert ep.termination_reason == "max_turns" and not ep.errors.any and ep.reward == 1.0
+        assert len(ep.trajectories[0].steps) == 2
+    assert len(scored) == 2
+
+
+async def test_prompt_longer_than_max_prompt_tokens_is_a_per_task_error(real_server, chat_tokenizer):
+    """rollout.maxPromptTokens: nothing is sampled; every episode of the task says why (not retried)."""
+    w = worker(real_server, chat_tokenizer, max_prompt_tokens=5)
+    eps = await w.rollout_task(TASK, 3, SAMPLING, policy_version=1)
+    assert len(eps) == 3
+    for ep in eps:
+        assert ep.errors.rollout_error and ep.reward is None and not ep.trajectories
+        assert "rollout.maxPromptTokens (5)" in ep.errors.message and "prompt_too_long" in ep.errors.message
+    bundle = worker(real_server, chat_tokenizer, max_prompt_tokens=5,
+                    bundle=EvaluatorBundle("inline", rollout=_continue_loop(1)))
+    try:
+        [ep] = await bundle.rollout_task(TASK, 1, SAMPLING, policy_version=1)
+    finally:
+        bundle.close()
+    assert "prompt_too_long" in ep.errors.message

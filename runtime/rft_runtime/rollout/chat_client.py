@@ -13,6 +13,10 @@ the job's temperature; a different per-call value is ignored with a warning); `m
 Settings that change the sampling distribution in ways the trainer cannot reproduce
 (`logit_bias`, non-zero `frequency_penalty`/`presence_penalty`, `extra_body` keys other than a few
 stop/detokenisation switches) and `stream=True` are refused.
+
+Limits from the job: a new conversation whose prompt has more than `rollout.maxPromptTokens` tokens
+raises `PromptTooLong`; a request for assistant turn `rollout.maxTurns + 1` of a conversation raises
+`MaxTurnsReached` (the worker ends the episode there with termination reason `max_turns`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Mapping, Sequence
 from .chat_template import ChatTokenizer
 from .client import InferenceClient
 from .conversation import TokenConversation
+from .errors import MaxTurnsReached, PromptTooLong
 from .openai_types import (
     ChatCompletion,
     ChatCompletionMessage,
@@ -68,8 +73,12 @@ class ChatClient:
         recorder: RolloutRecorder | None = None,
         trajectory: str = DEFAULT_TRAJECTORY,
         tool_parser: ToolParser = parse_hermes_tool_calls,
+        max_prompt_tokens: int | None = None,
+        max_turns: int | None = None,
     ) -> None:
         self.inference = inference
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_turns = max_turns
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.policy_version = policy_version
@@ -86,6 +95,7 @@ class ChatClient:
         view = ChatClient(
             self.inference, self.tokenizer, sampling=self.sampling, policy_version=self.policy_version,
             recorder=self.recorder, trajectory=name, tool_parser=self.tool_parser,
+            max_prompt_tokens=self.max_prompt_tokens, max_turns=self.max_turns,
         )
         view._warned = self._warned
         return view
@@ -123,6 +133,10 @@ class ChatClient:
         sampling = self._call_sampling(max_tokens, max_completion_tokens, stop, extra)
 
         parent, conversation = self._conversation_for(messages, tools)
+        if parent is None and self.max_prompt_tokens is not None and len(conversation.ids) > self.max_prompt_tokens:
+            raise PromptTooLong(len(conversation.ids), self.max_prompt_tokens)
+        if parent is not None and self.max_turns is not None and parent.turn >= self.max_turns:
+            raise MaxTurnsReached(self.max_turns)
         seeds = [seed + i for i in range(n)] if seed is not None else None
         samples = await self.inference.complete(
             conversation.prompt_ids(), n, sampling, policy_version=self.policy_version, seeds=seeds

@@ -59,3 +59,23 @@ class ChatTemplateError(RolloutError):
 
 class BundleError(RolloutError):
     """An evaluator bundle could not be loaded or does not follow the bundle interface."""
+
+
+class PromptTooLong(RolloutError):
+    """A task's rendered prompt has more tokens than ``rollout.maxPromptTokens``: the task cannot be
+    sampled as configured (a property of the data, so it is not retried)."""
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        self.tokens = tokens
+        self.limit = limit
+        super().__init__(f"prompt_too_long: the task's prompt is {tokens} tokens, above rollout.maxPromptTokens "
+                         f"({limit})")
+
+
+class MaxTurnsReached(RolloutError):
+    """A rollout asked for more assistant turns than ``rollout.maxTurns`` allows in one conversation;
+    the episode ends there (termination reason ``max_turns``) and is scored as it stands."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"max_turns: the conversation reached rollout.maxTurns ({limit}) assistant turns")

@@ -101,7 +101,9 @@ class RolloutLoop:
                 CoordinatorClient(self.cfg.endpoints.coordinator, should_stop=self.should_stop) as coord:
             worker = RolloutWorker(inference, tok, bundle=_bundle(self.cfg), scorer=scorer,
                                    max_concurrent_rollouts=spec.rollout.concurrency,
-                                   rollout_timeout_s=spec.rollout.request_timeout_seconds)
+                                   rollout_timeout_s=spec.rollout.request_timeout_seconds,
+                                   max_prompt_tokens=spec.rollout.max_prompt_tokens,
+                                   max_turns=spec.rollout.max_turns)
             try:
                 await self._loop(coord, worker, scorer, per_lease)
             finally:

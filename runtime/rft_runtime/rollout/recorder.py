@@ -73,6 +73,8 @@ class RecordedSample:
     parent: int | None
     trajectory: int
     history: tuple[str, ...]
+    turn: int = 1
+    """Which assistant turn of its conversation this sample is (1 for a new conversation)."""
 
 
 @dataclass
@@ -144,7 +146,8 @@ class RolloutRecorder:
             self.trajectories.append(RecordedTrajectory(self._unique_name(trajectory_name)))
             traj = len(self.trajectories) - 1
         key = tuple(message_key(m) for m in history) + (message_key(message),)
-        rec = RecordedSample(index, sample, conversation, message, None if parent is None else parent.index, traj, key)
+        rec = RecordedSample(index, sample, conversation, message, None if parent is None else parent.index, traj, key,
+                             turn=1 if parent is None else parent.turn + 1)
         self.samples.append(rec)
         self.trajectories[traj].samples.append(rec)
         self._by_history.setdefault(key, []).append(index)

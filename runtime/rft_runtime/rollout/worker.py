@@ -5,6 +5,11 @@ episode `"{task_id}:{i}"`. Bundle path: `rollout(task, client)` runs n times con
 its own recording client; run i is episode `"{task_id}:{i}"`. See docs/evaluator-bundles.md for what
 a rollout may return and how scoring is chosen.
 
+Limits: a task whose prompt exceeds `rollout.maxPromptTokens` gives n episodes flagged
+`prompt_too_long` (no samples, reward None, not retried: the data is the problem); a bundle rollout
+that asks for more than `rollout.maxTurns` assistant turns in a conversation ends there with
+termination reason `max_turns`, and the episode is scored with what it sampled.
+
 Errors: inference failures (`RolloutInfraError`: unreachable server, token-contract violations,
 401/403/404 configuration errors) propagate, so the task is re-leased. A request the engine refuses
 as such (400/413/422, e.g. a conversation longer than the context), an exception from the bundle's
@@ -29,7 +34,7 @@ from .chat_template import ChatTokenizer
 from .client import InferenceClient
 from .concurrency import run_all
 from .episodes import build_episode, episode_id
-from .errors import InferenceHTTPError, RolloutInfraError
+from .errors import InferenceHTTPError, MaxTurnsReached, PromptTooLong, RolloutInfraError
 from .outcome import RolloutSample, RunOutcome
 from .recorder import DEFAULT_TRAJECTORY, RolloutRecorder
 from .sampling import SamplingParams
@@ -51,6 +56,8 @@ class RolloutWorker:
         scorer: Scorer | None = None,
         max_concurrent_rollouts: int = 32,
         rollout_timeout_s: float | None = None,
+        max_prompt_tokens: int | None = None,
+        max_turns: int | None = None,
     ) -> None:
         if max_concurrent_rollouts < 1:
             raise ValueError(f"max_concurrent_rollouts must be >= 1, got {max_concurrent_rollouts}")
@@ -59,6 +66,8 @@ class RolloutWorker:
         self.bundle = bundle
         self.scorer = scorer
         self.rollout_timeout_s = rollout_timeout_s
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_turns = max_turns
         self._slots = asyncio.Semaphore(max_concurrent_rollouts)
         self._threads = max_concurrent_rollouts
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -84,7 +93,7 @@ class RolloutWorker:
 
     def _client(self, sampling: SamplingParams, policy_version: int, recorder: RolloutRecorder) -> ChatClient:
         return ChatClient(self.inference, self.tokenizer, sampling=sampling, policy_version=policy_version,
-                          recorder=recorder)
+                          recorder=recorder, max_prompt_tokens=self.max_prompt_tokens, max_turns=self.max_turns)
 
     async def _default_runs(self, task: Task, n: int, sampling: SamplingParams, policy_version: int) -> list[RunOutcome]:
         recorder = RolloutRecorder()
@@ -92,12 +101,12 @@ class RolloutWorker:
         try:
             async with self._slots:
                 await client.chat.completions.create(messages=task.chat_messages(), n=n)
-        except InferenceHTTPError as e:
-            if not e.is_request_error:
+        except (InferenceHTTPError, PromptTooLong) as e:
+            if isinstance(e, InferenceHTTPError) and not e.is_request_error:
                 raise
             outcomes = [RunOutcome([]) for _ in range(n)]
             for o in outcomes:
-                o.fail(f"request_error: {e}")
+                o.fail(str(e) if isinstance(e, PromptTooLong) else f"request_error: {e}")
             return outcomes
         if len(recorder.trajectories) != n:
             raise RolloutInfraError(f"expected {n} single-turn trajectories, recorded {len(recorder.trajectories)}")
@@ -121,6 +130,12 @@ class RolloutWorker:
             return outcome
         except RolloutInfraError:
             raise
+        except PromptTooLong as e:
+            outcome.fail(str(e))
+            return outcome
+        except MaxTurnsReached:
+            outcome.termination = "max_turns"  # the episode ends here and is scored as it stands
+            return outcome
         except asyncio.TimeoutError:
             outcome.fail(f"rollout_timeout: exceeded {self.rollout_timeout_s}s", timeout=True)
             return outcome
