@@ -121,7 +121,7 @@ class ModelSpec(ApiModel):
     chat_template: Optional[Annotated[str, StringConstraints(max_length=32768)]] = None
     """A Jinja chat template that overrides the tokenizer's."""
     warm_start_from: Optional[PathStr] = None
-    """Start from these weights (a checkpoint directory) instead of the base weights."""
+    """Start from these weights (a model directory, or one of our checkpoints) instead of the base weights; relative paths resolve against model.volume. Not with lora."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Training and inference dtype; auto is bfloat16 on GPU and float32 on CPU."""
     lora: Optional[LoraSpec] = None
@@ -270,10 +270,17 @@ class EvaluatorSpec(EvaluatorEntry):
 
 # ---------------------------------------------------------------- rollout
 @rules(Rule(
-    cel="self.topK == -1 || self.topK >= 1",
-    message="rollout.topK must be -1 (disabled) or at least 1",
+    cel="self.topP == 1.0",
+    message="rollout.topP must be 1.0: the trainer computes log-probs of the full distribution, so nucleus "
+            "sampling would bias every importance ratio (use temperature to shape sampling)",
+    field=".topP",
+    check=lambda r: r.top_p == 1.0,
+), Rule(
+    cel="self.topK == -1",
+    message="rollout.topK must be -1: the trainer computes log-probs of the full distribution, so top-k "
+            "sampling would bias every importance ratio (use temperature to shape sampling)",
     field=".topK",
-    check=lambda r: r.top_k == -1 or r.top_k >= 1,
+    check=lambda r: r.top_k == -1,
 ))
 class RolloutSpec(ApiModel):
     samples_per_prompt: int = Field(8, ge=1, le=256)
@@ -283,15 +290,15 @@ class RolloutSpec(ApiModel):
     temperature: float = Field(1.0, gt=0, le=4)
     """Sampling temperature; logprobs are recorded after temperature (processed logprobs)."""
     top_p: float = Field(1.0, gt=0, le=1)
-    """Nucleus sampling threshold."""
+    """Nucleus sampling threshold; must be 1.0 (off): the trainer's log-probs are of the full distribution."""
     top_k: int = Field(-1, ge=-1, le=100000)
-    """Top-k sampling; -1 disables it."""
+    """Top-k sampling; must be -1 (off): the trainer's log-probs are of the full distribution."""
     max_tokens: int = Field(256, ge=1, le=131072)
     """Maximum completion tokens per turn."""
     max_prompt_tokens: int = Field(1024, ge=1, le=131072)
-    """Longer prompts are refused with an error naming the task."""
+    """A task whose rendered prompt is longer is not sampled: its episodes carry a prompt_too_long error."""
     max_turns: int = Field(1, ge=1, le=256)
-    """Maximum model turns per episode (multi-turn environments)."""
+    """Maximum assistant turns per conversation (multi-turn bundles); the episode ends there with termination reason max_turns."""
     replicas: int = Field(1, ge=0, le=256)
     """Rollout pods."""
     concurrency: int = Field(32, ge=1, le=4096)
@@ -513,6 +520,20 @@ def _group_ok(s: "RFTJobSpec") -> bool:
     field=".model.lora.rank",
     check=lambda s: s.inference.engine != "vllm" or s.model.lora is None or s.model.lora.rank <= VLLM_MAX_LORA_RANK,
 ), Rule(
+    cel="!has(self.trainer.importanceSampling) || self.trainer.oldLogprobs == 'recompute'",
+    message="trainer.importanceSampling corrects the trainer/inference mismatch of recomputed log-probs; with "
+            "trainer.oldLogprobs: inference there is no mismatch to correct (drop importanceSampling, or use "
+            "oldLogprobs: recompute)",
+    field=".trainer.importanceSampling",
+    check=lambda s: s.trainer.importance_sampling is None or s.trainer.old_logprobs == "recompute",
+), Rule(
+    cel="!has(self.model.lora) || !has(self.model.warmStartFrom)",
+    message="model.warmStartFrom cannot be combined with model.lora: inference applies the adapters to "
+            "model.base, not to the warm start (save the warm start as a model directory and name it in "
+            "model.base)",
+    field=".model.warmStartFrom",
+    check=lambda s: s.model.lora is None or s.model.warm_start_from is None,
+), Rule(
     cel="has(self.model.lora) || self.inference.weightSync != 'lora'",
     message="inference.weightSync lora needs model.lora",
     field=".inference.weightSync",
@@ -538,7 +559,7 @@ class RFTJobSpec(ApiModel):
     suspend: bool = False
     """Suspend: role workloads are removed, the checkpoint volume stays; false resumes from the latest checkpoint."""
     active_deadline_seconds: Optional[int] = Field(None, ge=1, le=31_536_000)
-    """The job fails with reason DeadlineExceeded after this many seconds of running (suspended time excluded)."""
+    """The job fails with reason DeadlineExceeded after this many seconds of running since it started or was last resumed (as a Kubernetes Job's deadline: the clock restarts on resume, and suspended time never counts)."""
     restart_limit: int = Field(3, ge=0, le=1000)
     """Trainer restarts allowed (each resumes from the latest checkpoint) before the job fails."""
     runtime_image: Image = DEFAULT_RUNTIME_IMAGE
