@@ -201,12 +201,12 @@ def test_trainer_job(tiny_job) -> None:
     c = pod["containers"][0]
     assert c["command"] == ["rft", "trainer", "--config", "/etc/rft/config.json"]
     env = {e["name"]: e for e in c["env"]}
-    assert env["RFT_JOB_NAME"]["value"] == "tiny-arith" and env["RFT_NAMESPACE"]["value"] == "default"
-    assert env["POD_NAME"] == {"name": "POD_NAME",
-                               "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-    assert env["RFT_PROGRESS_CONFIGMAP"]["value"] == "tiny-arith-progress"
+    assert env["RFT_BIND_HOST"]["value"] == "$(POD_IP)"
     assert env["RFT_TRAINER_ATTEMPT"]["value"] == "2"
+    # every variable a role gets is read by it (or by its libraries); the rest is in the runtime config
+    assert set(env) == {"POD_IP", "RFT_BIND_HOST", "RFT_TRAINER_ATTEMPT", "HOME", "XDG_CACHE_HOME", "HF_HOME",
+                        "HF_HUB_OFFLINE"}
     assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR} in c["volumeMounts"]
 
 

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 
 from rft_api.constants import API_VERSION, KIND
 from rft_api.job import RFTJob
-from rft_api.layout import CACHE_DIR, CHECKPOINT_DIR, CONFIG_DIR, TMP_DIR, CONFIG_PATH
+from rft_api.layout import CACHE_DIR, CHECKPOINT_DIR, CONFIG_DIR, TMP_DIR
 from rft_api.spec import EnvVar, Resources, VolumeRef
 
 from .. import names
@@ -93,14 +93,11 @@ BIND_HOST = "$(POD_IP)"
 
 
 def base_env(job: RFTJob) -> list[Obj]:
-    """Environment every container gets: its address, where the config is, who it runs for, writable home."""
+    """Environment every container gets: its own address (servers listen there), a writable home and
+    caches, and no hub downloads. Everything else a role needs is in the runtime config."""
     return [
         field_env("POD_IP", "status.podIP"),
-        field_env("POD_NAME", "metadata.name"),
         env_var("RFT_BIND_HOST", BIND_HOST),
-        env_var("RFT_CONFIG", CONFIG_PATH),
-        env_var("RFT_JOB_NAME", job.name),
-        env_var("RFT_NAMESPACE", job.namespace),
         env_var("HOME", TMP_DIR),
         env_var("XDG_CACHE_HOME", f"{CACHE_DIR}/xdg"),
         env_var("HF_HOME", f"{CACHE_DIR}/hf"),

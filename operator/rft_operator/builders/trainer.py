@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from rft_api.job import RFTJob
-from rft_api.layout import DATASET_DIR
+from rft_api.layout import CONFIG_PATH, DATASET_DIR
 
 from .. import names
 from .common import BuildContext, base_env, checkpoint_mount, checkpoint_volume, claim_volumes, config_mount, config_volume, container_security_context, env_var, metadata, pod_spec, resources, scratch_mounts, scratch_volumes, service, user_env
@@ -43,15 +43,10 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
         [spec.model.volume, ds.train.volume, ds.eval.volume if ds.eval else None], "data")
     cm_vols, cm_mounts = _dataset_configmaps(job)
     attempt = str(ctx.trainer_attempt)
-    env = base_env(job) + [
-        env_var("RFT_PROGRESS_CONFIGMAP", names.progress(job.name)),
-        env_var("RFT_TRAINER_ATTEMPT", attempt),
-        env_var("RFT_NUM_NODES", str(tr.nodes)),
-        env_var("RFT_COORDINATOR_PORT", str(ctx.coordinator_port)),
-    ] + user_env(tr.env)
+    env = base_env(job) + [env_var("RFT_TRAINER_ATTEMPT", attempt)] + user_env(tr.env)
     container: Obj = {
         "name": ROLE, "image": tr.image or spec.runtime_image,
-        "command": ["rft", "trainer", "--config", "/etc/rft/config.json"],
+        "command": ["rft", "trainer", "--config", CONFIG_PATH],
         "ports": [{"name": "coordinator", "containerPort": ctx.coordinator_port, "protocol": "TCP"}],
         "env": env,
         "volumeMounts": [config_mount(), checkpoint_mount(read_only=False), *scratch_mounts(), *claim_mounts,
