@@ -29,7 +29,7 @@ def test_group_completes_and_is_taken_in_order(coord, episode, tasks):
     groups, requeued = coord.take(keys)
     assert requeued == []
     assert [g.key for g in groups] == keys
-    assert [e["rollout_idx"] for e in groups[0].episodes] == [0, 1]
+    assert [e.rollout_idx for e in groups[0].episodes] == [0, 1]
     assert coord.counters["groups_completed"] == 2 and coord.counters["groups_taken"] == 2
 
 

@@ -14,6 +14,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch  # noqa: E402
 
+from rft_runtime.types import Episode  # noqa: E402
+
 torch.set_num_threads(1)
 
 
@@ -33,8 +35,15 @@ def tiny_model(tiny_model_dir: Path) -> torch.nn.Module:
 
 
 def make_episode(task_key: str, idx: int, *, reward: float | None, prompt_len: int = 5, resp_len: int = 4,
+                 version: int = 0, seed: int = 0, steps: int = 1) -> Episode:
+    """A single- or multi-turn episode with random token ids (bytes of the tokenizer)."""
+    return Episode.model_validate(episode_json(task_key, idx, reward=reward, prompt_len=prompt_len,
+                                               resp_len=resp_len, version=version, seed=seed, steps=steps))
+
+
+def episode_json(task_key: str, idx: int, *, reward: float | None, prompt_len: int = 5, resp_len: int = 4,
                  version: int = 0, seed: int = 0, steps: int = 1) -> dict[str, Any]:
-    """A single- or multi-turn episode in JSON form with random token ids (bytes of the tokenizer)."""
+    """The same episode in its JSON form (as a rollout worker posts it)."""
     rng = random.Random(f"{task_key}:{idx}:{seed}")
     prompt = [rng.randrange(3, 250) for _ in range(prompt_len)]
     out_steps = []
@@ -52,7 +61,7 @@ def make_episode(task_key: str, idx: int, *, reward: float | None, prompt_len: i
 class FakeGroup:
     """What the coordinator hands the trainer: a key and its episodes."""
 
-    def __init__(self, key: str, episodes: list[dict[str, Any]]) -> None:
+    def __init__(self, key: str, episodes: list[Episode]) -> None:
         self.key = key
         self.episodes = episodes
 

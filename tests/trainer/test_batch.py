@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rft_runtime.coordinator.episodes import EpisodeFormatError, parse_episode
 from rft_runtime.trainer.batch import BatchError, collate, sequences_from_episode, sequences_from_groups
 
 
@@ -39,18 +40,20 @@ def test_none_reward_and_version_are_kept(episode):
     assert s.reward is None and s.version == 3
 
 
-def test_contract_violations_name_the_episode(episode):
-    ep = episode("t@0", 0, reward=1.0)
+def test_contract_violations_name_the_episode():
+    from tests.trainer.conftest import episode_json
+
+    ep = episode_json("t@0", 0, reward=1.0)
     ep["trajectories"][0]["steps"][0]["logprobs"].pop()
-    with pytest.raises(BatchError, match="t@0:0.*logprobs"):
-        sequences_from_episode(ep, "t@0")
-    ep = episode("t@0", 1, reward=1.0, steps=2)
-    ep["trajectories"][0]["steps"][1]["prompt_ids"][0] += 1
-    with pytest.raises(BatchError, match="does not extend"):
-        sequences_from_episode(ep, "t@0")
-    ep = episode("t@0", 2, reward=1.0)
+    with pytest.raises(EpisodeFormatError, match="t@0:0.*logprobs"):  # refused where it is posted
+        parse_episode(ep)
+    ep = episode_json("t@0", 2, reward=1.0)
     ep["trajectories"][0]["steps"][0]["response_mask"][0] = 2
-    with pytest.raises(BatchError, match="response_mask"):
-        sequences_from_episode(ep, "t@0")
+    with pytest.raises(EpisodeFormatError, match="response_mask"):
+        parse_episode(ep)
+    ep = episode_json("t@0", 1, reward=1.0, steps=2)
+    ep["trajectories"][0]["steps"][1]["prompt_ids"][0] += 1
+    with pytest.raises(BatchError, match="t@0:1.*does not extend"):  # a chain of turns that re-tokenised
+        sequences_from_episode(parse_episode(ep), "t@0")
     with pytest.raises(BatchError, match="zero sequences"):
         collate([])

@@ -31,13 +31,14 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from ..types import Episode
 from .episodes import (
     EpisodeFormatError,
     episode_id,
     episode_rollout_idx,
     episode_task_key,
     episode_version,
-    validate_episode,
+    parse_episode,
 )
 
 COUNTER_NAMES = (
@@ -105,7 +106,7 @@ class TaskRecord:
     deadline: float | None = None
     leased_version: int | None = None
     times_leased: int = 0
-    episodes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    episodes: dict[int, Episode] = field(default_factory=dict)
 
     def grant(self, version: int) -> dict[str, Any]:
         """The lease's wire form (see :meth:`Coordinator.lease`)."""
@@ -129,7 +130,7 @@ class Group:
     key: str
     task: dict[str, Any]
     purpose: str
-    episodes: list[dict[str, Any]]
+    episodes: list[Episode]
     oldest_version: int | None
 
 
@@ -144,10 +145,8 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         seq_start: int = 0,
         nonce: str | None = None,
-        validate: bool = True,
     ) -> None:
         self.cfg = cfg
-        self.validate = validate
         self._version = int(policy_version)
         self._clock = clock
         self._next_seq = int(seq_start)
@@ -236,7 +235,7 @@ class Coordinator:
                 continue
             del self._tasks[key]
             for e in eps:
-                self._remember(episode_id(e))
+                self._remember(e.id)
             self.counters["groups_taken"] += 1
             groups.append(Group(key, rec.task, rec.purpose, eps, oldest))
         return groups, requeued
@@ -378,7 +377,7 @@ class Coordinator:
             rec.episodes.clear()  # their ids were never remembered: a re-sample is not a duplicate
         (self._queue.appendleft if front else self._queue.append)(rec.key)
 
-    def _accept(self, ep: dict[str, Any], eid: str, key: str, idx: int) -> tuple[str, str | None]:
+    def _accept(self, raw: Mapping[str, Any], eid: str, key: str, idx: int) -> tuple[str, str | None]:
         if eid in self._seen:
             self.counters["episodes_duplicate"] += 1
             return "duplicate", None
@@ -393,12 +392,11 @@ class Coordinator:
             self.counters["episodes_dropped_invalid"] += 1
             return "invalid", f"episode id {eid!r} must be '{key}:{idx}'"
         try:
-            if self.validate:
-                ep = validate_episode(ep)
-            version = episode_version(ep, default=rec.leased_version)
+            ep = parse_episode(raw)
         except EpisodeFormatError as e:
             self.counters["episodes_dropped_invalid"] += 1
             return "invalid", f"episode {eid!r}: {e}"
+        version = episode_version(ep, default=rec.leased_version)
         if version is None or version > self._version:
             self.counters["episodes_dropped_invalid"] += 1
             return "invalid", f"episode {eid!r}: policy version {version} is not a served version"

@@ -1,19 +1,24 @@
-"""Reading the fields the coordinator needs from an episode in its JSON form.
+"""Posted episodes at the coordinator's boundary: triage of the raw JSON, then one typed parse.
 
-The coordinator never builds episodes; it only checks and stores what rollout workers post. An
-episode (rLLM's shape, see :mod:`rft_runtime.rollout.episodes`) is a JSON object with at least::
+The coordinator never builds episodes; it checks what rollout workers post. An episode (rLLM's shape,
+see :mod:`rft_runtime.rollout.episodes`) is a JSON object with at least::
 
     {"id": "<task_key>:<rollout_idx>", "task_id": "<task_key>", "rollout_idx": 0,
      "trajectories": [{"name": "default", "reward": 1.0, "steps": [{"policy_version": 3, ...}]}], ...}
 
-:func:`validate_episode` checks a posted episode against :class:`rft_runtime.types.Episode` (the
-token contract: lengths, masks, logprobs, ids) and returns its normalised JSON form. The other
-functions are the one place that knows the field names the coordinator reads.
+:func:`episode_id`, :func:`episode_task_key` and :func:`episode_rollout_idx` read the three fields
+that decide where a post belongs (before the full check); :func:`parse_episode` checks the whole
+episode against :class:`rft_runtime.types.Episode` (the token contract: lengths, masks, logprobs,
+ids). From then on the coordinator and the trainer hold the typed ``Episode``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
+
+from pydantic import ValidationError
+
+from ..types import Episode
 
 
 class EpisodeFormatError(ValueError):
@@ -49,34 +54,9 @@ def episode_rollout_idx(ep: Mapping[str, Any]) -> int:
     return _require(ep, "rollout_idx", int)
 
 
-def episode_versions(ep: Mapping[str, Any]) -> list[int | None]:
-    """The policy version of every step of every trajectory (None where a step has none)."""
-    trajs = _require(ep, "trajectories", list)
-    out: list[int | None] = []
-    for i, t in enumerate(trajs):
-        if not isinstance(t, Mapping) or not isinstance(t.get("steps"), list):
-            raise EpisodeFormatError(f"episode field 'trajectories[{i}].steps' is missing")
-        for s in t["steps"]:
-            v = s.get("policy_version", s.get("weight_version")) if isinstance(s, Mapping) else None
-            out.append(v if isinstance(v, int) and not isinstance(v, bool) else None)
-    return out
-
-
-def episode_version(ep: Mapping[str, Any], default: int | None = None) -> int | None:
-    """The OLDEST policy version that produced any step of the episode (its staleness is judged
-    by it); steps without a version count as ``default``."""
-    vs = [default if v is None else v for v in episode_versions(ep)]
-    known = [v for v in vs if v is not None]
-    return min(known) if known else default
-
-
-def parse_episode(ep: Mapping[str, Any]) -> Any:
+def parse_episode(ep: Mapping[str, Any]) -> Episode:
     """The episode as a :class:`rft_runtime.types.Episode` (the token contract is checked);
     raises :class:`EpisodeFormatError` naming the first problem."""
-    from pydantic import ValidationError
-
-    from ..types import Episode
-
     try:
         return Episode.model_validate(dict(ep))
     except ValidationError as e:
@@ -86,16 +66,9 @@ def parse_episode(ep: Mapping[str, Any]) -> Any:
                                  + (f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else "")) from None
 
 
-def validate_episode(ep: Mapping[str, Any]) -> dict[str, Any]:
-    """The episode checked against the shared type and normalised to its JSON form."""
-    return parse_episode(ep).model_dump(mode="json")
-
-
-def episode_reward(ep: Mapping[str, Any]) -> float | None:
-    """The episode's reward: its main trajectory's (``default``, else the first)."""
-    trajs = ep.get("trajectories") or []
-    if not trajs:
-        return ep.get("reward")
-    main = next((t for t in trajs if t.get("name") == "default"), trajs[0])
-    r = main.get("reward")
-    return ep.get("reward") if r is None else r
+def episode_version(ep: Episode, default: int | None = None) -> int | None:
+    """The OLDEST policy version that produced any step of the episode (its staleness is judged
+    by it); steps without a version count as ``default``."""
+    vs = [default if s.policy_version is None else s.policy_version for t in ep.trajectories for s in t.steps]
+    known = [v for v in vs if v is not None]
+    return min(known) if known else default

@@ -1,4 +1,5 @@
-"""From groups of episodes (JSON form) to padded training tensors.
+"""From groups of episodes (typed :class:`rft_runtime.types.Episode`, checked by the coordinator) to
+padded training tensors.
 
 One training sequence per trajectory: its steps are merged into one token sequence (the first
 step's prompt, then every step's response; environment/tool tokens between turns get response
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
 from ..algos import group_key
+from ..types import Episode
 
 
 ERROR_FLAGS = ("timeout", "runtime_error", "parse_error", "rollout_error")
@@ -51,16 +53,11 @@ class TrainSequence:
         return int(sum(self.response_mask))
 
 
-def sequences_from_episode(ep: Mapping[str, Any], task_key: str | None = None) -> list[TrainSequence]:
-    """The training sequences of one episode (JSON form; one per trajectory), merged with the
-    shared :meth:`rft_runtime.types.Trajectory.merged`; contract violations raise BatchError."""
-    from ..coordinator.episodes import EpisodeFormatError, parse_episode
-
-    eid = str(ep.get("id"))
-    try:
-        episode = parse_episode(ep)
-    except EpisodeFormatError as e:
-        raise BatchError(str(e)) from None
+def sequences_from_episode(episode: Episode, task_key: str | None = None) -> list[TrainSequence]:
+    """The training sequences of one episode (one per trajectory), merged with the shared
+    :meth:`rft_runtime.types.Trajectory.merged`; a chain of turns that does not extend itself
+    raises BatchError."""
+    eid = episode.id
     key = task_key or episode.task_id
     out = []
     for i, traj in enumerate(episode.trajectories):

@@ -37,11 +37,11 @@ from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
 from ..algos import DynamicSampler, tis_weights
 from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, Group
-from ..coordinator.episodes import episode_reward
 from ..coordinator.server import CoordinatorServer
 from ..data import DataCursor, Task
 from ..metrics_sink import MetricsSink
 from ..rewards.config import evaluator_names
+from ..types import Episode
 from ..progress import ConfigMapProgressSink, FileProgressSink, clip_message, finite, now_rfc3339
 from .batch import TrainSequence, collate, sequences_from_groups
 from .checkpoint import CheckpointManager
@@ -86,7 +86,7 @@ def sampling_params(spec: Any, temperature: float | None = None) -> dict[str, An
 
 def group_rewards(g: Group) -> list[float | None]:
     """The rewards of a group's episodes (for dynamic sampling)."""
-    return [episode_reward(e) for e in g.episodes]
+    return [e.reward for e in g.episodes]
 
 
 def mismatch_metrics(old: torch.Tensor, inference: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -100,10 +100,9 @@ def mismatch_metrics(old: torch.Tensor, inference: torch.Tensor, mask: torch.Ten
             "mismatch_kl_k3": float(k3)}
 
 
-def episode_error_kinds(ep: dict[str, Any]) -> list[str]:
+def episode_error_kinds(ep: Episode) -> list[str]:
     """The reward error flags set on an episode (timeout, runtime_error, parse_error)."""
-    flags = ep.get("errors") or {}
-    return [k for k in ERROR_KINDS if flags.get(k)]
+    return [k for k in ERROR_KINDS if getattr(ep.errors, k)]
 
 
 class _Phases:
@@ -414,8 +413,7 @@ class Trainer:
         errors = {k: 0 for k in ERROR_KINDS}
         for g in everything:
             for ep in g.episodes:
-                em = ep.get("metrics") or {}
-                rs = em.get("time/reward") if isinstance(em, dict) else None
+                rs = ep.metrics.get("time/reward")
                 if isinstance(rs, (int, float)) and math.isfinite(rs):
                     reward_s += float(rs)
                 for kind in episode_error_kinds(ep):
@@ -441,7 +439,7 @@ class Trainer:
         keys = self._submit([t.to_dict() for t in self.eval_tasks], purpose="eval", n=ev.samples_per_prompt,
                             sampling=sampling)
         groups = self._collect(keys)
-        vals = [episode_reward(e) for g in groups for e in g.episodes]
+        vals = [e.reward for g in groups for e in g.episodes]
         vals = [float(v) for v in vals if isinstance(v, (int, float))]
         return sum(vals) / len(vals) if vals else None
 
