@@ -295,3 +295,18 @@ def test_builtin_server_gets_the_spec_dtype_and_context_length() -> None:
 def test_sglang_is_not_an_engine() -> None:
     with pytest.raises(InvalidSpec, match="spec.inference.engine"):
         make_job(inference={"engine": "sglang"})
+
+
+def test_rollout_pods_get_a_file_rollout_function_even_when_the_reward_role_scores() -> None:
+    job = make_job(evaluator={"evaluators": [
+        {"builtin": "code_sandbox"},
+        {"file": {"configMapKeyRef": {"name": "env", "key": "env.py"}, "function": "score", "rollout": "play"}},
+        {"file": {"configMapKeyRef": {"name": "env", "key": "judge.py"}}}]})
+    assert reward_required(job.spec)
+    pod = children(job)[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]
+    vol = next(v for v in pod["volumes"] if v["name"] == "evaluator")
+    assert vol["projected"]["sources"] == [{"configMap": {"name": "env", "items": [{"key": "env.py", "path": "1/env.py"}]}}]
+    config = json.loads(children(job)[("ConfigMap", names.config(job.name))]["data"]["config.json"])
+    from rft_api.runtime import parse
+
+    assert parse(config).rollout_function() == f"{EVALUATOR_DIR}/1/env.py:play"

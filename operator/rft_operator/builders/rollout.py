@@ -2,7 +2,8 @@
 
 The image is the evaluator bundle's when there is one (it must have the runtime's ``rft`` installed),
 else the runtime image. When the job has no reward role the rollout pods score in process: they then
-get the evaluator files (``/etc/rft/evaluator/<index>/<key>``) and API-key Secrets. No ServiceAccount
+get the evaluator files (``/etc/rft/evaluator/<index>/<key>``) and API-key Secrets; otherwise only the
+files that define the rollout function (``evaluator.file.rollout``) and no Secret. No ServiceAccount
 token is mounted unless ``spec.serviceAccountName`` names an account (whose own setting then decides).
 """
 from __future__ import annotations
@@ -24,7 +25,8 @@ ROLE = "rollout"
 def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     """The rollout Deployment."""
     scores_here = not reward_required(job.spec)
-    ev_vols, ev_mounts = evaluator.file_volumes(job) if scores_here else ([], [])
+    # scoring here: every evaluator file; else only files whose rollout function these pods run
+    ev_vols, ev_mounts = evaluator.file_volumes(job, rollout_only=not scores_here)
     container = {
         "name": ROLE, "image": evaluator.scoring_image(job),
         "command": ["rft", "rollout", "--config", CONFIG_PATH],
