@@ -1,4 +1,4 @@
-"""The coordinator (DESIGN.md contract 4): trainer ↔ rollout workers over HTTP.
+"""The coordinator (contract 4 in docs/architecture.md): trainer ↔ rollout workers over HTTP.
 
 * :mod:`.core` — the pure state machine (tasks, leases, groups, staleness, counters).
 * :mod:`.service` — thread-safe wrapper; the trainer blocks on it for complete groups.

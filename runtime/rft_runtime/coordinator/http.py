@@ -1,4 +1,4 @@
-"""The coordinator's HTTP API (DESIGN.md contract 4), a thin aiohttp layer over the service.
+"""The coordinator's HTTP API (contract 4 in docs/architecture.md), a thin aiohttp layer over the service.
 
 Routes (JSON in, JSON out; errors are ``{"error": {"message", "field"}}`` with status 400):
 

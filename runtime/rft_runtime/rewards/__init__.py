@@ -1,6 +1,6 @@
 """Rewards: the reward contract, builtin evaluators, custom evaluators, composites and the service.
 
-Contract (DESIGN.md 3 / example 8): ``score(sample, item) -> float | None`` (sync or async); None
+Contract (contract 3 in docs/architecture.md): ``score(sample, item) -> float | None`` (sync or async); None
 means not applicable and is left out of group baselines. See ``types.py``.
 """
 

@@ -1,4 +1,4 @@
-"""The reward contract (DESIGN.md contract 3, example 8).
+"""The reward contract (contract 3 in docs/architecture.md, example 8).
 
 An evaluator scores one sample of one task: ``score(sample, item) -> float | None`` (sync or async).
 ``None`` means "not applicable": the sample is left out of its group's baseline. Evaluators may also

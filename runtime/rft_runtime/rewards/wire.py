@@ -1,4 +1,4 @@
-"""The reward API's wire format (DESIGN.md contract 3).
+"""The reward API's wire format (contract 3 in docs/architecture.md).
 
 Request ``POST /v1/score``: ``{"samples": [entry, ...]}`` (``"episodes"`` is accepted too), where an
 entry is either ``{"id"?, "sample": {...Sample fields...}, "item": {...Item fields...}}`` or an

@@ -81,7 +81,7 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class SampleOut:
-    """One sampled completion: the token contract of DESIGN.md for a single sample.
+    """One sampled completion: the token contract (docs/architecture.md) for a single sample.
 
     `logprobs[i]` is the engine's (processed, after temperature) logprob of `completion_ids[i]`.
     `policy_version` is the version the engine reported, else the one the caller passed.

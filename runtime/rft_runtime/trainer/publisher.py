@@ -1,4 +1,4 @@
-"""Publishing new weights to inference (DESIGN.md contract 2, weight reload).
+"""Publishing new weights to inference (contract 2 in docs/architecture.md, weight reload).
 
 :meth:`WeightPublisher.publish` saves the policy to ``<checkpoints>/weights/v<version>`` —
 safetensors of the whole model, or of the LoRA adapter only — written to a temporary directory
