@@ -1,4 +1,4 @@
-"""Trainer numerics on the tiny model (reference vs vectorised, every parameter moves, 1×8 = 8×1): every parameter moves for each loss,
+"""Trainer numerics on the tiny model: every parameter moves for each loss,
 gradient accumulation is invariant to the micro-batch size, KL and TIS paths, LoRA freezes the
 base."""
 
