@@ -63,6 +63,7 @@ class ResolvedAlgorithm(BaseModel):
     dynamic_sampling_max_rounds: int
     overlong_penalty_factor: float
     old_logprobs: str
+    advantage_whitening: str = "token"
     dual_clip_c: Optional[float] = None
     overlong_buffer_tokens: Optional[int] = None
     importance_sampling: Optional[dict] = None
@@ -95,4 +96,5 @@ def resolve_algorithm(spec: RFTJobSpec) -> ResolvedAlgorithm:
         overlong_buffer_tokens=buf, overlong_penalty_factor=factor,
         importance_sampling=t.importance_sampling.model_dump() if t.importance_sampling else None,
         old_logprobs=t.old_logprobs,
+        advantage_whitening=t.advantage_whitening,
     )

@@ -437,6 +437,8 @@ class TrainerSpec(ApiModel):
     """Dynamic sampling; the preset decides when unset (on for dapo)."""
     overlong: Optional[OverlongSpec] = None
     """Overlong reward shaping."""
+    advantage_whitening: Literal["token", "sequence"] = "token"
+    """REINFORCE++-baseline's batch whitening: token (verl and OpenRLHF: each response token weighs once, so long responses weigh more) or sequence (each sample weighs once)."""
     old_logprobs: Literal["recompute", "inference"] = "recompute"
     """Old-policy logprobs: recomputed by the trainer before the update, or the inference engine's."""
     epochs_per_step: int = Field(1, ge=1, le=64)

@@ -20,8 +20,16 @@ NAN = float("nan")
 S3 = math.sqrt(3.0)
 
 
+def _compute(name: str, rewards: torch.Tensor, groups: list[str], **kw):  # type: ignore[no-untyped-def]
+    """compute_advantages; REINFORCE++-baseline whitens per sequence here unless a test says otherwise
+    (its token-level default is tested on its own below)."""
+    if name == "reinforce_pp_baseline" and "cfg" not in kw:
+        kw["cfg"] = AdvantageConfig(whiten="sequence")
+    return compute_advantages(name, rewards, groups, **kw)
+
+
 def _adv(name: str, rewards: list[float | None], groups: list[str], **kw):  # type: ignore[no-untyped-def]
-    out = compute_advantages(name, rewards_tensor(rewards, torch.float64), groups, **kw)
+    out = _compute(name, rewards_tensor(rewards, torch.float64), groups, **kw)
     return out.advantages.tolist(), out.valid.tolist()
 
 
@@ -87,7 +95,7 @@ def test_none_rewards_excluded_from_baseline(name: str) -> None:
     assert with_none[1] == 0.0 and with_none[4] == 0.0
     assert valid == [True, False, True, True, False]
     # the external valid mask behaves like a None reward, whatever the masked reward's value
-    masked = compute_advantages(
+    masked = _compute(
         name, torch.tensor([1.0, 123.0, 0.0, 0.5], dtype=torch.float64), ["a"] * 4,
         valid=torch.tensor([True, False, True, True]),
     )
@@ -164,3 +172,62 @@ def test_vectorised_matches_reference_loop(name: str) -> None:
         got, valid = _adv(name, rewards, groups)
         assert got == pytest.approx(_ref(name, rewards, groups), abs=1e-9), f"seed {seed}"
         assert valid == [r is not None for r in rewards]
+
+
+# ---- REINFORCE++-baseline's token-level whitening (the peers' default) ----------------------
+
+
+def _verl_token_whitening(rewards: list[float | None], groups: list[str], lengths: list[int],
+                          eps: float = 1e-8) -> list[float]:
+    """The peers' definition, written out: the group-centred score broadcast to every response token,
+    then whitened over all tokens of groups with >= 2 valid members (mean and unbiased variance over
+    tokens, verl's ``masked_whiten``); every token of a sequence gets the same value."""
+    members: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        if rewards[i] is not None:
+            members.setdefault(g, []).append(i)
+    tokens: list[tuple[int, float]] = []  # (sequence, centred score) per token
+    for idx in members.values():
+        if len(idx) < 2:
+            continue
+        mean = sum(rewards[i] for i in idx) / len(idx)  # type: ignore[misc]
+        for i in idx:
+            tokens += [(i, rewards[i] - mean)] * lengths[i]  # type: ignore[operator]
+    out = [0.0] * len(rewards)
+    if len(tokens) < 2:
+        return out
+    mu = sum(x for _, x in tokens) / len(tokens)
+    var = sum((x - mu) ** 2 for _, x in tokens) / (len(tokens) - 1)
+    for i, x in tokens:
+        out[i] = (x - mu) / math.sqrt(var + eps)
+    return out
+
+
+def test_reinforce_pp_token_whitening_is_the_default_and_matches_the_peers_in_float64() -> None:
+    for seed in range(40):
+        rng = random.Random(1000 + seed)
+        n = rng.randint(2, 20)
+        groups = [f"t{rng.randrange(4)}:main" for _ in range(n)]
+        rewards = [None if rng.random() < 0.1 else rng.gauss(0, 1) for _ in range(n)]
+        lengths = [rng.randint(1, 40) for _ in range(n)]
+        out = compute_advantages("reinforce_pp_baseline", rewards_tensor(rewards, torch.float64), groups,
+                                 token_counts=torch.tensor(lengths, dtype=torch.float64))
+        assert out.advantages.tolist() == pytest.approx(_verl_token_whitening(rewards, groups, lengths), abs=1e-12)
+
+
+def test_token_and_sequence_whitening_differ_only_by_length_weighting() -> None:
+    r, g = [1.0, 0.0, 1.0, 0.0], ["a", "a", "b", "b"]
+    same = torch.tensor([5.0, 5.0, 5.0, 5.0], dtype=torch.float64)
+    by_token = compute_advantages("reinforce_pp_baseline", rewards_tensor(r, torch.float64), g, token_counts=same)
+    by_seq = compute_advantages("reinforce_pp_baseline", rewards_tensor(r, torch.float64), g,
+                                cfg=AdvantageConfig(whiten="sequence"))
+    # equal lengths: the same mean; Σx² = 1 gives variance 5/19 over 20 tokens and 1/3 over 4 sequences
+    assert torch.allclose(by_token.advantages * math.sqrt(5 / 19), by_seq.advantages * math.sqrt(1 / 3))
+    long_first = torch.tensor([50.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    weighted = compute_advantages("reinforce_pp_baseline", rewards_tensor(r, torch.float64), g,
+                                  token_counts=long_first)
+    assert not torch.allclose(weighted.advantages, by_token.advantages)
+    with pytest.raises(ValueError, match="token_counts"):
+        compute_advantages("reinforce_pp_baseline", rewards_tensor(r, torch.float64), g)
+    with pytest.raises(ValueError, match="whiten"):
+        AdvantageConfig(whiten="word")

@@ -49,16 +49,22 @@ class AdvantageConfig:
             1e-6, but 0.909 with 1e-4).
         whiten_eps: added to the batch variance in ``reinforce_pp_baseline``
             (``x / sqrt(var + whiten_eps)``), as verl's ``masked_whiten`` (1e-8).
+        whiten: the unit ``reinforce_pp_baseline`` whitens over: ``token`` (verl and OpenRLHF: the
+            sequence score broadcast to its response tokens, so a long response weighs more in the
+            batch statistics) or ``sequence`` (every sequence weighs once).
     """
 
     std_eps: float = 1e-6
     whiten_eps: float = 1e-8
+    whiten: str = "token"
 
     def __post_init__(self) -> None:
         if not self.std_eps >= 0:
             raise ValueError(f"std_eps must be >= 0, got {self.std_eps}")
         if not self.whiten_eps >= 0:
             raise ValueError(f"whiten_eps must be >= 0, got {self.whiten_eps}")
+        if self.whiten not in ("token", "sequence"):
+            raise ValueError(f"whiten must be 'token' or 'sequence', got {self.whiten!r}")
 
 
 class AdvantageOutput(NamedTuple):
@@ -77,6 +83,7 @@ class AdvantageEstimator(Protocol):
         group_ids: Sequence[str],
         valid: torch.Tensor | None = None,
         cfg: AdvantageConfig | None = None,
+        token_counts: torch.Tensor | None = None,
     ) -> AdvantageOutput: ...
 
 
@@ -148,6 +155,7 @@ def grpo_advantages(
     group_ids: Sequence[str],
     valid: torch.Tensor | None = None,
     cfg: AdvantageConfig | None = None,
+    token_counts: torch.Tensor | None = None,  # unused: every sequence weighs once here
 ) -> AdvantageOutput:
     """GRPO (Shao et al. 2024, DeepSeekMath, eq. for outcome supervision).
 
@@ -168,6 +176,7 @@ def dr_grpo_advantages(
     group_ids: Sequence[str],
     valid: torch.Tensor | None = None,
     cfg: AdvantageConfig | None = None,
+    token_counts: torch.Tensor | None = None,  # unused: every sequence weighs once here
 ) -> AdvantageOutput:
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): no std normalisation.
 
@@ -183,6 +192,7 @@ def rloo_advantages(
     group_ids: Sequence[str],
     valid: torch.Tensor | None = None,
     cfg: AdvantageConfig | None = None,
+    token_counts: torch.Tensor | None = None,  # unused: every sequence weighs once here
 ) -> AdvantageOutput:
     """RLOO (Ahmadian et al. 2024, "Back to Basics"; Kool et al. 2019): leave-one-out baseline.
 
@@ -202,26 +212,37 @@ def reinforce_pp_baseline_advantages(
     group_ids: Sequence[str],
     valid: torch.Tensor | None = None,
     cfg: AdvantageConfig | None = None,
+    token_counts: torch.Tensor | None = None,
 ) -> AdvantageOutput:
     """REINFORCE++-baseline (Hu et al. 2025, "REINFORCE++"): group mean removed, batch whitened.
 
-    ``x_i = r_i - mean(r_group)``; then ``A_i = (x_i - mean_B(x)) / sqrt(var_B(x) + eps)`` where
-    the batch statistics run over every valid sequence of a group with >= 2 valid members
-    (``var_B`` Bessel-corrected, ``eps = cfg.whiten_eps``). Sequence-level whitening: verl whitens
-    the token-broadcast scores, weighting long responses more; we weight each sequence once.
-    Singleton groups are excluded from the batch statistics and keep advantage 0. Fewer than 2
-    sequences in the batch statistics → all advantages 0. Shapes: rewards [N] → [N].
+    ``x_i = r_i - mean(r_group)``; then ``A_i = (x_i - μ) / sqrt(σ² + eps)`` with the batch
+    statistics over every valid sequence of a group with >= 2 valid members (``eps = cfg.whiten_eps``):
+
+    - ``cfg.whiten == "token"`` (verl's and OpenRLHF's ``masked_whiten`` of the token-broadcast
+      scores): weights ``w_i = token_counts[i]`` (response tokens), ``μ = Σ w_i x_i / Σ w_i``,
+      ``σ² = Σ w_i (x_i - μ)² / (Σ w_i - 1)``;
+    - ``cfg.whiten == "sequence"``: ``w_i = 1`` (each sequence weighs once), same formulas.
+
+    Singleton groups are excluded from the batch statistics and keep advantage 0; fewer than 2 units
+    (tokens or sequences) in the statistics → all advantages 0. Shapes: rewards [N], token_counts
+    [N] (required for ``token``) → [N].
     """
     cfg = cfg or AdvantageConfig()
     g = _prepare(rewards, group_ids, valid)
     x = g.r - _group_mean(g)
     used = g.valid & (g.count[g.index] >= 2)
-    m = int(used.sum())
-    if m < 2:
+    if cfg.whiten == "token":
+        if token_counts is None or token_counts.shape != x.shape:
+            raise ValueError("reinforce_pp_baseline with token whitening needs token_counts of shape [N]")
+        w = token_counts.to(torch.float64) * used
+    else:
+        w = used.to(torch.float64)
+    total = w.sum()
+    if total < 2:
         return _finish(torch.zeros_like(x), g, rewards)
-    xs = x[used]
-    mu = xs.mean()
-    var = ((xs - mu) ** 2).sum() / (m - 1)
+    mu = (w * x).sum() / total
+    var = (w * (x - mu) ** 2).sum() / (total - 1)
     return _finish((x - mu) / torch.sqrt(var + cfg.whiten_eps), g, rewards)
 
 
@@ -231,10 +252,12 @@ def compute_advantages(
     group_ids: Sequence[str],
     valid: torch.Tensor | None = None,
     cfg: AdvantageConfig | None = None,
+    token_counts: torch.Tensor | None = None,
 ) -> AdvantageOutput:
-    """Look up estimator ``name`` in :data:`ADVANTAGE_ESTIMATORS` and apply it."""
+    """Look up estimator ``name`` in :data:`ADVANTAGE_ESTIMATORS` and apply it (``token_counts``:
+    response tokens per sequence, used by estimators that weigh by tokens)."""
     fn: Callable[..., AdvantageOutput] = ADVANTAGE_ESTIMATORS.get(name)
-    return fn(rewards, group_ids, valid, cfg)
+    return fn(rewards, group_ids, valid, cfg, token_counts=token_counts)
 
 
 def rewards_tensor(rewards: Sequence[float | None], dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from ..algos import (
+    AdvantageConfig,
     AdvantageOutput,
     apply_kl_to_rewards,
     apply_overlong_penalty,
@@ -49,8 +50,11 @@ def shaped_rewards(
 
 
 def advantages(seqs: Sequence[TrainSequence], rewards: torch.Tensor, algorithm: Any) -> AdvantageOutput:
-    """The registry estimator of the algorithm over groups ``"{task_key}:{trajectory}"``."""
-    out = compute_advantages(algorithm.advantage_estimator, rewards, [s.group for s in seqs])
+    """The registry estimator of the algorithm over groups ``"{task_key}:{trajectory}"`` (token
+    counts are the model tokens of each sequence, for estimators that weigh by tokens)."""
+    out = compute_advantages(algorithm.advantage_estimator, rewards, [s.group for s in seqs],
+                             cfg=AdvantageConfig(whiten=algorithm.advantage_whitening),
+                             token_counts=torch.tensor([s.model_tokens for s in seqs], dtype=torch.float64))
     return AdvantageOutput(out.advantages.to(torch.float32), out.valid)
 
 
