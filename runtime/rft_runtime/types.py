@@ -21,6 +21,7 @@ as ``metadata`` holds JSON values.
 from __future__ import annotations
 
 import math
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
@@ -66,7 +67,8 @@ class Step(_JsonModel):
         default=None, validate_default=False,
         description="1 = sampled by the model, 0 = tool/environment token; defaults to all 1",
     )
-    policy_version: StrictInt
+    policy_version: StrictInt | None = Field(
+        default=None, description="version of the weights that sampled the step (rLLM: weight_version)")
     reward: float | None = None
     done: bool = False
     finish_reason: str | None = None
@@ -75,6 +77,17 @@ class Step(_JsonModel):
                                            description="chat messages that produced prompt_ids")
     response_text: str | None = Field(default=None, description="the engine's text of the response")
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # rLLM's Step fields, kept as written (an rLLM episode round-trips through these types)
+    weight_version: StrictInt | None = None
+    chat_completions: list[dict[str, Any]] = Field(default_factory=list)
+    observation: Any = None
+    thought: str = ""
+    action: Any = None
+    model_response: str = ""
+    model_output: dict[str, Any] | None = None
+    info: dict[str, Any] = Field(default_factory=dict)
+    mc_return: float = 0.0
+    advantage: float | list[float] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -108,8 +121,16 @@ class Step(_JsonModel):
             if m == 0 and lp != 0.0:
                 raise ValueError(f"logprobs[{i}] = {lp!r} but response_mask[{i}] is 0: "
                                  "non-sampled tokens carry logprob 0.0")
-        if self.policy_version < 0:
+        if self.policy_version is None:
+            self.policy_version = self.weight_version
+        elif self.weight_version is None:
+            self.weight_version = self.policy_version
+        elif self.weight_version != self.policy_version:
+            raise ValueError(f"policy_version {self.policy_version} and weight_version {self.weight_version} differ")
+        if self.policy_version is not None and self.policy_version < 0:
             raise ValueError(f"policy_version must be >= 0, got {self.policy_version}")
+        if isinstance(self.advantage, list) and len(self.advantage) != n:
+            raise ValueError(f"advantage has {len(self.advantage)} entries but response_ids has {n} tokens")
         return self
 
     @property
@@ -138,6 +159,10 @@ class Trajectory(_JsonModel):
     steps: list[Step] = Field(default_factory=list)
     reward: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # rLLM's Trajectory fields
+    uid: str = Field(default_factory=lambda: str(uuid.uuid4()))
+    task: Any = None
+    info: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_name(self) -> "Trajectory":
@@ -180,7 +205,7 @@ class Trajectory(_JsonModel):
             response_ids=response,
             logprobs=logprobs,
             response_mask=mask,
-            policy_version=min(s.policy_version for s in self.steps),
+            policy_version=min((s.policy_version for s in self.steps if s.policy_version is not None), default=None),
             reward=self.reward,
             done=last.done,
             finish_reason=last.finish_reason,
@@ -191,7 +216,11 @@ class Trajectory(_JsonModel):
         )
 
 
-TerminationReason = Literal["stop", "length", "env_done", "max_turns", "timeout", "error", "aborted", "unknown"]
+TerminationReason = Literal[
+    "stop", "length", "env_done", "max_turns", "timeout", "error", "aborted", "unknown",
+    # rLLM's TerminationReason values
+    "max_prompt_length_exceeded", "max_response_length_exceeded", "max_turns_exceeded",
+]
 
 
 class ErrorFlags(_JsonModel):
@@ -229,12 +258,26 @@ class Episode(_JsonModel):
     task_id: str
     rollout_idx: StrictInt
     trajectories: list[Trajectory] = Field(default_factory=list)
+    task: Any = None
+    info: dict[str, Any] = Field(default_factory=dict)
     is_correct: bool | None = None
     reward_reason: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     termination_reason: TerminationReason | None = None
     errors: ErrorFlags = Field(default_factory=ErrorFlags)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ids_from_id(cls, data: Any) -> Any:
+        """rLLM writes only ``id`` (``"{task_id}:{rollout_idx}"``); derive the other two from it."""
+        if isinstance(data, dict) and data.get("id") and ("task_id" not in data or "rollout_idx" not in data):
+            try:
+                task_id, idx = parse_episode_id(data["id"])
+            except ValueError:
+                return data
+            data = {"task_id": task_id, "rollout_idx": idx, **data}
+        return data
 
     @model_validator(mode="after")
     def _check_id(self) -> "Episode":
@@ -247,14 +290,11 @@ class Episode(_JsonModel):
             self.id = expected
         elif self.id != expected:
             raise ValueError(f"id {self.id!r} does not match '{{task_id}}:{{rollout_idx}}' = {expected!r}")
-        names = [t.name for t in self.trajectories]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"trajectory names must be unique within an episode, duplicated: {dup}")
         return self
 
     def trajectory(self, name: str | None = None) -> Trajectory:
-        """The trajectory called ``name``; default: ``"default"`` if present, else the first."""
+        """The (first) trajectory called ``name``; default: ``"default"`` if present, else the first.
+        Names may repeat (rLLM: several trajectories of one agent); they share an advantage group."""
         if not self.trajectories:
             raise ValueError(f"episode {self.id!r} has no trajectories")
         if name is None:

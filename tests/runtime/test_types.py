@@ -119,8 +119,7 @@ def test_episode_id_checks_and_group_key():
     assert group_key(ep, ep.trajectories[0]) == "t:with:colons:default"
     with pytest.raises(ValidationError, match="does not match"):
         Episode(id="t:4", task_id="t", rollout_idx=5)
-    with pytest.raises(ValidationError, match="unique"):
-        Episode(task_id="t", rollout_idx=0, trajectories=[Trajectory(), Trajectory()])
+    assert Episode(id="t:with:colons:3").rollout_idx == 3  # rLLM writes only the id
     with pytest.raises(ValidationError, match="rollout_idx"):
         Episode(task_id="t", rollout_idx=-1)
     with pytest.raises(ValueError, match="not of the form"):
@@ -156,3 +155,58 @@ def test_merge_refuses_a_step_that_retokenised_the_history():
     s2 = Step(prompt_ids=[1, 10, 20, 99, 30], response_ids=[40], logprobs=[-0.3], policy_version=0)
     with pytest.raises(ValueError, match=r"steps\[1\].prompt_ids does not extend .* position 3"):
         Trajectory(steps=[s1, s2]).merged()
+
+
+# ---------------------------------------------------------------- rLLM's JSON
+
+
+def _rllm_step(prompt: list[int], response: list[int], version: int | None) -> dict:
+    """A step as rLLM's ``Step.to_dict()`` writes it (every key it writes)."""
+    return {"prompt_ids": prompt, "response_ids": response, "logprobs": [-0.5] * len(response),
+            "chat_completions": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+            "observation": {"board": [1, 2]}, "thought": "add", "action": {"answer": 4}, "model_response": "4",
+            "model_output": None, "info": {"tool": "calc"}, "reward": 1.0, "done": True, "mc_return": 0.9,
+            "advantage": [0.25] * len(response), "weight_version": version}
+
+
+def _rllm_episode() -> dict:
+    """A two-agent episode as rLLM's ``Episode.to_dict()`` writes it (solver twice, then a judge)."""
+    solver = [{"uid": f"u{i}", "name": "solver", "task": {"q": "2+2"}, "reward": float(i),
+               "steps": [_rllm_step([1, 2, 3], [4, 5], 7)], "info": {"attempt": i}} for i in range(2)]
+    judge = {"uid": "u9", "name": "judge", "task": {"q": "2+2"}, "reward": 0.5,
+             "steps": [_rllm_step([1, 9], [6], 7)], "info": {}}
+    return {"id": "task-3:1", "task": {"q": "2+2"}, "termination_reason": "max_turns_exceeded", "is_correct": True,
+            "trajectories": [*solver, judge], "metrics": {"solver_acc": 0.5}, "info": {"error": None}}
+
+
+def _contains(big: object, small: object, where: str = "") -> None:
+    """Every key and value of ``small`` is in ``big`` (what rLLM wrote survives, unchanged)."""
+    if isinstance(small, dict):
+        assert isinstance(big, dict), where
+        for k, v in small.items():
+            assert k in big, f"{where}.{k} lost"
+            _contains(big[k], v, f"{where}.{k}")
+    elif isinstance(small, list):
+        assert isinstance(big, list) and len(big) == len(small), where
+        for i, (b, s_) in enumerate(zip(big, small)):
+            _contains(b, s_, f"{where}[{i}]")
+    else:
+        assert big == small, f"{where}: {big!r} != {small!r}"
+
+
+def test_rllm_episode_json_round_trips_without_loss():
+    written = _rllm_episode()
+    ep = Episode.model_validate(written)
+    assert (ep.task_id, ep.rollout_idx) == ("task-3", 1)
+    assert ep.trajectories[0].steps[0].policy_version == 7  # rLLM's weight_version is our policy version
+    back = json.loads(ep.to_json())
+    _contains(back, written)
+    assert Episode.from_json(ep.to_json()) == ep
+
+
+def test_two_named_agents_are_grouped_by_task_and_trajectory_name():
+    from rft_runtime.trainer.batch import sequences_from_episode
+
+    seqs = sequences_from_episode(Episode.model_validate(_rllm_episode()))
+    assert [s.group for s in seqs] == ["task-3:solver", "task-3:solver", "task-3:judge"]
+    assert [s.reward for s in seqs] == [0.0, 1.0, 0.5]

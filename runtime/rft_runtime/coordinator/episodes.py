@@ -58,12 +58,18 @@ def parse_episode(ep: Mapping[str, Any]) -> Episode:
     """The episode as a :class:`rft_runtime.types.Episode` (the token contract is checked);
     raises :class:`EpisodeFormatError` naming the first problem."""
     try:
-        return Episode.model_validate(dict(ep))
+        episode = Episode.model_validate(dict(ep))
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first.get("loc", ()))
         raise EpisodeFormatError(f"episode {ep.get('id')!r}: {where}: {first.get('msg')}"
                                  + (f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else "")) from None
+    for t, traj in enumerate(episode.trajectories):  # the token contract: every sample names its policy
+        for i, step in enumerate(traj.steps):
+            if step.policy_version is None:
+                raise EpisodeFormatError(f"episode {episode.id!r}: trajectories.{t}.steps.{i}.policy_version is "
+                                         "required (the version of the weights that sampled it)")
+    return episode
 
 
 def episode_version(ep: Episode, default: int | None = None) -> int | None:
