@@ -36,7 +36,7 @@ def _post(server, path: str, body) -> httpx.Response:
     ({"prompt": [1, 2], "stop_token_ids": [400]}, "stop_token_ids"),
     ({"prompt": [1, 2], "stop": [""]}, "stop"),
     ({"prompt": [1, 2], "echo": "yes"}, "echo"),
-    ({"prompt": [1, 2], "stream": True}, "stream"),
+    ({"prompt": [1, 2], "stream": "yes"}, "stream"),
     ({"prompt": [1, 2], "min_tokens": 3}, "min_tokens"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [[1, 2], "text"]}, "prompt"),

@@ -72,6 +72,7 @@ class RunningBatch:
             max_len = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
         self.cache = self.runner.make_cache(max_slots, max_len)
         self.seqs: list[Sequence] = []
+        self.last_sampled: list[Sequence] = []  # sequences that got a token in the last iteration
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -112,6 +113,7 @@ class RunningBatch:
         """Advance every sequence by one iteration (admitting ``newcomers``); return those that finished."""
         if newcomers:
             self._admit(newcomers)
+        self.last_sampled = []
         if not self.seqs:
             return []
         decoding = sorted((s for s in self.seqs if s.output), key=lambda s: s.slot)
@@ -170,6 +172,7 @@ class RunningBatch:
         picked = logits if len(samplers) == logits.shape[0] and index.tolist() == list(range(len(samplers))) \
             else logits.index_select(0, index)
         seqs = [s for s, _ in samplers]
+        self.last_sampled = seqs
         chosen = sample_step(picked, [s.params for s in seqs], [s.seed for s in seqs], [len(s.output) for s in seqs])
         finished = []
         for i, s in enumerate(seqs):

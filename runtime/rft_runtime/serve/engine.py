@@ -61,6 +61,7 @@ class _Request:
     admitted: int = 0  # seqs[:admitted] have joined the batch
     version: int | None = None
     cancelled: bool = False
+    progress: asyncio.Queue | None = None  # streaming: lists of sequences that advanced, then None
 
 
 @dataclass
@@ -79,6 +80,20 @@ def _resolve(fut: asyncio.Future, value: Any = None, exc: BaseException | None =
         fut.set_exception(exc)
     else:
         fut.set_result(value)
+
+
+def _finish(req: Any, value: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve a request's future (and close its progress stream) from the worker thread."""
+    _deliver(req.loop, req.future, value, exc)
+    if req.progress is not None:
+        try:
+            req.loop.call_soon_threadsafe(_notify, req.progress, None)
+        except RuntimeError:
+            pass
+
+
+def _notify(queue: asyncio.Queue, item: Any) -> None:
+    queue.put_nowait(item)
 
 
 def _deliver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any = None,
@@ -147,15 +162,20 @@ class Engine:
 
     # ------------------------------------------------------------------ API for the event loop
 
-    async def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> GenerationResult:
-        """Generate one sequence per (prompt, params) pair; all of them run under one policy version."""
+    async def generate(self, prompts: list[list[int]], params: list[SamplingParams],
+                       progress: asyncio.Queue | None = None) -> GenerationResult:
+        """Generate one sequence per (prompt, params) pair; all of them run under one policy version.
+
+        With ``progress``, the engine puts ``(policy_version, [(sequence, tokens, finish_reason)])`` for the
+        sequences that got a token after each iteration in which some did (their length and finish
+        reason then), and ``None`` once the request is over (finished or failed)."""
         if len(prompts) != len(params) or not prompts:
             raise ValueError("generate needs one SamplingParams per prompt, and at least one prompt")
         if not self.alive:
             raise EngineError("the engine is not running")
         loop = asyncio.get_running_loop()
         seqs = [Sequence(prompt=list(p), params=sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
-        req = _Request(seqs=seqs, loop=loop, future=loop.create_future(), remaining=len(seqs))
+        req = _Request(seqs=seqs, loop=loop, future=loop.create_future(), remaining=len(seqs), progress=progress)
         for s in seqs:
             s.owner = req
         with self._cv:
@@ -257,19 +277,28 @@ class Engine:
             self._batch.clear()
             for req in owners.values():
                 req.cancelled = True  # the rest of a request still waiting for slots is dropped
-                _deliver(req.loop, req.future, None, EngineError(self.last_error))
+                _finish(req, None, EngineError(self.last_error))
             return
         self.last_step_ok = time.monotonic()
         if self.metrics is not None:
             stepped = len(self._batch) + len(finished)
             self.metrics.observe_step(stepped, stepped)
             self.metrics.set_queue(len(self._batch), len(self._waiting))
+        streams: dict[int, tuple[_Request, list[tuple[Sequence, int, str | None]]]] = {}
+        for s in self._batch.last_sampled:
+            if s.owner.progress is not None:
+                streams.setdefault(id(s.owner), (s.owner, []))[1].append((s, len(s.output), s.finish_reason))
+        for req, seqs in streams.values():
+            try:
+                req.loop.call_soon_threadsafe(_notify, req.progress, (int(req.version or 0), seqs))
+            except RuntimeError:
+                pass
         for s in finished:
             req = s.owner
             req.remaining -= 1
             if req.remaining == 0 and not req.cancelled:
                 result = GenerationResult(sequences=req.seqs, policy_version=int(req.version or 0))
-                _deliver(req.loop, req.future, result)
+                _finish(req, result)
 
     def _apply_swap(self, swap: _Swap) -> None:
         try:
@@ -298,6 +327,6 @@ class Engine:
         owners = {id(s.owner): s.owner for s in self._batch.seqs}
         self._batch.clear()
         for req in reqs + list(owners.values()):
-            _deliver(req.loop, req.future, None, exc)
+            _finish(req, None, exc)
         if swap is not None:
             _deliver(swap.loop, swap.future, None, exc)
