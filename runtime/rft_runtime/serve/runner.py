@@ -3,9 +3,10 @@
 The iteration's tokens are packed into one row: first one token per decoding sequence, then the
 prompt chunks being prefilled. Every linear layer, norm and MLP runs once over the packed tokens;
 attention writes the new keys and values into :class:`~rft_runtime.serve.kv_cache.SlotKVCache` in
-place and reads them back as views: one ``scaled_dot_product_attention`` for all decoding sequences
-(their slots are dense, so ``keys[:S]`` needs no copy) and one per prefill chunk (causal, offset by
-the tokens already in the cache).
+place and reads them back as views: one batched attention for all decoding sequences (their slots
+are dense, so ``keys[:S]`` needs no copy; queries are grouped by KV head, so grouped-query attention
+needs no expanded copy of the cache either) and one ``scaled_dot_product_attention`` per prefill
+chunk (causal, offset by the tokens already in the cache).
 
 The model's own modules do the work (embedding, norms, projections, rotary embedding, MLP, head), so
 the numbers are transformers' numbers; supported are decoders shaped like Llama / Qwen2 / Qwen3 /
@@ -103,7 +104,10 @@ class SlotRunner:
             else:
                 row_pos = torch.zeros(span, dtype=torch.long, device=dev)
                 row_pos[dslots] = dpos
-            dmask = (torch.arange(width, device=dev).unsqueeze(0) <= row_pos.unsqueeze(1))[:, None, None, :]
+            visible = torch.arange(width, device=dev).unsqueeze(0) <= row_pos.unsqueeze(1)
+            # additive mask [S, 1, 1, width], shared by every layer and query head
+            dmask = torch.zeros(visible.shape, dtype=h.dtype, device=dev).masked_fill_(~visible, float("-inf"))
+            dmask = dmask[:, None, None, :]
         chunk_masks = []
         for c in chunks:
             if c.start == 0:
@@ -114,6 +118,7 @@ class SlotRunner:
                 chunk_masks.append(torch.arange(end, device=dev).unsqueeze(0) <= q_pos.unsqueeze(1))
 
         hd, nh = self.head_dim, self.heads
+        group = nh // self.kv_heads
         for li, layer in enumerate(self.base.layers):
             attn = layer.self_attn
             residual = h
@@ -130,16 +135,17 @@ class SlotRunner:
             if n_dec:
                 keys[dslots, :, dpos] = k[0, :, :n_dec].transpose(0, 1)
                 values[dslots, :, dpos] = v[0, :, :n_dec].transpose(0, 1)
-                qd = q[0, :, :n_dec].transpose(0, 1).unsqueeze(2)  # [D, heads, 1, hd]
+                # queries grouped by KV head: [D, kv_heads, heads / kv_heads, hd]; the cache is read in place
+                qd = q[0, :, :n_dec].transpose(0, 1).reshape(n_dec, self.kv_heads, group, hd)
                 if not dense:
-                    full = qd.new_zeros((span, nh, 1, hd))
+                    full = qd.new_zeros((span, self.kv_heads, group, hd))
                     full[dslots] = qd
                     qd = full
-                o = F.scaled_dot_product_attention(qd, keys[:span, :, :width], values[:span, :, :width],
-                                                   attn_mask=dmask, scale=self.scaling, enable_gqa=True)
+                scores = torch.matmul(qd, keys[:span, :, :width].transpose(-1, -2)).mul_(self.scaling).add_(dmask)
+                o = torch.matmul(scores.softmax(dim=-1), values[:span, :, :width])
                 if not dense:
                     o = o[dslots]
-                outs.append(o.squeeze(2))  # [D, heads, hd]
+                outs.append(o.reshape(n_dec, nh, hd))  # [D, heads, hd]
             off = n_dec
             for c, m in zip(chunks, chunk_masks):
                 n = len(c.tokens)
