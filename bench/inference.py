@@ -7,7 +7,7 @@ goes first (A B, then B A, ...), so that a change of machine load between rounds
 reported numbers are medians over rounds, and each ratio is the median of the per-round ratios.
 
 Shapes: `rollout` is what `rft_runtime.rollout.client.InferenceClient` sends (a token-id prompt, n 1,
-a seed, logprobs 0, return_token_ids, return_tokens_as_token_ids), `plain` a text prompt without
+a seed, logprobs 1, return_token_ids, return_tokens_as_token_ids), `plain` a text prompt without
 logprobs or ids. Every request samples exactly `--max-tokens` tokens (ignore_eos). A cell is closed
 loop: C clients, each sending its next request when its previous one returns, for `--min-seconds`.
 
@@ -117,7 +117,7 @@ def body_for(shape: str, counter: int, max_tokens: int) -> dict:
     """One request of the given shape (prompt varies with ``counter``)."""
     if shape == "rollout":
         return {"model": "tiny", "prompt": PROMPT[: 10 + (counter % 16)], "n": 1, "max_tokens": max_tokens,
-                "temperature": 1.0, "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "temperature": 1.0, "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
                 "seed": counter, "ignore_eos": True}
     return {"model": "tiny", "prompt": TEXT_PROMPTS[counter % len(TEXT_PROMPTS)], "max_tokens": max_tokens,
             "temperature": 1.0, "ignore_eos": True}
