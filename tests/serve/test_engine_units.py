@@ -182,3 +182,17 @@ async def test_engine_cancel_frees_the_batch(lm):
         engine.stop()
     with pytest.raises(EngineError):
         await engine.generate([[1]], [SamplingParams(max_tokens=1)])
+
+
+async def test_engine_serves_bfloat16():
+    """--dtype bfloat16: the slot cache takes the model's dtype; logprobs stay float32 and finite."""
+    engine = Engine(load_model(TINY, device="cpu", dtype="bfloat16"), max_batch_size=4)
+    engine.start()
+    try:
+        assert engine._batch.cache.keys[0].dtype == torch.bfloat16
+        params = [SamplingParams(max_tokens=5, temperature=0.7, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+        result = await engine.generate([CHAT_PROMPT, CHAT_PROMPT, [269, 272]], params)
+        for s in result.sequences:
+            assert len(s.output) == 5 and all(lp <= 0 and lp > -1e4 for lp in s.logprobs)
+    finally:
+        engine.stop()
