@@ -56,8 +56,13 @@ def test_rollout_quick(tmp_path):
     assert report["medians"]["client"]["samples"] == report["medians"]["raw"]["samples"] == 8
 
 
-@pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py"])
+@pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py"])
 def test_bench_scripts_document_themselves(script):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0 and "--quick" in out.stdout
+
+
+def test_engine_process_quick(tmp_path):
+    report = _run("engine_process.py", tmp_path / "engine_process.json")
+    assert {"process_vs_thread_rollout_c1", "process_vs_thread_rollout_c8"} <= set(report["ratios"])

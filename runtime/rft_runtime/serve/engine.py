@@ -203,6 +203,15 @@ class Engine:
             self._cv.notify_all()
         return await asyncio.shield(swap.future)
 
+    async def load_weights(self, model_path: str, version: int | None = None) -> tuple[int, str]:
+        """Read a checkpoint or LoRA adapter directory (:func:`~rft_runtime.serve.weights.read_weights`)
+        and swap it in; returns the new policy version and ``"full"`` or ``"lora"``."""
+        from .weights import read_weights
+
+        weights, kind = await asyncio.to_thread(read_weights, model_path, base_dir=self.lm.model_dir,
+                                                model=self.lm.model)
+        return await self.swap_weights(weights, version), kind
+
     # ------------------------------------------------------------------ worker thread
 
     def _run(self) -> None:

@@ -17,7 +17,7 @@ from .protocol import (DEFAULT_MAX_LOGPROBS, GenerationRequest, PromptInput, Sam
                        get_bool, get_int, parse_chat, parse_completion, parse_messages, resolve_max_tokens)
 from .render import chat_body, completion_body
 from .stream import Streamer, sse
-from .weights import WeightLoadError, read_weights
+from .weights import WeightLoadError
 
 VERSION_HEADER = "x-policy-version"
 HEALTH_FRESH_S = 2.0  # a successful step this recent proves the engine can generate
@@ -265,9 +265,7 @@ class ServeRoutes:
             return self._update_failed(exc.message)
         async with self._update_lock:
             try:
-                weights, kind = await asyncio.to_thread(read_weights, path, base_dir=self.engine.lm.model_dir,
-                                                        model=self.engine.lm.model)
-                new_version = await self.engine.swap_weights(weights, version)
+                new_version, kind = await self.engine.load_weights(path, version)
             except (WeightLoadError, EngineError, OSError) as exc:
                 self.metrics.weight_updates.labels(result="error").inc()
                 return self._update_failed(str(exc), status=400 if not isinstance(exc, EngineError) else 500)
