@@ -56,6 +56,14 @@ def test_runner_matches_transformers_forward(lm):
     assert torch.allclose(out[0], ref_b, atol=1e-5, rtol=0)
     assert torch.allclose(out[1], ref_a, atol=1e-5, rtol=0)
     assert torch.allclose(out[2], ref_c, atol=1e-5, rtol=0)
+    with torch.no_grad():  # equal-length whole prompts in scattered slots prefill in one batched attention
+        c, d = [11, 12, 13, 14], [21, 22, 23, 24]
+        runner.forward(cache, [], [], [], [Chunk(3, c, 0), Chunk(1, d, 0)], [3, 7])
+        out = runner.forward(cache, [1, 3], [5, 6], [4, 4], [], [0, 1])
+        ref_d = model(torch.tensor([d + [5]])).logits[0, -1]
+        ref_c = model(torch.tensor([c + [6]])).logits[0, -1]
+    assert torch.allclose(out[0], ref_d, atol=1e-5, rtol=0)
+    assert torch.allclose(out[1], ref_c, atol=1e-5, rtol=0)
 
 
 def test_filter_matches_naive_definition():

@@ -24,7 +24,7 @@ from .protocol import SamplingParams
 from .runner import Chunk, SlotRunner
 from .sampler import prompt_logprobs, sample_step, seed_of
 
-DEFAULT_PREFILL_TOKENS = 512  # tokens per iteration (decodes plus prompt chunks)
+DEFAULT_PREFILL_TOKENS = 2048  # tokens per iteration (decodes plus prompt chunks)
 
 
 @dataclass(eq=False)

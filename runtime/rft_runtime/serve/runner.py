@@ -5,8 +5,9 @@ prompt chunks being prefilled. Every linear layer, norm and MLP runs once over t
 attention writes the new keys and values into :class:`~rft_runtime.serve.kv_cache.SlotKVCache` in
 place and reads them back as views: one batched attention for all decoding sequences (their slots
 are dense, so ``keys[:S]`` needs no copy; queries are grouped by KV head, so grouped-query attention
-needs no expanded copy of the cache either) and one ``scaled_dot_product_attention`` per prefill
-chunk (causal, offset by the tokens already in the cache).
+needs no expanded copy of the cache either); consecutive whole prompts of one length prefill in one
+batched causal ``scaled_dot_product_attention``, and a chunk continuing a prompt attends to its slot
+(causal, offset by the tokens already in the cache).
 
 The model's own modules do the work (embedding, norms, projections, rotary embedding, MLP, head), so
 the numbers are transformers' numbers; supported are decoders shaped like Llama / Qwen2 / Qwen3 /
@@ -108,14 +109,24 @@ class SlotRunner:
             # additive mask [S, 1, 1, width], shared by every layer and query head
             dmask = torch.zeros(visible.shape, dtype=h.dtype, device=dev).masked_fill_(~visible, float("-inf"))
             dmask = dmask[:, None, None, :]
-        chunk_masks = []
+        # prefill work: runs of consecutive whole-prompt chunks of one length (attention among their own
+        # tokens, batched), and single chunks continuing a prompt (attention over their slot's cache)
+        runs: list[tuple[int, int, list[int], torch.Tensor | None]] = []  # (offset, length, slots, mask)
+        off = n_dec
         for c in chunks:
-            if c.start == 0:
-                chunk_masks.append(None)
+            n = len(c.tokens)
+            if c.start == 0 and runs and runs[-1][3] is None and runs[-1][1] == n \
+                    and runs[-1][0] + n * len(runs[-1][2]) == off:
+                runs[-1][2].append(c.slot)
+            elif c.start == 0:
+                runs.append((off, n, [c.slot], None))
             else:
-                end = c.start + len(c.tokens)
+                end = c.start + n
                 q_pos = torch.arange(c.start, end, device=dev)
-                chunk_masks.append(torch.arange(end, device=dev).unsqueeze(0) <= q_pos.unsqueeze(1))
+                runs.append((off, n, [c.slot], torch.arange(end, device=dev).unsqueeze(0) <= q_pos.unsqueeze(1)))
+            off += n
+        run_slots = [torch.tensor(r[2], dtype=torch.long, device=dev) if len(r[2]) > 1 else None for r in runs]
+        starts = {c.slot: c.start for c in chunks}
 
         hd, nh = self.head_dim, self.heads
         group = nh // self.kv_heads
@@ -146,17 +157,31 @@ class SlotRunner:
                 if not dense:
                     o = o[dslots]
                 outs.append(o.reshape(n_dec, nh, hd))  # [D, heads, hd]
-            off = n_dec
-            for c, m in zip(chunks, chunk_masks):
-                n = len(c.tokens)
-                end = c.start + n
-                keys[c.slot, :, c.start:end] = k[0, :, off:off + n]
-                values[c.slot, :, c.start:end] = v[0, :, off:off + n]
-                o = F.scaled_dot_product_attention(q[:, :, off:off + n], keys[c.slot:c.slot + 1, :, :end],
-                                                   values[c.slot:c.slot + 1, :, :end], attn_mask=m,
-                                                   is_causal=m is None, scale=self.scaling, enable_gqa=True)
+            for (off, n, slots, m), slot_t in zip(runs, run_slots):
+                if m is None:  # g whole prompts of n tokens: [g, heads, n, hd], attending among themselves
+                    g = len(slots)
+                    qq = q[0, :, off:off + g * n].reshape(nh, g, n, hd).transpose(0, 1)
+                    kk = k[0, :, off:off + g * n].reshape(-1, g, n, hd).transpose(0, 1)
+                    vv = v[0, :, off:off + g * n].reshape(-1, g, n, hd).transpose(0, 1)
+                    if slot_t is None:
+                        keys[slots[0], :, :n] = kk[0]
+                        values[slots[0], :, :n] = vv[0]
+                    else:
+                        keys[slot_t, :, :n] = kk
+                        values[slot_t, :, :n] = vv
+                    o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=self.scaling,
+                                                       enable_gqa=True)
+                    outs.append(o.transpose(1, 2).reshape(g * n, nh, hd))
+                    continue
+                slot = slots[0]
+                start = starts[slot]
+                end = start + n
+                keys[slot, :, start:end] = k[0, :, off:off + n]
+                values[slot, :, start:end] = v[0, :, off:off + n]
+                o = F.scaled_dot_product_attention(q[:, :, off:off + n], keys[slot:slot + 1, :, :end],
+                                                   values[slot:slot + 1, :, :end], attn_mask=m,
+                                                   scale=self.scaling, enable_gqa=True)
                 outs.append(o[0].transpose(0, 1))  # [n, heads, hd]
-                off += n
             a = (torch.cat(outs) if len(outs) > 1 else outs[0]).reshape(1, total, nh * hd)
             h = residual + attn.o_proj(a)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
