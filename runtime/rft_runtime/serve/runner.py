@@ -67,6 +67,17 @@ class SlotRunner:
         self.scaling = float(attn.scaling)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for positions 0..n-1
+
+    def _rope(self, h: torch.Tensor, pos_t: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's rotary cos/sin at ``pos_t``, looked up in a table computed once by the model's own
+        rotary embedding (it depends on positions only, never on the weights)."""
+        table = self._rope_table
+        if table is None or table[0].shape[1] < length:
+            n = max(length, 2 * table[0].shape[1] if table is not None else 256)
+            positions = torch.arange(n, device=self.device).unsqueeze(0)
+            table = self._rope_table = self.base.rotary_emb(h[:, :1].expand(1, n, h.shape[-1]), positions)
+        return table[0][:, pos_t[0]], table[1][:, pos_t[0]]
 
     def make_cache(self, slots: int, max_len: int) -> SlotKVCache:
         """A cache sized for this model."""
@@ -92,7 +103,7 @@ class SlotRunner:
         ids_t = torch.tensor(ids, dtype=torch.long, device=dev).unsqueeze(0)
         pos_t = torch.tensor(pos, dtype=torch.long, device=dev).unsqueeze(0)
         h = self.base.embed_tokens(ids_t)
-        cos, sin = self.base.rotary_emb(h, pos_t)
+        cos, sin = self._rope(h, pos_t, max(pos) + 1)
 
         if n_dec:
             dslots = torch.tensor(decode_slots, dtype=torch.long, device=dev)
