@@ -38,6 +38,15 @@ def test_slot_cache_alloc_grow_copy():
         c.ensure(101)
 
 
+def test_runner_refuses_other_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rft_runtime.serve.runner import UnsupportedModel
+
+    with pytest.raises(UnsupportedModel):
+        SlotRunner(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)))
+
+
 def test_runner_matches_transformers_forward(lm):
     """Decodes in scattered slots and chunked prefills in one pass give transformers' logits."""
     model = lm.model

@@ -39,6 +39,11 @@ class UnsupportedModel(ValueError):
     """The model's architecture is not one the runner knows how to drive."""
 
 
+# Decoders whose layer is exactly: RMSNorm -> q/k/v projections (+ optional q/k norm) -> rotary -> attention
+# -> o_proj -> residual -> RMSNorm -> MLP -> residual, with plain token embeddings (no scaling).
+SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
 class SlotRunner:
     """Drives ``model`` (a ``*ForCausalLM``) over packed tokens and a slot cache."""
 
@@ -49,6 +54,9 @@ class SlotRunner:
         if base is None or head is None or not all(hasattr(base, n) for n in needed):
             raise UnsupportedModel(f"{type(model).__name__} is not a Llama/Qwen2-style decoder")
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModel(f"model_type {getattr(cfg, 'model_type', None)!r} is not supported by the builtin "
+                                   f"engine (supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))})")
         types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         if types != {"full_attention"}:
             raise UnsupportedModel(f"only full attention is supported, the model has {sorted(types)}")
