@@ -291,7 +291,7 @@ class Engine:
         self.last_step_ok = time.monotonic()
         if self.metrics is not None:
             stepped = len(self._batch) + len(finished)
-            self.metrics.observe_step(stepped, stepped)
+            self.metrics.observe_step(stepped, len(self._batch.last_sampled))
             self.metrics.set_queue(len(self._batch), len(self._waiting))
         streams: dict[int, tuple[_Request, list[tuple[Sequence, int, str | None]]]] = {}
         for s in self._batch.last_sampled:
