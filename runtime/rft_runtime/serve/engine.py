@@ -1,12 +1,15 @@
 """The engine: one worker thread that owns the model and batches requests continuously.
 
-Requests wait in a FIFO queue. Between decode steps the thread admits waiting requests as a whole
-(all prompts x n choices of a request join together) while the batch has room, runs one step of the
-:class:`~rft_runtime.serve.batch.RunningBatch`, and hands finished requests back to the event loop.
+Requests wait in a FIFO queue. Before every iteration the thread admits waiting sequences (a
+request's prompts x n choices, in order) into the free slots of the
+:class:`~rft_runtime.serve.batch.RunningBatch`, runs one iteration (one forward pass carrying the
+running decodes and chunks of the newcomers' prompts), and hands finished requests back to the event
+loop. A request larger than the batch joins piece by piece as slots free up.
 
-Weight updates are applied by the same thread between steps, only once the batch has drained: while
-an update is pending no request is admitted, so every request runs on one set of weights and reports
-the policy version it was admitted under.
+Weight updates are applied by the same thread at an iteration boundary, once the requests running on
+the old weights have finished: while an update is pending no new request is admitted (the rest of a
+request already started still is), so every request runs on one set of weights and reports the policy
+version it was admitted under.
 """
 
 from __future__ import annotations
@@ -21,16 +24,11 @@ from typing import Any, Protocol
 
 import torch
 
-from .batch import RunningBatch, Sequence
+from .batch import DEFAULT_PREFILL_TOKENS, RunningBatch, Sequence
 from .model import LoadedModel
 from .protocol import SamplingParams
 
 log = logging.getLogger(__name__)
-
-# While sequences are running, newcomers are admitted at most every this many steps (unless they would
-# fill the batch): each admission costs a prefill forward, so admitting several at once is cheaper.
-ADMIT_EVERY_STEPS = 4
-
 
 class EngineMetrics(Protocol):
     """Hooks the engine reports through (see :mod:`rft_runtime.serve.metrics`)."""
@@ -60,8 +58,10 @@ class _Request:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     remaining: int = 0
+    admitted: int = 0  # seqs[:admitted] have joined the batch
     version: int | None = None
     cancelled: bool = False
+    progress: asyncio.Queue | None = None  # streaming: lists of sequences that advanced, then None
 
 
 @dataclass
@@ -82,6 +82,20 @@ def _resolve(fut: asyncio.Future, value: Any = None, exc: BaseException | None =
         fut.set_result(value)
 
 
+def _finish(req: Any, value: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve a request's future (and close its progress stream) from the worker thread."""
+    _deliver(req.loop, req.future, value, exc)
+    if req.progress is not None:
+        try:
+            req.loop.call_soon_threadsafe(_notify, req.progress, None)
+        except RuntimeError:
+            pass
+
+
+def _notify(queue: asyncio.Queue, item: Any) -> None:
+    queue.put_nowait(item)
+
+
 def _deliver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any = None,
              exc: BaseException | None = None) -> None:
     """Resolve ``fut`` on its event loop from the worker thread (a closed loop is ignored)."""
@@ -95,7 +109,7 @@ class Engine:
     """Continuous-batching generation over one loaded model."""
 
     def __init__(self, lm: LoadedModel, *, max_batch_size: int = 32, metrics: EngineMetrics | None = None,
-                 policy_version: int = 0):
+                 policy_version: int = 0, prefill_tokens: int = DEFAULT_PREFILL_TOKENS):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
@@ -105,13 +119,13 @@ class Engine:
         self.last_step_ok: float | None = None  # time.monotonic() of the last successful step
         self.last_error: str | None = None
         self._batch = RunningBatch(lm.model, pad_token_id=lm.pad_token_id, eos_token_ids=lm.eos_token_ids,
-                                   device=lm.device, decode_text=lm.codec.decode_text)
+                                   device=lm.device, decode_text=lm.codec.decode_text, max_slots=max_batch_size,
+                                   max_len=lm.max_model_len, prefill_tokens=prefill_tokens)
         self._waiting: deque[_Request] = deque()
         self._swap: _Swap | None = None
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._steps_since_admit = 0
         self.num_aborted = 0  # sequences dropped because their client went away
 
     # ------------------------------------------------------------------ lifecycle
@@ -148,15 +162,20 @@ class Engine:
 
     # ------------------------------------------------------------------ API for the event loop
 
-    async def generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> GenerationResult:
-        """Generate one sequence per (prompt, params) pair; all of them run under one policy version."""
+    async def generate(self, prompts: list[list[int]], params: list[SamplingParams],
+                       progress: asyncio.Queue | None = None) -> GenerationResult:
+        """Generate one sequence per (prompt, params) pair; all of them run under one policy version.
+
+        With ``progress``, the engine puts ``(policy_version, [(sequence, tokens, finish_reason)])`` for the
+        sequences that got a token after each iteration in which some did (their length and finish
+        reason then), and ``None`` once the request is over (finished or failed)."""
         if len(prompts) != len(params) or not prompts:
             raise ValueError("generate needs one SamplingParams per prompt, and at least one prompt")
         if not self.alive:
             raise EngineError("the engine is not running")
         loop = asyncio.get_running_loop()
         seqs = [Sequence(prompt=list(p), params=sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
-        req = _Request(seqs=seqs, loop=loop, future=loop.create_future(), remaining=len(seqs))
+        req = _Request(seqs=seqs, loop=loop, future=loop.create_future(), remaining=len(seqs), progress=progress)
         for s in seqs:
             s.owner = req
         with self._cv:
@@ -184,6 +203,15 @@ class Engine:
             self._cv.notify_all()
         return await asyncio.shield(swap.future)
 
+    async def load_weights(self, model_path: str, version: int | None = None) -> tuple[int, str]:
+        """Read a checkpoint or LoRA adapter directory (:func:`~rft_runtime.serve.weights.read_weights`)
+        and swap it in; returns the new policy version and ``"full"`` or ``"lora"``."""
+        from .weights import read_weights
+
+        weights, kind = await asyncio.to_thread(read_weights, model_path, base_dir=self.lm.model_dir,
+                                                model=self.lm.model)
+        return await self.swap_weights(weights, version), kind
+
     # ------------------------------------------------------------------ worker thread
 
     def _run(self) -> None:
@@ -205,35 +233,36 @@ class Engine:
                 if self._stop:
                     return
                 swap = self._swap
-                newcomers = [] if swap is not None else self._admit()
+                newcomers = self._admit(started_only=swap is not None)
             self._drop_cancelled()
-            if swap is not None and not len(self._batch):
+            if swap is not None and not len(self._batch) and not newcomers:
                 self._apply_swap(swap)
                 continue
             if not newcomers and not len(self._batch):
                 continue
             self._step(newcomers)
 
-    def _admit(self) -> list[_Request]:
-        """Pop waiting requests (FIFO) that fit in the batch; a request larger than the batch runs alone."""
-        taken: list[_Request] = []
-        room = self.max_batch_size - len(self._batch)
-        if len(self._batch) and self._steps_since_admit < ADMIT_EVERY_STEPS:
-            if sum(len(r.seqs) for r in self._waiting) < room:
-                return taken
-        while self._waiting:
+    def _admit(self, started_only: bool = False) -> list[Sequence]:
+        """Pop waiting sequences (FIFO) into the free slots; with ``started_only`` only the rest of requests
+        already running (a pending weight update admits nothing new)."""
+        taken: list[Sequence] = []
+        room = self._batch.free_slots
+        while self._waiting and room:
             req = self._waiting[0]
             if req.cancelled:
                 self._waiting.popleft()
-                self._count_aborted(len(req.seqs))
+                self._count_aborted(len(req.seqs) - req.admitted)
                 continue
-            size = len(req.seqs)
-            if size > room and (taken or len(self._batch)):
-                break
-            self._waiting.popleft()
-            req.version = self.policy_version
-            taken.append(req)
-            room -= size
+            if req.version is None:
+                if started_only:
+                    break
+                req.version = self.policy_version
+            part = req.seqs[req.admitted: req.admitted + room]
+            req.admitted += len(part)
+            taken.extend(part)
+            room -= len(part)
+            if req.admitted == len(req.seqs):
+                self._waiting.popleft()
         return taken
 
     def _drop_cancelled(self) -> None:
@@ -247,9 +276,7 @@ class Engine:
         if self.metrics is not None:
             self.metrics.observe_aborted(n)
 
-    def _step(self, newcomers: list[_Request]) -> None:
-        new_seqs = [s for r in newcomers for s in r.seqs]
-        self._steps_since_admit = 0 if new_seqs else self._steps_since_admit + 1
+    def _step(self, new_seqs: list[Sequence]) -> None:
         try:
             finished = self._batch.step(new_seqs)
         except Exception as exc:  # noqa: BLE001 - any model failure fails the requests involved
@@ -258,19 +285,29 @@ class Engine:
             owners = {id(s.owner): s.owner for s in self._batch.seqs + new_seqs}
             self._batch.clear()
             for req in owners.values():
-                _deliver(req.loop, req.future, None, EngineError(self.last_error))
+                req.cancelled = True  # the rest of a request still waiting for slots is dropped
+                _finish(req, None, EngineError(self.last_error))
             return
         self.last_step_ok = time.monotonic()
         if self.metrics is not None:
             stepped = len(self._batch) + len(finished)
-            self.metrics.observe_step(stepped, stepped)
+            self.metrics.observe_step(stepped, len(self._batch.last_sampled))
             self.metrics.set_queue(len(self._batch), len(self._waiting))
+        streams: dict[int, tuple[_Request, list[tuple[Sequence, int, str | None]]]] = {}
+        for s in self._batch.last_sampled:
+            if s.owner.progress is not None:
+                streams.setdefault(id(s.owner), (s.owner, []))[1].append((s, len(s.output), s.finish_reason))
+        for req, seqs in streams.values():
+            try:
+                req.loop.call_soon_threadsafe(_notify, req.progress, (int(req.version or 0), seqs))
+            except RuntimeError:
+                pass
         for s in finished:
             req = s.owner
             req.remaining -= 1
             if req.remaining == 0 and not req.cancelled:
                 result = GenerationResult(sequences=req.seqs, policy_version=int(req.version or 0))
-                _deliver(req.loop, req.future, result)
+                _finish(req, result)
 
     def _apply_swap(self, swap: _Swap) -> None:
         try:
@@ -299,6 +336,6 @@ class Engine:
         owners = {id(s.owner): s.owner for s in self._batch.seqs}
         self._batch.clear()
         for req in reqs + list(owners.values()):
-            _deliver(req.loop, req.future, None, exc)
+            _finish(req, None, exc)
         if swap is not None:
             _deliver(swap.loop, swap.future, None, exc)

@@ -1,84 +1,73 @@
-"""A left-padded, batched KV cache whose rows can join and leave between decode steps.
+"""A preallocated per-slot KV cache: one row (slot) per running sequence, written in place.
 
-Rows are sequences; columns are cache positions. Padding is always on the left, so every row's next
-token goes in the same (last) column. ``mask[b, t]`` is 1 where row ``b`` holds a real token.
+``keys[layer]`` and ``values[layer]`` are ``[slots, kv_heads, capacity, head_dim]``. A sequence holds
+one slot from admission to retirement; its token at position ``p`` lives in column ``p`` of its slot.
+Nothing moves when sequences join or leave (slots are handed out lowest-first, so the running slots
+stay dense and decode attention reads ``keys[:S]`` as a view). The column capacity starts small and
+doubles, up to the model's context length, when a sequence outgrows it: a copy every doubling, never
+per step.
 """
 
 from __future__ import annotations
 
+import heapq
+
 import torch
-import torch.nn.functional as F
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 
-def _check_layers(cache: DynamicCache) -> list[DynamicLayer]:
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise TypeError(f"unsupported cache layer {type(layer).__name__}: only full attention is supported")
-    return cache.layers
+class SlotKVCache:
+    """KV tensors for ``slots`` sequences of up to ``max_len`` tokens each."""
 
+    def __init__(self, *, layers: int, kv_heads: int, head_dim: int, slots: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device, initial_len: int = 256):
+        if slots < 1 or max_len < 1:
+            raise ValueError("a KV cache needs at least one slot and one column")
+        self.slots, self.max_len = slots, max_len
+        self.shape = (kv_heads, head_dim)
+        self.dtype, self.device = dtype, device
+        self.capacity = min(max_len, max(16, initial_len))
+        self.keys = [self._empty(self.capacity) for _ in range(layers)]
+        self.values = [self._empty(self.capacity) for _ in range(layers)]
+        self._free = list(range(slots))  # a heap: the lowest free slot first
 
-class PaddedKV:
-    """A transformers ``DynamicCache`` plus its 2-D attention mask."""
-
-    def __init__(self, cache: DynamicCache, mask: torch.Tensor):
-        self.cache = cache
-        self.mask = mask  # [B, T] long
-
-    @property
-    def rows(self) -> int:
-        """Number of sequences."""
-        return int(self.mask.shape[0])
+    def _empty(self, columns: int) -> torch.Tensor:
+        return torch.zeros((self.slots, self.shape[0], columns, self.shape[1]), dtype=self.dtype, device=self.device)
 
     @property
-    def length(self) -> int:
-        """Number of cache columns (real tokens plus left padding)."""
-        return int(self.mask.shape[1])
+    def free_slots(self) -> int:
+        """Slots not held by a sequence."""
+        return len(self._free)
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep (or repeat) the rows in ``index``, in that order; then drop all-padding columns."""
-        index = index.to(self.mask.device)
-        for layer in _check_layers(self.cache):
-            layer.keys = layer.keys.index_select(0, index)
-            layer.values = layer.values.index_select(0, index)
-        self.mask = self.mask.index_select(0, index)
-        self.trim()
+    def alloc(self) -> int:
+        """Take the lowest free slot."""
+        if not self._free:
+            raise RuntimeError("no free KV cache slot")
+        return heapq.heappop(self._free)
 
-    def trim(self) -> None:
-        """Drop leading columns that are padding in every row."""
-        if self.rows == 0:
+    def release(self, slot: int) -> None:
+        """Give ``slot`` back (its contents are overwritten by the next holder)."""
+        heapq.heappush(self._free, slot)
+
+    def reset(self) -> None:
+        """Free every slot."""
+        self._free = list(range(self.slots))
+
+    def ensure(self, length: int) -> None:
+        """Make room for ``length`` columns (doubling the capacity, at most up to ``max_len``)."""
+        if length <= self.capacity:
             return
-        used = self.mask.any(dim=0).nonzero()
-        first = int(used[0]) if used.numel() else self.length
-        if first == 0:
-            return
-        for layer in _check_layers(self.cache):
-            layer.keys = layer.keys[:, :, first:, :]
-            layer.values = layer.values[:, :, first:, :]
-        self.mask = self.mask[:, first:]
+        if length > self.max_len:
+            raise ValueError(f"a sequence of {length} tokens exceeds the cache's {self.max_len} columns")
+        cap = min(self.max_len, max(length, 2 * self.capacity))
+        for store in (self.keys, self.values):
+            for i, old in enumerate(store):
+                new = self._empty(cap)
+                new[:, :, : self.capacity].copy_(old)
+                store[i] = new
+        self.capacity = cap
 
-    def _left_pad(self, n: int) -> None:
-        if n <= 0:
-            return
-        for layer in _check_layers(self.cache):
-            layer.keys = F.pad(layer.keys, (0, 0, n, 0))
-            layer.values = F.pad(layer.values, (0, 0, n, 0))
-        self.mask = F.pad(self.mask, (n, 0))
-
-    def extend(self, other: "PaddedKV") -> None:
-        """Append ``other``'s rows below ours, left-padding the shorter of the two."""
-        if len(self.cache.layers) != len(other.cache.layers):
-            raise ValueError("caches from different models cannot be merged")
-        length = max(self.length, other.length)
-        self._left_pad(length - self.length)
-        other._left_pad(length - other.length)
-        for mine, theirs in zip(_check_layers(self.cache), _check_layers(other.cache)):
-            mine.keys = torch.cat([mine.keys, theirs.keys], dim=0)
-            mine.values = torch.cat([mine.values, theirs.values], dim=0)
-        self.mask = torch.cat([self.mask, other.mask], dim=0)
-
-    def append_column(self) -> torch.Tensor:
-        """Extend the mask by one real column (for the token fed next) and return the new mask."""
-        self.mask = F.pad(self.mask, (0, 1), value=1)
-        return self.mask
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` columns of slot ``src`` to slot ``dst`` (a shared prompt)."""
+        for store in (self.keys, self.values):
+            for t in store:
+                t[dst, :, :length].copy_(t[src, :, :length])

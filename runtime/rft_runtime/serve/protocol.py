@@ -63,6 +63,8 @@ class GenerationRequest:
     # chat only
     top_logprobs: int = 0
     want_logprobs: bool = False
+    stream: bool = False
+    include_usage: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -171,9 +173,20 @@ def parse_sampling(body: dict, *, vocab_size: int, max_logprobs: int, default_ma
     )
 
 
-def _check_stream(body: dict) -> None:
-    if body.get("stream"):
-        raise invalid_param("stream", body["stream"], "is not supported by the builtin server")
+def _get_stream(body: dict) -> tuple[bool, bool]:
+    """``stream`` and ``stream_options.include_usage`` (options without ``stream`` are refused, as vLLM)."""
+    stream = get_bool(body, "stream", False)
+    opts = body.get("stream_options")
+    if opts is None:
+        return stream, False
+    if not isinstance(opts, dict):
+        raise invalid_param("stream_options", opts, "must be an object")
+    if not stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.")
+    usage = opts.get("include_usage", False)
+    if not isinstance(usage, bool):
+        raise invalid_param("stream_options", opts, "include_usage must be a boolean")
+    return stream, usage
 
 
 def _check_model(body: dict) -> str | None:
@@ -213,7 +226,7 @@ def parse_completion(body: Any, *, vocab_size: int, max_logprobs: int = DEFAULT_
     """Parse ``/v1/completions``; prompts come back raw (text is tokenized by the caller)."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
-    _check_stream(body)
+    stream, usage = _get_stream(body)
     if "prompt" not in body:
         raise invalid_param("prompt", None, "is required")
     raw_prompts = parse_prompt_field(body["prompt"])
@@ -232,7 +245,11 @@ def parse_completion(body: Any, *, vocab_size: int, max_logprobs: int = DEFAULT_
         echo=echo,
         return_token_ids=get_bool(body, "return_token_ids", False),
         return_tokens_as_token_ids=get_bool(body, "return_tokens_as_token_ids", False),
+        stream=stream,
+        include_usage=usage,
     )
+    if stream and (echo or params.prompt_logprobs is not None):
+        raise invalid_param("stream", True, "cannot be combined with echo or prompt_logprobs on the builtin server")
     return req, raw_prompts
 
 
@@ -266,7 +283,7 @@ def parse_chat(body: Any, *, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LO
     """Parse ``/v1/chat/completions``; returns the request and the validated messages."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object")
-    _check_stream(body)
+    stream, usage = _get_stream(body)
     messages = parse_messages(body)
     want = get_bool(body, "logprobs", False)
     top = get_int(body, "top_logprobs", 0 if want else None, lo=0, hi=max_logprobs)
@@ -287,6 +304,8 @@ def parse_chat(body: Any, *, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LO
         return_tokens_as_token_ids=get_bool(body, "return_tokens_as_token_ids", False),
         top_logprobs=top,
         want_logprobs=want,
+        stream=stream,
+        include_usage=usage,
         extra={
             "add_generation_prompt": get_bool(body, "add_generation_prompt", True),
             "continue_final_message": get_bool(body, "continue_final_message", False),

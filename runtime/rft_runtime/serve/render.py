@@ -64,8 +64,10 @@ def prompt_logprobs_body(codec: TextCodec, seq: Sequence) -> list[dict | None] |
     return out
 
 
-def completion_logprobs(codec: TextCodec, seq: Sequence, k: int, echo: bool, as_ids: bool) -> dict[str, list]:
-    """The completions ``logprobs`` object: text_offset, token_logprobs, tokens, top_logprobs."""
+def completion_logprobs(codec: TextCodec, seq: Sequence, k: int, echo: bool, as_ids: bool, *, start: int = 0,
+                        end: int | None = None, offset: int = 0) -> dict[str, list]:
+    """The completions ``logprobs`` object: text_offset, token_logprobs, tokens, top_logprobs (of the
+    generated tokens ``start:end``, text offsets counted from ``offset``, when streaming)."""
     tokens: list[str] = []
     token_lps: list[float | None] = []
     tops: list[dict | None] = []
@@ -76,13 +78,14 @@ def completion_logprobs(codec: TextCodec, seq: Sequence, k: int, echo: bool, as_
             entry = plps[t] if t < len(plps) else None
             cands = None if entry is None else [(i, v) for i, (v, _r) in entry.items()]
             steps.append((tid, cands, seq.prompt[:t]))
-    for i, tid in enumerate(seq.output):
+    for i in range(start, len(seq.output) if end is None else end):
+        tid = seq.output[i]
         top = seq.top[i] if i < len(seq.top) else []
         steps.append((tid, _step_candidates(tid, seq.logprobs[i], top), seq.prompt + seq.output[:i]))
     offsets: list[int] = []
     for tid, cands, ctx in steps:
         label = codec.token_label(ctx, tid, as_ids)
-        offsets.append(0 if not offsets else offsets[-1] + len(tokens[-1]))
+        offsets.append(offset if not offsets else offsets[-1] + len(tokens[-1]))
         tokens.append(label)
         if cands is None:
             token_lps.append(None)
@@ -145,10 +148,13 @@ def _chat_token(label: str, v: float) -> dict[str, Any]:
     return {"token": label, "logprob": _lp(v), "bytes": list(label.encode("utf-8", errors="replace"))}
 
 
-def chat_logprobs(codec: TextCodec, seq: Sequence, top_n: int, as_ids: bool) -> dict[str, list]:
-    """The chat ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}``."""
+def chat_logprobs(codec: TextCodec, seq: Sequence, top_n: int, as_ids: bool, *, start: int = 0,
+                  end: int | None = None) -> dict[str, list]:
+    """The chat ``logprobs`` object: ``{"content": [{token, logprob, bytes, top_logprobs}]}`` (of the
+    generated tokens ``start:end`` when streaming)."""
     content = []
-    for i, tid in enumerate(seq.output):
+    for i in range(start, len(seq.output) if end is None else end):
+        tid = seq.output[i]
         ctx = seq.prompt + seq.output[:i]
         cands = _step_candidates(tid, seq.logprobs[i], seq.top[i] if i < len(seq.top) else [])
         entry = _chat_token(codec.token_label(ctx, tid, as_ids), seq.logprobs[i])

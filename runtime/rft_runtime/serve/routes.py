@@ -16,7 +16,8 @@ from .metrics import ServeMetrics
 from .protocol import (DEFAULT_MAX_LOGPROBS, GenerationRequest, PromptInput, SamplingParams, check_token_ids,
                        get_bool, get_int, parse_chat, parse_completion, parse_messages, resolve_max_tokens)
 from .render import chat_body, completion_body
-from .weights import WeightLoadError, read_weights
+from .stream import Streamer, sse
+from .weights import WeightLoadError
 
 VERSION_HEADER = "x-policy-version"
 HEALTH_FRESH_S = 2.0  # a successful step this recent proves the engine can generate
@@ -89,9 +90,48 @@ class ServeRoutes:
         except EngineError as exc:
             raise APIError(500, str(exc)) from exc
 
+    async def _stream(self, request: web.Request, req: GenerationRequest, chat: bool) -> web.StreamResponse:
+        """Answer with server-sent events as the engine produces tokens (see :mod:`.stream`)."""
+        field = "messages" if chat else "prompt"
+        prompts, params = self._expand(req, field)
+        progress: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(self.engine.generate(prompts, params, progress=progress))
+        streamer = Streamer(req, self.codec, self.name, chat=chat)
+        resp: web.StreamResponse | None = None
+        try:
+            while (item := await progress.get()) is not None:
+                version, seqs = item
+                if resp is None:  # headers go out once the request runs, with its policy version
+                    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                       "Cache-Control": "no-cache", VERSION_HEADER: str(version)})
+                    await resp.prepare(request)
+                for chunk in streamer.chunks(seqs):
+                    await resp.write(chunk)
+            try:
+                result = await task
+            except EngineError as exc:
+                if resp is None:
+                    raise APIError(500, str(exc)) from exc
+                await resp.write(sse(APIError(500, str(exc)).body()))
+                await resp.write(sse("[DONE]"))
+                return resp
+            if resp is None:
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                   VERSION_HEADER: str(result.policy_version)})
+                await resp.prepare(request)
+            final = [(s, len(s.output), s.finish_reason) for s in result.sequences]
+            for chunk in streamer.chunks(final) + streamer.tail(result.sequences, result.policy_version):
+                await resp.write(chunk)
+            await resp.write_eof()
+        finally:
+            if not task.done():
+                task.cancel()
+        self.metrics.prompt_tokens.inc(sum(len(p.token_ids) for p in req.prompts))
+        return resp
+
     # ------------------------------------------------------------------ OpenAI routes
 
-    async def completions(self, request: web.Request) -> web.Response:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/completions."""
         body = await read_json(request)
         req, raw = parse_completion(body, vocab_size=self.codec.vocab_size, max_logprobs=self.max_logprobs)
@@ -102,17 +142,21 @@ class ServeRoutes:
             else:
                 check_token_ids(p, self.codec.vocab_size)
                 req.prompts.append(PromptInput(p))
+        if req.stream:
+            return await self._stream(request, req, chat=False)
         result = await self._generate(*self._expand(req, "prompt"))
         self.metrics.prompt_tokens.inc(sum(len(p.token_ids) for p in req.prompts))
         return json_response(completion_body(req, result, self.codec, self.name), version=result.policy_version)
 
-    async def chat_completions(self, request: web.Request) -> web.Response:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions."""
         body = await read_json(request)
         req, messages = parse_chat(body, vocab_size=self.codec.vocab_size, max_logprobs=self.max_logprobs)
         self._check_model(req.model)
         ids = self.codec.apply_chat(messages, **req.extra)
         req.prompts.append(PromptInput(ids))
+        if req.stream:
+            return await self._stream(request, req, chat=True)
         result = await self._generate(*self._expand(req, "messages"))
         self.metrics.prompt_tokens.inc(len(ids))
         return json_response(chat_body(req, result, self.codec, self.name), version=result.policy_version)
@@ -221,9 +265,7 @@ class ServeRoutes:
             return self._update_failed(exc.message)
         async with self._update_lock:
             try:
-                weights, kind = await asyncio.to_thread(read_weights, path, base_dir=self.engine.lm.model_dir,
-                                                        model=self.engine.lm.model)
-                new_version = await self.engine.swap_weights(weights, version)
+                new_version, kind = await self.engine.load_weights(path, version)
             except (WeightLoadError, EngineError, OSError) as exc:
                 self.metrics.weight_updates.labels(result="error").inc()
                 return self._update_failed(str(exc), status=400 if not isinstance(exc, EngineError) else 500)

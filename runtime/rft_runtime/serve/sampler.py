@@ -7,13 +7,16 @@ Processed logprobs follow vLLM's ``--logprobs-mode processed_logprobs``:
   renormalised);
 * greedy rows (temperature < 1e-5): ``log_softmax(logits)``, no filtering (vLLM's greedy path).
 
-Sampling draws ``q ~ Exp(1)`` per vocabulary entry from the sequence's own ``torch.Generator`` and picks
-``argmax(probs / q)`` (an exact sample from ``probs``), so a seeded sequence gives the same tokens
-whatever else is in the batch.
+Sampling draws ``q ~ Exp(1)`` per vocabulary entry and picks ``argmax(probs / q)`` (an exact sample
+from ``probs``). The uniform behind each ``q`` is a counter-based hash of (the sequence's seed, the
+index of the token being sampled, the vocabulary entry) -- splitmix64, computed for the whole batch
+in a few tensor operations -- so a seeded sequence gives the same tokens whatever else is in the
+batch, without a generator per row.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -67,20 +70,64 @@ def processed_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> to
     return torch.log_softmax(filter_top_k_top_p(scaled, top_k, top_p), dim=-1)
 
 
-def sample_step(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> StepSample:
-    """Choose one token per row and report its processed logprob and the requested top alternatives."""
+_M64 = (1 << 64) - 1
+
+
+def _i64(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_GOLDEN = _i64(0x9E3779B97F4A7C15)
+_C1, _C2 = _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB)
+_STEP = _i64(0xD1B54A32D192ED03)
+
+
+def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 (arithmetic wraps modulo 2**64)."""
+    x = (x ^ _shr(x, 30)) * _C1
+    x = (x ^ _shr(x, 27)) * _C2
+    return x ^ _shr(x, 31)
+
+
+def exponential_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``Exp(1)`` noise ``[B, vocab]`` (float32), a pure function of each row's (seed, step) and the column."""
+    dev = seeds.device
+    base = _mix(seeds * _GOLDEN + steps * _STEP + 1)
+    cols = torch.arange(1, vocab + 1, dtype=torch.long, device=dev) * _GOLDEN
+    h = _mix(base.unsqueeze(1) + cols.unsqueeze(0))
+    u = (_shr(h, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    return -torch.log(u)
+
+
+def new_seed() -> int:
+    """A seed for a request that gave none (fresh entropy)."""
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def seed_of(params: SamplingParams) -> int:
+    """The seed a sequence samples with: the request's (as a signed 64-bit value) or a fresh one."""
+    return _i64(params.seed & _M64) if params.seed is not None else new_seed()
+
+
+def sample_step(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], steps: list[int]) -> StepSample:
+    """Choose one token per row and report its processed logprob and the requested top alternatives.
+
+    ``seeds[b]`` is row ``b``'s seed (see :func:`seed_of`), ``steps[b]`` the index of the token it samples
+    now (its number of generated tokens so far)."""
     logprobs = processed_logprobs(logits, params)
-    greedy = torch.tensor([p.greedy for p in params], device=logits.device)
     chosen = logprobs.argmax(dim=-1)
-    if not bool(greedy.all()):
-        q = torch.empty_like(logprobs)
-        for i, (p, g) in enumerate(zip(params, generators)):
-            if p.greedy:
-                q[i].fill_(1.0)
-            else:
-                q[i].exponential_(generator=g)
+    sampling = [not p.greedy for p in params]
+    if any(sampling):
+        dev = logits.device
+        q = exponential_noise(torch.tensor(seeds, dtype=torch.long, device=dev),
+                              torch.tensor(steps, dtype=torch.long, device=dev), logprobs.shape[-1])
         sampled = (logprobs.exp() / q).argmax(dim=-1)
-        chosen = torch.where(greedy, chosen, sampled)
+        chosen = sampled if all(sampling) else torch.where(torch.tensor(sampling, device=dev), sampled, chosen)
     chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
     kmax = max((p.logprobs or 0) for p in params)
     top: list[list[tuple[int, float]] | None] = [None] * len(params)
@@ -119,13 +166,3 @@ def prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[dic
                 entry.setdefault(tid, (v, r + 1))
         out.append(entry)
     return out
-
-
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
-    """A per-sequence generator: seeded when the request gave a seed, otherwise from fresh entropy."""
-    g = torch.Generator(device=device)
-    if seed is None:
-        g.seed()
-    else:
-        g.manual_seed(seed & 0xFFFF_FFFF_FFFF_FFFF)
-    return g

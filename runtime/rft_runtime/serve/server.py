@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     p.add_argument("--policy-version", type=int, default=0, help="policy version of the initial weights")
+    p.add_argument("--engine-process", action="store_true",
+                   help="run the engine in its own process (the HTTP front end keeps only the tokenizer)")
     p.add_argument("--health-timeout", type=float, default=10.0, help="seconds /health waits for a token")
     p.add_argument("--log-level", default="INFO")
     return p
@@ -103,12 +105,22 @@ def main(argv: list[str] | None = None) -> int:
 
         args.served_model_name = args.served_model_name or args.model
         args.model = str(resolve_builtin_model(args.model))
-    lm = load_model(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
-    engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=args.policy_version)
+    if args.engine_process:
+        from .procengine import ProcessEngine, served_model
+
+        lm = served_model(args.model, args.max_model_len)
+        engine = ProcessEngine(lm, args.model, max_batch_size=args.max_batch_size, policy_version=args.policy_version,
+                               threads=args.threads, load_kwargs={"dtype": args.dtype, "device": args.device,
+                                                                  "max_model_len": args.max_model_len})
+        device, dtype = args.device, args.dtype
+    else:
+        lm = load_model(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
+        engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=args.policy_version)
+        device, dtype = lm.device, lm.dtype
     name = args.served_model_name or args.model
     app = create_app(engine, name, health_timeout=args.health_timeout, stop_engine_on_cleanup=True)
     log.info("serving %s as %r on %s:%d (device %s, dtype %s, max_model_len %d, max_batch_size %d)",
-             args.model, name, args.host, args.port, lm.device, lm.dtype, lm.max_model_len, args.max_batch_size)
+             args.model, name, args.host, args.port, device, dtype, lm.max_model_len, args.max_batch_size)
     # handler_cancellation: a client that disconnects cancels its request, freeing its batch rows
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True)
     return 0

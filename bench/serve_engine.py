@@ -1,0 +1,181 @@
+"""The builtin engine without HTTP against a bare Hugging Face generation loop, on the same model.
+
+For each batch size B (1/8/32/128) and number of new tokens T (16/256): B sequences with distinct
+16-token prompts sample T tokens each (temperature 1, ignore_eos, logprobs on), once through our
+engine's iteration loop (:class:`rft_runtime.serve.batch.RunningBatch`: per-slot KV cache, one forward
+per iteration, batched sampling) and once through a bare transformers loop (one prefill forward, then
+one forward per token with a ``DynamicCache``, ``torch.multinomial`` sampling and ``log_softmax``
+logprobs) -- interleaved A B A B over ``--repeats`` rounds, medians reported.
+
+Per cell: generated tokens/s and the mean time of a decode iteration (all iterations after the first,
+which also prefills). `ratios`: `engine_vs_hf_b<B>_t<T>` (tokens/s, ours over the HF loop: higher is
+better) and `iteration_time_growth_16_to_256_b<B>` (ours: mean decode iteration time at 256 new tokens
+over that at 16; lower is better, the goal is <= 1.2), with the HF loop's growth beside it.
+
+The tiny test model has 256 positions; a copy with ``max_position_embeddings`` 1024 (same weights; the
+rotary embedding has no length-dependent parameters) is made in a temporary directory.
+
+    .venv/bin/python bench/serve_engine.py [--quick] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from rft_runtime.serve.batch import RunningBatch, Sequence  # noqa: E402
+from rft_runtime.serve.model import load_model  # noqa: E402
+from rft_runtime.serve.protocol import SamplingParams  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = ROOT / "tests" / "contracts" / "vllm" / "tiny-qwen2"
+PROMPT_LEN = 16
+
+
+def long_context_copy(model_dir: Path, dst: Path, positions: int) -> Path:
+    """A copy of ``model_dir`` whose config allows ``positions`` tokens."""
+    shutil.copytree(model_dir, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["max_position_embeddings"] = max(int(cfg.get("max_position_embeddings", 0)), positions)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+def prompts(batch: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(3, vocab, (batch, PROMPT_LEN), generator=g).tolist()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_engine(lm, batch: int, new_tokens: int) -> dict:
+    """Our iteration loop (no HTTP, no event loop)."""
+    rb = RunningBatch(lm.model, pad_token_id=lm.pad_token_id, eos_token_ids=lm.eos_token_ids, device=lm.device,
+                      max_slots=batch, max_len=lm.max_model_len)
+    params = SamplingParams(max_tokens=new_tokens, temperature=1.0, ignore_eos=True, logprobs=0)
+    seqs = [Sequence(prompt=p, params=params, index=i) for i, p in enumerate(prompts(batch, lm.vocab_size))]
+    times = []
+    pending = seqs
+    with torch.no_grad():
+        while len(rb) or pending:
+            t0 = time.perf_counter()
+            rb.step(pending)
+            sync(lm.device)
+            times.append(time.perf_counter() - t0)
+            pending = []
+    assert all(len(s.output) == new_tokens for s in seqs)
+    return _cell(times, batch * new_tokens)
+
+
+def run_hf(lm, batch: int, new_tokens: int) -> dict:
+    """A bare transformers loop: prefill, then one forward per token with a DynamicCache."""
+    from transformers import DynamicCache
+
+    model = lm.model
+    ids = torch.tensor(prompts(batch, lm.vocab_size), device=lm.device)
+    times = []
+    out, lps = [], []
+    with torch.no_grad():
+        cache = DynamicCache()
+        feed = ids
+        for _ in range(new_tokens):
+            t0 = time.perf_counter()
+            logits = model(input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            tok = torch.multinomial(lp.exp(), 1)
+            lps.append(lp.gather(1, tok))
+            out.append(tok)
+            feed = tok
+            sync(lm.device)
+            times.append(time.perf_counter() - t0)
+    torch.cat(out, 1).tolist()
+    torch.cat(lps, 1).tolist()
+    return _cell(times, batch * new_tokens)
+
+
+def _cell(times: list[float], tokens: int) -> dict:
+    total = sum(times)
+    decode = times[1:] or times
+    return {"tokens_per_s": round(tokens / total, 2), "wall_s": round(total, 4),
+            "iteration_s_mean": round(statistics.fmean(decode), 6), "first_iteration_s": round(times[0], 6),
+            "iterations": len(times)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(DEFAULT_MODEL))
+    p.add_argument("--batches", default="1,8,32,128")
+    p.add_argument("--new-tokens", default="16,256")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (medians over them)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
+    p.add_argument("--quick", action="store_true", help="batch 1 and 8, 16 and 64 tokens, one round")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_engine.json"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.batches, args.new_tokens, args.repeats = "1,8", "16,64", 1
+    batches = [int(x) for x in args.batches.split(",")]
+    lengths = [int(x) for x in args.new_tokens.split(",")]
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = long_context_copy(Path(args.model), Path(tmp) / "model", PROMPT_LEN + max(lengths) + 8)
+        lm = load_model(model_dir, device=args.device, dtype="float32")
+        run_engine(lm, 2, 4)  # warm-up
+        run_hf(lm, 2, 4)
+        runs: dict[str, dict[str, list[dict]]] = {"engine": {}, "hf_loop": {}}
+        for r in range(args.repeats):
+            for b in batches:
+                for t in lengths:
+                    cell = f"b{b}_t{t}"
+                    order = [("engine", run_engine), ("hf_loop", run_hf)]
+                    for name, fn in (order if r % 2 == 0 else order[::-1]):
+                        res = fn(lm, b, t)
+                        runs[name].setdefault(cell, []).append(res)
+                        print(f"round {r} {name:>7} {cell:>10}: {res['tokens_per_s']:>9.1f} tokens/s, "
+                              f"iteration {1000 * res['iteration_s_mean']:.3f} ms", flush=True)
+    medians = {name: {cell: {k: round(statistics.median(x[k] for x in rs), 6) for k in rs[0]}
+                      for cell, rs in cells.items()} for name, cells in runs.items()}
+    ratios: dict[str, float] = {}
+    for b in batches:
+        for t in lengths:
+            cell = f"b{b}_t{t}"
+            pairs = zip(runs["engine"][cell], runs["hf_loop"][cell])
+            ratios[f"engine_vs_hf_{cell}"] = round(statistics.median(e["tokens_per_s"] / h["tokens_per_s"]
+                                                                     for e, h in pairs), 3)
+        lo, hi = min(lengths), max(lengths)
+        for name, key in (("engine", f"iteration_time_growth_{lo}_to_{hi}_b{b}"),
+                          ("hf_loop", f"hf_iteration_time_growth_{lo}_to_{hi}_b{b}")):
+            ratios[key] = round(medians[name][f"b{b}_t{hi}"]["iteration_s_mean"]
+                                / medians[name][f"b{b}_t{lo}"]["iteration_s_mean"], 3)
+    report = {"benchmark": "serve_engine", "model": args.model, "device": str(lm.device), "threads": args.threads,
+              "prompt_len": PROMPT_LEN, "batches": batches, "new_tokens": lengths, "repeats": args.repeats,
+              "quick": args.quick,
+              "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+                          "python": platform.python_version(), "torch": torch.__version__,
+                          "gpu": torch.cuda.get_device_name() if lm.device.type == "cuda" else None},
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": runs, "medians": medians, "ratios": ratios}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(ratios, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,353 @@
+"""The engine in its own process (``rft serve --engine-process``): the HTTP front end and the engine
+core then hold separate GILs.
+
+The child process loads the model and runs an :class:`~rft_runtime.serve.engine.Engine`; the front end
+holds only the tokenizer (:class:`ServedModel`) and a :class:`ProcessEngine` with the engine's async
+API. They talk over one ``multiprocessing`` pipe (pickled tuples):
+
+* front end -> engine: ``("gen", rid, prompts, params, stream)``, ``("cancel", rid)``,
+  ``("load", rid, model_path, version)``, ``("stop",)``;
+* engine -> front end: ``("tok", rid, version, updates)`` (streamed requests: each sequence's new
+  tokens, logprobs, top alternatives and finish), ``("done", rid, version, outputs)``,
+  ``("loaded", rid, version, kind)``, ``("fail", rid, error kind, message)``.
+
+The front end rebuilds :class:`~rft_runtime.serve.batch.Sequence` objects from those messages, so the
+routes and renderers are the same in both modes. Engine metrics (batch sizes, queue) are observed in
+the child and are not exported by the front end's ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .batch import Sequence
+from .codec import TextCodec
+from .engine import EngineError, GenerationResult
+from .protocol import SamplingParams
+from .weights import WeightLoadError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServedModel:
+    """What the front end needs to know about the model (no weights)."""
+
+    codec: TextCodec
+    model_dir: str
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    pad_token_id: int
+    max_model_len: int
+    model: Any = None
+
+
+# ---------------------------------------------------------------------------------------------- child
+
+
+def _seq_state(s: Sequence, start: int, end: int, reason: str | None) -> tuple:
+    return (s.index, s.output[start:end], s.logprobs[start:end], s.top[start:end],
+            s.prompt_logprobs if start == 0 else None, reason, s.stop_reason if reason is not None else None)
+
+
+async def _child_serve(conn: Any, engine: Any) -> None:
+    loop = asyncio.get_running_loop()
+    tasks: dict[int, asyncio.Task] = {}
+    closed = asyncio.Event()
+
+    def send(msg: tuple) -> None:
+        try:
+            conn.send(msg)
+        except (OSError, EOFError, BrokenPipeError):
+            closed.set()
+
+    async def gen(rid: int, prompts: list, params: list, stream: bool) -> None:
+        q: asyncio.Queue | None = asyncio.Queue() if stream else None
+        fut = asyncio.ensure_future(engine.generate(prompts, params, progress=q))
+        sent: dict[int, int] = {}
+        try:
+            if q is not None:
+                while (item := await q.get()) is not None:
+                    version, ups = item
+                    out = []
+                    for s, n, reason in ups:
+                        out.append(_seq_state(s, sent.get(s.index, 0), n, reason))
+                        sent[s.index] = n
+                    send(("tok", rid, version, out))
+            result = await fut
+            send(("done", rid, result.policy_version,
+                  [_seq_state(s, sent.get(s.index, 0), len(s.output), s.finish_reason) for s in result.sequences]))
+        except asyncio.CancelledError:
+            fut.cancel()
+        except EngineError as exc:
+            send(("fail", rid, "engine", str(exc)))
+        finally:
+            tasks.pop(rid, None)
+
+    async def load(rid: int, path: str, version: int | None) -> None:
+        from .weights import read_weights
+
+        try:
+            weights, kind = await asyncio.to_thread(read_weights, path, base_dir=engine.lm.model_dir,
+                                                    model=engine.lm.model)
+            new = await engine.swap_weights(weights, version)
+            send(("loaded", rid, new, kind))
+        except (WeightLoadError, OSError) as exc:
+            send(("fail", rid, "weights", str(exc)))
+        except EngineError as exc:
+            send(("fail", rid, "engine", str(exc)))
+
+    def on_readable() -> None:
+        while conn.poll():
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                closed.set()
+                return
+            kind = msg[0]
+            if kind == "gen":
+                tasks[msg[1]] = asyncio.ensure_future(gen(*msg[1:]))
+            elif kind == "cancel":
+                t = tasks.get(msg[1])
+                if t is not None:
+                    t.cancel()
+            elif kind == "load":
+                asyncio.ensure_future(load(*msg[1:]))
+            elif kind == "stop":
+                closed.set()
+                return
+
+    loop.add_reader(conn.fileno(), on_readable)
+    send(("ready", engine.policy_version))
+    await closed.wait()
+    loop.remove_reader(conn.fileno())
+
+
+def _child_main(conn: Any, model_dir: str, load_kwargs: dict, engine_kwargs: dict, threads: int | None) -> None:
+    import torch
+
+    from .engine import Engine
+    from .model import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    lm = load_model(model_dir, **load_kwargs)
+    engine = Engine(lm, **engine_kwargs)
+    engine.start()
+    try:
+        asyncio.run(_child_serve(conn, engine))
+    finally:
+        engine.stop()
+
+
+# ---------------------------------------------------------------------------------------------- parent
+
+
+@dataclass
+class _Pending:
+    seqs: list[Sequence]
+    future: asyncio.Future
+    progress: asyncio.Queue | None
+
+
+class ProcessEngine:
+    """The :class:`~rft_runtime.serve.engine.Engine` API, served by a child process."""
+
+    def __init__(self, lm: ServedModel, model_dir: str, *, load_kwargs: dict, max_batch_size: int = 32,
+                 policy_version: int = 0, threads: int | None = None, metrics: Any = None):
+        self.lm = lm
+        self.max_batch_size = max_batch_size
+        self.metrics = metrics
+        self.policy_version = policy_version
+        self.last_step_ok: float | None = None
+        self.last_error: str | None = None
+        self._args = (model_dir, load_kwargs, {"max_batch_size": max_batch_size, "policy_version": policy_version},
+                      threads)
+        self._proc: Any = None
+        self._conn: Any = None
+        self._ids = itertools.count()
+        self._pending: dict[int, _Pending] = {}
+        self._loads: dict[int, asyncio.Future] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._dead = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Spawn the engine process and read its pipe on the running event loop."""
+        if self._proc is not None:
+            return
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_child_main, args=(child, *self._args), name="rft-serve-engine", daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(parent.fileno(), self._on_readable)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the engine process; pending requests fail."""
+        if self._proc is None:
+            return
+        try:
+            self._conn.send(("stop",))
+        except (OSError, BrokenPipeError):
+            pass
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout)
+        self._close(EngineError("the engine stopped"))
+
+    def _close(self, exc: EngineError) -> None:
+        self._dead = True
+        if self._loop is not None and self._conn is not None:
+            try:
+                self._loop.remove_reader(self._conn.fileno())
+            except (ValueError, OSError, RuntimeError):
+                pass
+        for p in self._pending.values():
+            if not p.future.done():
+                p.future.set_exception(exc)
+            if p.progress is not None:
+                p.progress.put_nowait(None)
+        for f in self._loads.values():
+            if not f.done():
+                f.set_exception(exc)
+        self._pending.clear()
+        self._loads.clear()
+
+    @property
+    def alive(self) -> bool:
+        """True while the engine process runs."""
+        return self._proc is not None and self._proc.is_alive() and not self._dead
+
+    @property
+    def num_running(self) -> int:
+        """Requests in flight (the front end's view)."""
+        return len(self._pending)
+
+    @property
+    def num_waiting(self) -> int:
+        """Not known to the front end: 0."""
+        return 0
+
+    # ------------------------------------------------------------------ pipe
+
+    def _on_readable(self) -> None:
+        try:
+            while self._conn.poll():
+                self._dispatch(self._conn.recv())
+        except (EOFError, OSError):
+            self.last_error = "the engine process exited"
+            self._close(EngineError(self.last_error))
+
+    def _dispatch(self, msg: tuple) -> None:
+        kind, rid = msg[0], msg[1]
+        if kind == "ready":
+            return
+        if kind in ("tok", "done"):
+            self.last_step_ok = time.monotonic()
+            p = self._pending.get(rid)
+            if p is None:
+                return
+            version, states = msg[2], msg[3]
+            ups = []
+            for index, out, lps, top, plp, reason, stop in states:
+                s = p.seqs[index]
+                s.output.extend(out)
+                s.logprobs.extend(lps)
+                s.top.extend(top)
+                if plp is not None:
+                    s.prompt_logprobs = plp
+                if reason is not None:
+                    s.finish_reason, s.stop_reason = reason, stop
+                ups.append((s, len(s.output), s.finish_reason))
+            if p.progress is not None and kind == "tok":
+                p.progress.put_nowait((version, ups))
+            if kind == "done":
+                del self._pending[rid]
+                if not p.future.done():
+                    p.future.set_result(GenerationResult(sequences=p.seqs, policy_version=version))
+                if p.progress is not None:
+                    p.progress.put_nowait(None)
+        elif kind == "loaded":
+            self.policy_version = msg[2]
+            f = self._loads.pop(rid, None)
+            if f is not None and not f.done():
+                f.set_result((msg[2], msg[3]))
+        elif kind == "fail":
+            err = WeightLoadError(msg[3]) if msg[2] == "weights" else EngineError(msg[3])
+            p = self._pending.pop(rid, None)
+            if p is not None:
+                if not p.future.done():
+                    p.future.set_exception(err)
+                if p.progress is not None:
+                    p.progress.put_nowait(None)
+            f = self._loads.pop(rid, None)
+            if f is not None and not f.done():
+                f.set_exception(err)
+
+    # ------------------------------------------------------------------ API
+
+    async def generate(self, prompts: list[list[int]], params: list[SamplingParams],
+                       progress: asyncio.Queue | None = None) -> GenerationResult:
+        """As :meth:`Engine.generate <rft_runtime.serve.engine.Engine.generate>`."""
+        if len(prompts) != len(params) or not prompts:
+            raise ValueError("generate needs one SamplingParams per prompt, and at least one prompt")
+        if not self.alive:
+            raise EngineError("the engine is not running")
+        rid = next(self._ids)
+        seqs = [Sequence(prompt=list(p), params=sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = _Pending(seqs, fut, progress)
+        self._conn.send(("gen", rid, [s.prompt for s in seqs], list(params), progress is not None))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self._pending.pop(rid, None)
+            if self.alive:
+                self._conn.send(("cancel", rid))
+            raise
+
+    async def load_weights(self, model_path: str, version: int | None) -> tuple[int, str]:
+        """Read ``model_path`` in the engine process and swap it in; returns (policy version, format)."""
+        if not self.alive:
+            raise EngineError("the engine is not running")
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._loads[rid] = fut
+        self._conn.send(("load", rid, model_path, version))
+        return await fut
+
+
+def served_model(model_dir: str, max_model_len: int | None) -> ServedModel:
+    """The tokenizer and limits of ``model_dir``, without loading weights (front end of process mode)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from .model import _eos_ids
+
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    try:
+        gen_eos = GenerationConfig.from_pretrained(model_dir, local_files_only=True).eos_token_id
+    except OSError:
+        gen_eos = None
+    vocab = int(text_cfg.vocab_size)
+    eos = _eos_ids(tokenizer.eos_token_id, gen_eos, getattr(text_cfg, "eos_token_id", None))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else getattr(text_cfg, "pad_token_id", None)
+    limit = max_model_len or int(getattr(text_cfg, "max_position_embeddings", 0) or 0)
+    return ServedModel(codec=TextCodec(tokenizer, vocab), model_dir=str(model_dir), vocab_size=vocab,
+                       eos_token_ids=eos, pad_token_id=int(pad if pad is not None else (min(eos) if eos else 0)),
+                       max_model_len=limit)

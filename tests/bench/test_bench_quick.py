@@ -1,0 +1,68 @@
+"""Each benchmark's ``--quick`` mode runs and writes JSON with its ``ratios`` (never a timing assertion)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, out: Path, *extra: str, timeout: float = 900) -> dict:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert isinstance(report["ratios"], dict) and report["quick"] is True
+    for v in report["ratios"].values():
+        assert v is None or (isinstance(v, (int, float)) and v > 0)
+    return report
+
+
+def test_inference_quick(tmp_path):
+    """Builtin against vLLM when a vLLM python is available (``RFT_VLLM_PYTHON``), else the builtin side alone."""
+    vllm = os.environ.get("RFT_VLLM_PYTHON")
+    extra = ["--vllm-python", vllm] if vllm else []
+    report = _run("inference.py", tmp_path / "inference.json", *extra)
+    cells = {f"{s}_c{c}" for s in ("rollout", "plain") for c in (1, 8)}
+    assert set(report["medians"]["builtin"]) == cells
+    for cell in report["medians"]["builtin"].values():
+        assert {"tokens_per_s", "requests_per_s", "latency_p50_s", "latency_p95_s",
+                "server_cpu_s_per_1k_tokens"} <= set(cell)
+    if vllm:
+        assert {"builtin_vs_vllm_rollout_c1", "builtin_vs_vllm_rollout_c8", "builtin_vs_vllm_plain_c1",
+                "cpu_per_1k_tokens_builtin_over_vllm_rollout_c1"} <= set(report["ratios"])
+        assert set(report["medians"]["vllm"]) == cells
+    else:
+        assert "skipped" in report["vllm"]
+
+
+def test_serve_engine_quick(tmp_path):
+    report = _run("serve_engine.py", tmp_path / "serve_engine.json")
+    assert {"engine_vs_hf_b1_t16", "engine_vs_hf_b8_t64", "iteration_time_growth_16_to_64_b8",
+            "hf_iteration_time_growth_16_to_64_b1"} <= set(report["ratios"])
+    assert set(report["medians"]) == {"engine", "hf_loop"}
+
+
+def test_rollout_quick(tmp_path):
+    report = _run("rollout.py", tmp_path / "rollout.json")
+    assert "client_vs_raw" in report["ratios"]
+    assert report["medians"]["client"]["samples"] == report["medians"]["raw"]["samples"] == 8
+
+
+@pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py"])
+def test_bench_scripts_document_themselves(script):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "--quick" in out.stdout
+
+
+def test_engine_process_quick(tmp_path):
+    report = _run("engine_process.py", tmp_path / "engine_process.json")
+    assert {"process_vs_thread_rollout_c1", "process_vs_thread_rollout_c8"} <= set(report["ratios"])
