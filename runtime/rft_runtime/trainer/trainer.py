@@ -178,7 +178,7 @@ class Trainer:
         torch.manual_seed(spec.trainer.seed)
         self._load_learner()
         self._load_data()
-        self.checkpoints = CheckpointManager(cfg.checkpoints_dir, spec.checkpoint.keep_last)
+        self.checkpoints = CheckpointManager(cfg.checkpoints_dir, spec.checkpoint.keep_last, attempt=self.attempt)
         self.progress_sink = self._progress_sink()
         next_seq = self._restore() if self.resume else 0
         self.metrics = MetricsSink(cfg.output_dir, purge_step=(self.step_count + 1) if self.resumed_from else None)
@@ -232,9 +232,6 @@ class Trainer:
         if state.step != latest.step:
             raise ResumeError(f"{latest.path}: {latest.path.name} holds step {state.step}; the step counter "
                               "would go backwards")
-        if state.step >= self.max_steps:
-            raise ResumeError(f"resume: the latest checkpoint is at step {state.step} and the run has "
-                              f"{self.max_steps} steps: nothing to do (raise trainer.maxSteps or --max-steps)")
         self.cursor.load_state_dict(state.cursor)
         self.step_count, self.policy_version = state.step, state.policy_version
         self._pending = list(state.pending_tasks)
@@ -245,6 +242,8 @@ class Trainer:
         if previous is not None:  # counters are cumulative over the job, across restarts
             self._merge_previous_counters(previous)
         log.info("resumed from %s (step %d, policy version %d)", latest.path, state.step, state.policy_version)
+        if self.finished:  # killed after its final checkpoint: training is complete, finish() reports it
+            log.info("the checkpoint at step %d completes the run's %d steps", state.step, self.max_steps)
         return state.next_seq
 
     def _start_coordinator(self, next_seq: int) -> None:
