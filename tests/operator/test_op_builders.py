@@ -191,8 +191,10 @@ def test_pvc_from_spec() -> None:
 def test_trainer_job(tiny_job) -> None:
     job2 = make_job(trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 30, "nodes": 3})
     tj = {o["kind"]: o for o in desired_children(job2, BuildContext(trainer_attempt=2))}["Job"]
-    assert tj["metadata"]["annotations"] == {names.ANNOTATION_ATTEMPT: "2"}
+    assert tj["metadata"]["annotations"][names.ANNOTATION_ATTEMPT] == "2"
     spec = tj["spec"]
+    assert spec["podFailurePolicy"]["rules"][0] == {
+        "action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]}}
     assert spec["backoffLimit"] == 0 and spec["parallelism"] == 3 and spec["completions"] == 3
     assert spec["completionMode"] == "Indexed"
     pod = spec["template"]["spec"]
@@ -281,3 +283,23 @@ def test_suspended_job_keeps_state_children(tiny_job) -> None:
     assert kept == {(o["kind"], o["metadata"]["name"]) for o in stateful_children(tiny_job, BuildContext())}
     assert ("PersistentVolumeClaim", "tiny-arith-checkpoints") in kept
     assert not any(k[0] in ("Deployment", "Job") for k in kept)
+
+
+def test_config_edit_changes_every_pod_template_and_only_changed_children() -> None:
+    """The rendered config's hash is on every pod template: an edit rolls the pods that read it; the
+    applied hash changes exactly for the children whose content changed."""
+    before = children(make_job())
+    after = children(make_job(trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 31}))
+    workloads = [k for k in before if k[0] in ("Deployment", "Job")]
+    assert len(workloads) >= 3
+    for k in workloads:
+        old = before[k]["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_CONFIG_HASH]
+        new = after[k]["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_CONFIG_HASH]
+        assert old != new, k
+    changed = {k for k in before if before[k]["metadata"]["annotations"][names.ANNOTATION_APPLIED_HASH]
+               != after[k]["metadata"]["annotations"][names.ANNOTATION_APPLIED_HASH]}
+    assert changed == {("ConfigMap", "tiny-arith-config"), *workloads}
+    job_key = ("Job", "tiny-arith-trainer")
+    assert (before[job_key]["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH]
+            != after[job_key]["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH])
+    assert children(make_job()) == before  # deterministic

@@ -2,6 +2,11 @@
 
 - ``backoffLimit: 0``: the operator owns the restart budget (``policies.failure``); each attempt is
   a new Job annotated with ``rft.dev/trainer-attempt`` and the pods get ``RFT_TRAINER_ATTEMPT``.
+- ``podFailurePolicy``: exit status 2 (``TERMINAL_EXIT_CODE``: an invalid config, a checkpoint this
+  run cannot resume) fails the Job at once with reason ``PodFailurePolicy``, which the failure policy
+  treats as terminal; a pod disrupted by the cluster (``DisruptionTarget``: eviction, preemption) is
+  replaced by the Job controller without counting as a failure. ``FallbackToLogsOnError`` makes the
+  last log lines the container's termination message (the reason the operator reports).
 - ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; rank = the pod's
   ``JOB_COMPLETION_INDEX``. Rank 0 runs the coordinator on port 8100; the Service
   ``<job>-trainer`` selects only the rank-0 pod, so ``http://<job>-trainer.<ns>.svc:8100`` is the
@@ -23,6 +28,7 @@ from .common import (DATASET_DIR, BuildContext, base_env, checkpoint_mount, chec
 
 Obj = dict[str, Any]
 ROLE = "trainer"
+TERMINAL_EXIT_CODE = 2
 
 
 def _dataset_configmaps(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
@@ -58,6 +64,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
         "volumeMounts": [config_mount(), checkpoint_mount(read_only=False), *scratch_mounts(), *claim_mounts,
                          *cm_mounts],
         "securityContext": container_security_context(read_only_root=True),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     res = resources(tr.resources)
     if res:
@@ -75,6 +82,11 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
             "completions": tr.nodes,
             "parallelism": tr.nodes,
             "completionMode": "Indexed",
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": ROLE, "operator": "In",
+                                                      "values": [TERMINAL_EXIT_CODE]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            ]},
             "template": {"metadata": {"labels": names.labels(job.name, ROLE), "annotations": annotations},
                          "spec": pod},
         },
