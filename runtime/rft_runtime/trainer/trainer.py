@@ -21,6 +21,9 @@ resumed run sees the same tasks with the same seeds as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
@@ -268,7 +271,17 @@ class Trainer:
         return self.step_count >= self.max_steps
 
     def _run_identity(self) -> dict[str, Any]:
-        return {"algorithm": self.alg.name, "lora": self.spec.model.lora is not None, "model": self.spec.model.base}
+        """What a checkpoint must share with the run resuming it (a mismatch is a terminal
+        ``ResumeError``): the algorithm, LoRA, the model, and the training tasks' content (a dataset
+        edited under a running job would silently misplace the data cursor)."""
+        return {"algorithm": self.alg.name, "lora": self.spec.model.lora is not None, "model": self.spec.model.base,
+                "dataset": self._dataset_fingerprint()}
+
+    def _dataset_fingerprint(self) -> str:
+        if not hasattr(self, "_dataset_fp"):
+            blob = json.dumps([dataclasses.asdict(t) for t in self.tasks], sort_keys=True, default=str)
+            self._dataset_fp = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return self._dataset_fp
 
     def _progress_sink(self) -> Any:
         mode = self.cfg.progress
