@@ -29,6 +29,9 @@ ANNOTATION_APPLIED_HASH = "rft.dev/applied-hash"
 # Label the job controller puts on the pods of an Indexed Job.
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
+# Server-side label selector of everything the operator creates (children) and its pods.
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+
 ROLES = ("config", "progress", "inference", "reward", "rollout", "trainer", "checkpoints")
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -70,8 +70,10 @@ def test_job_lifecycle_children_status_and_progress(cluster, api, operator, name
     assert config["endpoints"]["coordinator"] == f"http://tiny-arith-trainer.{namespace}.svc:8100"
     assert "data" not in kids[("ConfigMap", "tiny-arith-progress")]
 
-    obj = wait_phase(api, namespace, JOB, "Provisioning")
-    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    wait_phase(api, namespace, JOB, "Provisioning")
+    # observed once the Deployment controller has rolled out the workloads of this generation
+    obj = wait_for("observedGeneration", lambda: (o := get_job(api, namespace, JOB))["status"].get(
+        "observedGeneration") == o["metadata"]["generation"] and o)
     assert cond(obj, "InferenceReady")["status"] == "False"
     assert obj["status"]["startTime"]
 

@@ -1,5 +1,6 @@
 """The operator works with exactly ``rft_operator.permissions.OPERATOR_RULES`` (a ServiceAccount token
-bound to a ClusterRole with those rules), not as cluster admin: children, status, suspend, events."""
+bound to a ClusterRole with those rules), not as cluster admin: children, status, suspend, events;
+and leader election with exactly ``LEADER_ELECTION_RULES`` in its namespace."""
 from __future__ import annotations
 
 import uuid
@@ -38,9 +39,11 @@ def operator_identity(cluster, crd, api, namespace, tmp_path):
 def test_operator_runs_with_its_declared_permissions_only(cluster, api, namespace, operator_identity) -> None:
     restricted = Kube.from_kubeconfig(str(operator_identity))
     try:
-        for path in (f"/api/v1/namespaces/{namespace}/secrets", f"/api/v1/namespaces/{namespace}/pods"):
-            with pytest.raises(KubeError) as e:  # not an admin: no Secrets, no pods
-                restricted.request("GET", path)
+        for method, path in (("GET", f"/api/v1/namespaces/{namespace}/secrets"),
+                             ("POST", f"/api/v1/namespaces/{namespace}/pods"),
+                             ("DELETE", f"/api/v1/namespaces/{namespace}/pods/x")):
+            with pytest.raises(KubeError) as e:  # not an admin: no Secrets, pods read only
+                restricted.request(method, path, body={} if method == "POST" else None)
             assert e.value.status == 403
     finally:
         restricted.close()
