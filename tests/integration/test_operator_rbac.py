@@ -9,7 +9,8 @@ import pytest
 
 from rft_operator import names
 from rft_operator.kube import Kube, KubeError
-from rft_operator.permissions import OPERATOR_RULES
+from rft_operator.leader import LEASE_NAME
+from rft_operator.permissions import LEADER_ELECTION_RULES, OPERATOR_RULES
 from tests.operator.cluster_support import (OperatorThread, api, children, create_job, crd,  # noqa: F401
                                             job_manifest, wait_for, wait_phase)
 
@@ -28,6 +29,14 @@ def operator_identity(cluster, crd, api, namespace, tmp_path):
     api.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", body={
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": role},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": "rft-operator", "namespace": namespace}]})
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    api.request("POST", f"{rbac}/roles", body={
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "leader-election"},
+        "rules": LEADER_ELECTION_RULES})
+    api.request("POST", f"{rbac}/rolebindings", body={
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "leader-election"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "leader-election"},
         "subjects": [{"kind": "ServiceAccount", "name": "rft-operator", "namespace": namespace}]})
     try:
         yield cluster.service_account_kubeconfig(namespace, "rft-operator", tmp_path / "operator.kubeconfig")
@@ -48,7 +57,7 @@ def test_operator_runs_with_its_declared_permissions_only(cluster, api, namespac
     finally:
         restricted.close()
 
-    op = OperatorThread(operator_identity, namespace).start()
+    op = OperatorThread(operator_identity, namespace, leader_election=True).start()
     try:
         doc = job_manifest(JOB)
         create_job(api, namespace, doc)
@@ -61,5 +70,7 @@ def test_operator_runs_with_its_declared_permissions_only(cluster, api, namespac
         assert {"Provisioning", "Suspended"} <= set(events)
         assert op.metrics.errors.labels(kind="unexpected")._value.get() == 0
         assert api.get("Role", namespace, names.trainer(JOB)) is not None
+        assert api.get("Lease", namespace, LEASE_NAME)["spec"]["holderIdentity"]
     finally:
         op.stop()
+    assert not api.get("Lease", namespace, LEASE_NAME)["spec"].get("holderIdentity")  # released
