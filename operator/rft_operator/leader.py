@@ -53,6 +53,7 @@ class LeaderElector:
     _seen_at: float = 0.0
     holder: str = ""
     """The holder last seen."""
+    _held: Optional[Obj] = None
 
     def _spec(self, old: Optional[Obj]) -> Obj:
         spec = dict((old or {}).get("spec") or {})
@@ -64,13 +65,24 @@ class LeaderElector:
         return spec
 
     def try_acquire_or_renew(self) -> bool:
-        """One attempt (blocking): True when this process holds the Lease afterwards."""
+        """One attempt (blocking): True when this process holds the Lease afterwards. A holder renews
+        with one PUT on the Lease it last wrote (a GET only after a conflict)."""
+        if self._held is not None and self.holder == self.identity:
+            renewed = dict(self._held, spec=self._spec(self._held))
+            try:
+                out = self.api.replace(renewed)
+                self._held, self._seen_rv, self._seen_at = out, out["metadata"].get("resourceVersion"), self.clock()
+                return True
+            except KubeError as e:
+                if not e.conflict:
+                    raise
+                self._held = None  # changed by someone else: read it
         lease = self.api.get("Lease", self.namespace, self.name)
         if lease is None:
             try:
-                self.api.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                                 "metadata": {"name": self.name, "namespace": self.namespace},
-                                 "spec": self._spec(None)})
+                self._held = self.api.create({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                                              "metadata": {"name": self.name, "namespace": self.namespace},
+                                              "spec": self._spec(None)})
                 self.holder = self.identity
                 return True
             except KubeError as e:
@@ -78,6 +90,7 @@ class LeaderElector:
                     return False
                 raise
         meta, spec = lease["metadata"], lease.get("spec") or {}
+        self._held = None
         if meta.get("resourceVersion") != self._seen_rv:
             self._seen_rv, self._seen_at = meta.get("resourceVersion"), self.clock()
         holder = self.holder = spec.get("holderIdentity") or ""
@@ -92,7 +105,7 @@ class LeaderElector:
                 return False
             raise
         self._seen_rv, self._seen_at = out["metadata"].get("resourceVersion"), self.clock()
-        self.holder = self.identity
+        self.holder, self._held = self.identity, out
         return True
 
     def release(self) -> None:
