@@ -57,6 +57,7 @@ from rft_operator.observe import observe  # noqa: E402
 from rft_operator.timeutil import now as utcnow  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "01-tiny-arith.yaml"
+SERVICE_RANGE = "10.0.0.0/16"
 OPERATOR_USER = "system:serviceaccount:rft-system:rft-operator"
 MUTATING = {"create", "update", "patch", "delete", "deletecollection"}
 AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -64,12 +65,15 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages":
 
 
 class AuditedCluster(LocalCluster):
-    """The local control plane with an audit log of the operator's requests."""
+    """The local control plane with an audit log of the operator's requests and room for many Services."""
 
     def _apiserver_args(self) -> list[str]:
         policy = self.workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-        return [*super()._apiserver_args(), f"--audit-policy-file={policy}",
+        # a /16 of Service IPs: 5000 jobs have more ClusterIP Services than the default /24 holds
+        args = [a if not a.startswith("--service-cluster-ip-range=") else f"--service-cluster-ip-range={SERVICE_RANGE}"
+                for a in super()._apiserver_args()]
+        return [*args, f"--audit-policy-file={policy}",
                 f"--audit-log-path={self.workdir / 'audit.log'}", "--audit-log-format=json",
                 "--audit-log-mode=blocking", "--max-requests-inflight=800", "--max-mutating-requests-inflight=400"]
 

@@ -4,8 +4,7 @@
   a new Job annotated with ``rft.dev/trainer-attempt`` and the pods get ``RFT_TRAINER_ATTEMPT``.
 - ``podFailurePolicy``: exit status 2 (``TERMINAL_EXIT_CODE``: an invalid config, a checkpoint this
   run cannot resume) fails the Job at once with reason ``PodFailurePolicy``, which the failure policy
-  treats as terminal; a pod disrupted by the cluster (``DisruptionTarget``: eviction, preemption) is
-  replaced by the Job controller without counting as a failure. ``FallbackToLogsOnError`` makes the
+  treats as terminal (any other failure is a restart, counted). ``FallbackToLogsOnError`` makes the
   last log lines the container's termination message (the reason the operator reports).
 - ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; rank = the pod's
   ``JOB_COMPLETION_INDEX``. Rank 0 runs the coordinator on port 8100; the Service
@@ -85,7 +84,6 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob", "onExitCodes": {"containerName": ROLE, "operator": "In",
                                                       "values": [TERMINAL_EXIT_CODE]}},
-                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             ]},
             "template": {"metadata": {"labels": names.labels(job.name, ROLE), "annotations": annotations},
                          "spec": pod},
