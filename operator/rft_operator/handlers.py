@@ -95,8 +95,9 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         if type == "DELETED":
             controller.store.forget((namespace, name))
             return
-        controller.store.put_job(obj)
-        await _reconcile(controller, namespace, name)
+        _key, changed = controller.store.put_job(obj)
+        if changed:  # not the echo of our own status write
+            await _reconcile(controller, namespace, name)
 
     kopf.on.event(f"{GROUP}/{VERSION}", PLURAL, id="rftjob-events", registry=registry)(on_job)
 
@@ -106,8 +107,11 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         async def on_child(body: Any, type: Optional[str], _kind: str = kind, _gv: str = group_version,
                            **_: Any) -> None:
             obj = _plain(body, _kind, _gv)
-            key = controller.store.drop(obj) if type == "DELETED" else controller.store.put(obj)
-            if key is not None and key in controller.store.jobs:
+            if type == "DELETED":
+                key, changed = controller.store.drop(obj), True
+            else:  # an echo of our own apply (already cached from its answer) changes nothing
+                key, changed = controller.store.put(obj)
+            if changed and key is not None and key in controller.store.jobs:
                 await _reconcile(controller, *key)
 
         kopf.on.event(group_version, plural, labels=labels, id=f"{plural}-events", registry=registry)(on_child)

@@ -35,6 +35,15 @@ def newer_or_equal(new: Obj, old: Optional[Obj]) -> bool:
     return old is None or a is None or b is None or a >= b
 
 
+def slim(obj: Obj) -> Obj:
+    """The object without ``metadata.managedFields`` (nothing here reads them; they are most of a
+    small object's size)."""
+    meta = obj.get("metadata") or {}
+    if "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def job_key_of(obj: Obj) -> Optional[Key]:
     """The job a child or pod belongs to, by its instance label."""
     meta = obj.get("metadata") or {}
@@ -53,12 +62,16 @@ class Store:
         """uids whose DELETED event was seen (bounded, oldest first): a late answer never revives one."""
 
     # ---------------------------------------------------------------- RFTJobs
-    def put_job(self, obj: Obj) -> Key:
+    def put_job(self, obj: Obj) -> tuple[Key, bool]:
+        """Record an RFTJob; returns its key and whether the cache changed (not an echo of what it
+        already holds, such as the answer of the operator's own status write)."""
         meta = obj["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
-        if newer_or_equal(obj, self.jobs.get(key)):
-            self.jobs[key] = obj
-        return key
+        old = self.jobs.get(key)
+        changed = old is None or _rv(old) != _rv(obj) or _rv(obj) is None
+        if newer_or_equal(obj, old):
+            self.jobs[key] = slim(obj)
+        return key, changed
 
     def drop_job(self, key: Key) -> None:
         self.jobs.pop(key, None)
@@ -72,14 +85,17 @@ class Store:
             return self._pods.setdefault(key, {}), obj["metadata"]["name"]
         return self._children.setdefault(key, {}), (obj.get("kind", ""), obj["metadata"]["name"])
 
-    def put(self, obj: Obj) -> Optional[Key]:
-        """Record a child or a pod; returns its job's key (None when it carries no job label)."""
+    def put(self, obj: Obj) -> tuple[Optional[Key], bool]:
+        """Record a child or a pod; returns its job's key (None when it carries no job label) and
+        whether the cache changed (an echo of the operator's own apply does not)."""
         bucket, k = self._bucket(obj)
         if bucket is None:
-            return None
-        if newer_or_equal(obj, bucket.get(k)) and obj["metadata"].get("uid") not in self._gone:
-            bucket[k] = obj
-        return job_key_of(obj)
+            return None, False
+        old = bucket.get(k)
+        changed = old is None or _rv(old) != _rv(obj) or _rv(obj) is None
+        if newer_or_equal(obj, old) and obj["metadata"].get("uid") not in self._gone:
+            bucket[k] = slim(obj)
+        return job_key_of(obj), changed
 
     def drop(self, obj: Obj) -> Optional[Key]:
         """Forget a deleted child or pod; returns its job's key."""
@@ -109,7 +125,7 @@ class Store:
         for obj in applied:
             ck = (obj.get("kind", ""), obj["metadata"]["name"])
             if newer_or_equal(obj, bucket.get(ck)) and obj["metadata"].get("uid") not in self._gone:
-                bucket[ck] = obj
+                bucket[ck] = slim(obj)
         for ck in deleted:  # being deleted until the watch says DELETED (a Job waits for its pods)
             obj = bucket.get(ck)
             if obj is not None and not obj["metadata"].get("deletionTimestamp"):

@@ -13,7 +13,8 @@ def obj(kind: str, name: str, rv: str, uid: str = "u1", job: str = "j") -> dict:
 
 def test_newer_wins_and_deleted_stays_deleted() -> None:
     s = Store()
-    assert s.put(obj("ConfigMap", "j-config", "5")) == ("ns", "j")
+    assert s.put(obj("ConfigMap", "j-config", "5")) == (("ns", "j"), True)
+    assert s.put(obj("ConfigMap", "j-config", "5")) == (("ns", "j"), False)  # an echo
     s.put(obj("ConfigMap", "j-config", "4"))  # a late, older event
     assert s.children(("ns", "j"))[0]["metadata"]["resourceVersion"] == "5"
     s.drop(obj("ConfigMap", "j-config", "6"))
@@ -36,4 +37,4 @@ def test_pods_are_kept_apart_and_unlabelled_objects_ignored() -> None:
     s = Store()
     s.put(obj("Pod", "j-trainer-0-x", "3"))
     assert s.pods(("ns", "j"))[0]["metadata"]["name"] == "j-trainer-0-x" and s.children(("ns", "j")) == []
-    assert s.put({"kind": "ConfigMap", "metadata": {"name": "other", "namespace": "ns"}}) is None
+    assert s.put({"kind": "ConfigMap", "metadata": {"name": "other", "namespace": "ns"}}) == (None, False)
