@@ -89,15 +89,23 @@ async def run(config: OperatorConfig, *, stop_flag: Any = None, ready_flag: Any 
     metrics = Metrics()
     controller = Controller(api, metrics, namespaces=config.namespaces, resync_seconds=config.resync_seconds,
                             before_apply=before_apply, max_concurrent=config.max_concurrent_reconciles)
-    port = metrics.serve(config.metrics_port, config.metrics_addr) if config.metrics_port is not None else None
-    if port is not None:
-        log.info("metrics on %s:%d/metrics", config.metrics_addr, port)
     elector = (LeaderElector(api, config.leader_election_namespace,
                              **({"identity": config.leader_identity} if config.leader_identity else {}))
                if config.leader_election_namespace else None)
     try:
-        if elector is not None and not await elector.acquire(lambda: _is_set(stop_flag)):
-            return  # stopped while following
+        if elector is not None:
+            health = await _follower_health(config)
+            try:
+                if not await elector.acquire(lambda: _is_set(stop_flag)):
+                    return  # stopped while following
+            finally:
+                if health is not None:
+                    health.close()
+                    await health.wait_closed()
+        # metrics (reconciles, jobs) are the leader's: a follower serves only its liveness
+        port = metrics.serve(config.metrics_port, config.metrics_addr) if config.metrics_port is not None else None
+        if port is not None:
+            log.info("metrics on %s:%d/metrics", config.metrics_addr, port)
         await _lead(config, controller, elector, stop_flag, ready_flag, on_started, port)
     finally:
         if elector is not None and elector.holder == elector.identity:
@@ -105,6 +113,30 @@ async def run(config: OperatorConfig, *, stop_flag: Any = None, ready_flag: Any 
         await controller.close()
         metrics.close()
         api.close()
+
+
+async def _follower_health(config: OperatorConfig) -> Optional[asyncio.AbstractServer]:
+    """``/healthz`` answered 200 while following (the leader's kopf serves it once leading); a port
+    already taken (pods sharing a network) is left to its holder."""
+    if config.health_port is None:
+        return None
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n"
+                         b"Connection: close\r\n\r\nfollowing\n")
+            await writer.drain()
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    try:
+        return await asyncio.start_server(answer, config.metrics_addr, config.health_port)
+    except OSError as e:
+        log.warning("follower health endpoint not served on port %d: %s", config.health_port, e)
+        return None
 
 
 async def _lead(config: OperatorConfig, controller: Controller, elector: Optional[LeaderElector], stop_flag: Any,
