@@ -41,6 +41,16 @@ ROOT_RULES: tuple[Rule, ...] = (
         message="spec.model.tokenizer may not change once the job has started",
         field=".spec.model.tokenizer", check=None,
     ),
+    Rule(
+        # The claim holding the checkpoints may never change: switching to or from an existing claim
+        # would orphan (or, before this rule, delete) the checkpoints of the running job.
+        cel="(has(self.spec.checkpoint) && has(self.spec.checkpoint.existingClaim) ? "
+            "self.spec.checkpoint.existingClaim : '') == (has(oldSelf.spec.checkpoint) && "
+            "has(oldSelf.spec.checkpoint.existingClaim) ? oldSelf.spec.checkpoint.existingClaim : '')",
+        message="spec.checkpoint.existingClaim may not change: the claim holds the job's checkpoints "
+                "(create a new RFTJob to use another claim)",
+        field=".spec.checkpoint.existingClaim", check=None,
+    ),
 )
 
 

@@ -1,39 +1,71 @@
-"""The async side of reconciling: one reconcile at a time per job, coalesced triggers, requeues, resync.
+"""The async side of reconciling: one reconcile at a time per job, coalesced triggers, bounded
+concurrency, requeues with backoff, and the periodic resync with jitter.
 
-Every trigger (kopf's create/update/resume handlers, events of owned children, the periodic resync,
-a requeue) calls :meth:`Controller.reconcile`, which reads the job fresh and runs the blocking
-:func:`rft_operator.reconcile.reconcile` in a thread. While one reconcile of a job runs, further
-triggers for it collapse into a single follow-up.
+Every trigger (a watch event of the job, of one of its children or pods, the periodic resync, a
+requeue) calls :meth:`Controller.reconcile`, which takes the job, its children and its pods from the
+watch cache (:class:`rft_operator.store.Store`) and runs the blocking
+:func:`rft_operator.reconcile.reconcile` in a thread; what the reconcile wrote goes back into the
+cache. While one reconcile of a job runs, further triggers for it collapse into a single follow-up.
+At most ``max_concurrent`` reconciles run at once. A reconcile that failed on a transient API error
+is retried with exponential backoff (capped), besides the resync.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Any, Callable, Optional
 
-from .kube import Kube, KubeError
+from rft_api.constants import KIND
+
+from . import names
+from .kube import CHILD_KINDS, Kube, KubeError
 from .metrics import Metrics
 from .reconcile import Outcome, reconcile
+from .store import Key, Store
 
 log = logging.getLogger(__name__)
-Key = tuple[str, str]
+BACKOFF_S = (1.0, 60.0)
+"""First and longest delay of the retries after a failed reconcile."""
+JITTER = 0.2
+"""The resync period varies by ± this fraction, and each job's resync is spread over the period."""
 
 
 class Controller:
-    """Serialises reconciles per job and keeps the metrics."""
+    """Serialises reconciles per job, bounds their concurrency, keeps the cache and the metrics."""
 
     def __init__(self, api: Kube, metrics: Metrics, *, namespaces: tuple[str, ...] = (),
-                 resync_seconds: float = 10.0, before_apply: Optional[Callable[[dict[str, Any]], None]] = None):
+                 resync_seconds: float = 10.0, before_apply: Optional[Callable[[dict[str, Any]], None]] = None,
+                 max_concurrent: int = 8, store: Optional[Store] = None):
         self.api = api
         self.metrics = metrics
         self.namespaces = namespaces
         self.resync_seconds = resync_seconds
         self.before_apply = before_apply
+        self.store = store or Store()
+        self.max_concurrent = max_concurrent
+        self._slots: Optional[asyncio.Semaphore] = None
         self._locks: dict[Key, asyncio.Lock] = {}
         self._waiting: set[Key] = set()
+        self._failures: dict[Key, int] = {}
         self._tasks: set[asyncio.Task] = set()
 
+    # ---------------------------------------------------------------- the cache
+    def prime(self) -> None:
+        """Fill the cache with one LIST per watched kind (blocking; before the watches start)."""
+        for ns in (self.namespaces or (None,)):
+            for obj in self.api.list(KIND, ns):
+                self.store.put_job(obj)
+            for kind in (*CHILD_KINDS, "Pod"):
+                for obj in self.api.list(kind, ns, names.MANAGED_SELECTOR):
+                    self.store.put(obj)
+        self.metrics.set_phases(self._phases())
+
+    def _phases(self) -> list[str]:
+        return [(j.get("status") or {}).get("phase", "Pending") for j in self.store.jobs.values()]
+
+    # ---------------------------------------------------------------- reconciling
     async def reconcile(self, namespace: str, name: str) -> Optional[Outcome]:
         """Reconcile one job now (or join the one already queued). Transient API errors propagate."""
         key = (namespace, name)
@@ -43,28 +75,39 @@ class Controller:
         self._waiting.add(key)
         async with lock:
             self._waiting.discard(key)
-            return await self._run(key)
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(self.max_concurrent)
+            async with self._slots:
+                return await self._run(key)
 
     async def _run(self, key: Key) -> Optional[Outcome]:
         namespace, name = key
+        obj = self.store.jobs.get(key)
+        if obj is None:
+            self.metrics.reconciles.labels(result="gone").inc()
+            self._locks.pop(key, None)
+            self._failures.pop(key, None)
+            return None
         t0 = time.perf_counter()
         try:
-            obj = await asyncio.to_thread(self.api.get, "RFTJob", namespace, name)
-            if obj is None:
-                self.metrics.reconciles.labels(result="gone").inc()
-                self._locks.pop(key, None)
-                return None
-            outcome = await asyncio.to_thread(reconcile, self.api, obj, before_apply=self.before_apply)
+            outcome = await asyncio.to_thread(reconcile, self.api, obj, before_apply=self.before_apply,
+                                              children=self.store.children(key), pods=self.store.pods(key))
         except KubeError as e:
             self.metrics.reconciles.labels(result="error").inc()
             self.metrics.errors.labels(kind="transient" if e.transient else "unexpected").inc()
+            self._retry(key)
             raise
         except Exception:
             self.metrics.reconciles.labels(result="error").inc()
             self.metrics.errors.labels(kind="unexpected").inc()
+            self._retry(key)
             raise
         finally:
             self.metrics.duration.observe(time.perf_counter() - t0)
+        self._failures.pop(key, None)
+        self.store.settle(key, [outcome.current[k] for k in outcome.applied if k in outcome.current], outcome.deleted)
+        if outcome.status_obj is not None:
+            self.store.put_job(outcome.status_obj)
         self.metrics.reconciles.labels(result="ok").inc()
         if outcome.errors:
             self.metrics.errors.labels(kind="apply").inc(len(outcome.errors))
@@ -74,40 +117,53 @@ class Controller:
                   outcome.phase, len(outcome.applied), outcome.deleted, outcome.status_written)
         return outcome
 
+    def _retry(self, key: Key) -> None:
+        n = self._failures[key] = self._failures.get(key, 0) + 1
+        first, cap = BACKOFF_S
+        self._later(min(cap, first * 2 ** (n - 1)) * random.uniform(1 - JITTER, 1 + JITTER), key)
+
     def _later(self, delay: float, key: Key) -> None:
         async def requeue() -> None:
             await asyncio.sleep(delay)
             try:
                 await self.reconcile(*key)
-            except Exception as e:  # the resync retries it
+            except Exception as e:  # retried with backoff (and by the resync)
                 log.warning("requeued reconcile of %s/%s failed: %s", *key, e)
 
         task = asyncio.get_running_loop().create_task(requeue())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def resync_once(self) -> int:
-        """Reconcile every job in the watched namespaces; returns how many were seen."""
-        jobs: list[dict[str, Any]] = []
-        for ns in (self.namespaces or (None,)):
-            jobs += await asyncio.to_thread(self.api.list, "RFTJob", ns)
-        self.metrics.set_phases((j.get("status") or {}).get("phase", "Pending") for j in jobs)
-        for j in jobs:
-            meta = j["metadata"]
+    # ---------------------------------------------------------------- the resync
+    async def resync_once(self, spread: float = 0.0) -> int:
+        """Reconcile every cached job, spread over ``spread`` seconds; returns how many were seen."""
+        keys = sorted(self.store.jobs)
+        self.metrics.set_phases(self._phases())
+        random.shuffle(keys)
+
+        async def one(i: int, key: Key) -> None:
+            if spread:
+                await asyncio.sleep(spread * (i + 1) / len(keys))
             try:
-                await self.reconcile(meta["namespace"], meta["name"])
+                await self.reconcile(*key)
             except Exception as e:
-                log.warning("resync of %s/%s failed: %s", meta["namespace"], meta["name"], e)
-        return len(jobs)
+                log.warning("resync of %s/%s failed: %s", *key, e)
+
+        await asyncio.gather(*(one(i, k) for i, k in enumerate(keys)))
+        return len(keys)
 
     async def resync_forever(self) -> None:
-        """The periodic level-triggered resync (the operator's timer)."""
+        """The periodic level-triggered resync (the operator's timer), from the cache, with jitter."""
         while True:
-            await asyncio.sleep(self.resync_seconds)
+            period = self.resync_seconds * random.uniform(1 - JITTER, 1 + JITTER)
+            if not self.store.jobs:
+                await asyncio.sleep(period)
+                continue
             try:
-                await self.resync_once()
+                await self.resync_once(spread=period)  # takes about a period: each job once per period
             except Exception as e:
                 log.warning("resync failed: %s", e)
+                await asyncio.sleep(period)
 
     async def close(self) -> None:
         for task in list(self._tasks):

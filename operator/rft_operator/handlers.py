@@ -1,9 +1,11 @@
-"""Thin kopf handlers: every trigger becomes ``Controller.reconcile(namespace, name)`` of the job.
+"""Thin kopf handlers: every watch event goes into the cache and triggers ``Controller.reconcile`` of
+the job it concerns.
 
-- create / update / resume of ``rftjobs.rft.dev``: reconcile; an API failure raises
-  ``kopf.TemporaryError`` so kopf retries with backoff.
-- events of owned Deployments, Jobs and the progress ConfigMap (label-filtered server-side): reconcile
-  the owner; failures are left to the periodic resync.
+- events of ``rftjobs.rft.dev`` (kopf's ``on.event``: no bookkeeping written to the RFTJob, no
+  finalizer; a failed reconcile is retried by the controller with backoff);
+- events of the children (Deployments, Jobs, ConfigMaps, Services, ServiceAccounts, Roles,
+  RoleBindings, PersistentVolumeClaims) and of the workloads' pods, all label-filtered server-side
+  (``app.kubernetes.io/managed-by=rft-operator``): the cache is updated and the owner reconciled;
 - login: the operator's own kubeconfig / in-cluster credentials.
 
 The periodic resync (the operator's timer) runs beside kopf (``app.run``), not as ``@kopf.timer``:
@@ -22,16 +24,21 @@ from rft_api.constants import GROUP, KIND, PLURAL, VERSION
 
 from . import names
 from .controller import Controller
-from .kube import KubeError
 
 log = logging.getLogger(__name__)
-RETRY_DELAY_S = 5.0
 
-# Child resources whose events re-trigger the owner's reconcile, with a server-side label selector.
+MANAGED = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+# Watched resources besides RFTJobs (children and pods), with a server-side label selector.
 CHILD_WATCHES: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("apps/v1", "deployments", {names.LABEL_MANAGED_BY: names.MANAGED_BY}),
-    ("batch/v1", "jobs", {names.LABEL_MANAGED_BY: names.MANAGED_BY}),
-    ("v1", "configmaps", {names.LABEL_MANAGED_BY: names.MANAGED_BY, names.LABEL_ROLE: "progress"}),
+    ("apps/v1", "deployments", MANAGED),
+    ("batch/v1", "jobs", MANAGED),
+    ("v1", "configmaps", MANAGED),
+    ("v1", "services", MANAGED),
+    ("v1", "serviceaccounts", MANAGED),
+    ("v1", "persistentvolumeclaims", MANAGED),
+    ("rbac.authorization.k8s.io/v1", "roles", MANAGED),
+    ("rbac.authorization.k8s.io/v1", "rolebindings", MANAGED),
+    ("v1", "pods", MANAGED),
 )
 
 
@@ -54,6 +61,26 @@ def connection_info(cfg: k8s_client.Configuration) -> kopf.ConnectionInfo:
         certificate_path=cfg.cert_file, private_key_path=cfg.key_file)
 
 
+KIND_OF_PLURAL = {"deployments": "Deployment", "jobs": "Job", "configmaps": "ConfigMap", "services": "Service",
+                  "serviceaccounts": "ServiceAccount", "persistentvolumeclaims": "PersistentVolumeClaim",
+                  "roles": "Role", "rolebindings": "RoleBinding", "pods": "Pod"}
+
+
+def _plain(body: Any, kind: str, api_version: str) -> dict[str, Any]:
+    """A kopf body as the plain dict the reconcile reads (with kind and apiVersion)."""
+    obj = dict(body)
+    obj.setdefault("kind", kind)
+    obj.setdefault("apiVersion", api_version)
+    return obj
+
+
+async def _reconcile(controller: Controller, namespace: str, name: str) -> None:
+    try:
+        await controller.reconcile(namespace, name)
+    except Exception as e:  # retried by the controller with backoff, and by the resync
+        log.info("reconcile of %s/%s failed: %s", namespace, name, e)
+
+
 def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     """A fresh kopf registry with the operator's handlers bound to ``controller``."""
     registry = kopf.OperatorRegistry()
@@ -63,28 +90,31 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         # Re-read on every login: a refreshed in-cluster token is picked up.
         return connection_info(controller.api.api_client.configuration)
 
-    async def on_job(namespace: str, name: str, **_: Any) -> None:
-        try:
-            await controller.reconcile(namespace, name)
-        except KubeError as e:
-            raise kopf.TemporaryError(f"reconcile of {namespace}/{name} failed: {e}", delay=RETRY_DELAY_S) from None
-
-    resource = (f"{GROUP}/{VERSION}", PLURAL)
-    kopf.on.create(*resource, id="reconcile-on-create", registry=registry)(on_job)
-    kopf.on.update(*resource, id="reconcile-on-update", registry=registry)(on_job)
-    kopf.on.resume(*resource, id="reconcile-on-resume", registry=registry)(on_job)
-
-    async def on_child(body: Any, namespace: str, **_: Any) -> None:
-        owner = owner_name(body)
-        if owner is None or not namespace:
+    async def on_job(body: Any, type: Optional[str], namespace: str, name: str, **_: Any) -> None:
+        obj = _plain(body, KIND, f"{GROUP}/{VERSION}")
+        if type == "DELETED":
+            controller.store.forget((namespace, name))
             return
-        try:
-            await controller.reconcile(namespace, owner)
-        except Exception as e:  # the periodic resync covers it
-            log.info("reconcile of %s/%s after a child event failed: %s", namespace, owner, e)
+        _key, changed = controller.store.put_job(obj)
+        if changed:  # not the echo of our own status write
+            await _reconcile(controller, namespace, name)
+
+    kopf.on.event(f"{GROUP}/{VERSION}", PLURAL, id="rftjob-events", registry=registry)(on_job)
 
     for group_version, plural, labels in CHILD_WATCHES:
-        kopf.on.event(group_version, plural, labels=labels, id=f"owner-of-{plural}", registry=registry)(on_child)
+        kind = KIND_OF_PLURAL[plural]
+
+        async def on_child(body: Any, type: Optional[str], _kind: str = kind, _gv: str = group_version,
+                           **_: Any) -> None:
+            obj = _plain(body, _kind, _gv)
+            if type == "DELETED":
+                key, changed = controller.store.drop(obj), True
+            else:  # an echo of our own apply (already cached from its answer) changes nothing
+                key, changed = controller.store.put(obj)
+            if changed and key is not None and key in controller.store.jobs:
+                await _reconcile(controller, *key)
+
+        kopf.on.event(group_version, plural, labels=labels, id=f"{plural}-events", registry=registry)(on_child)
     return registry
 
 

@@ -47,6 +47,7 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
     Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
     Kind("rft.dev/v1alpha1", "RFTJob", "rftjobs"),
+    Kind("coordination.k8s.io/v1", "Lease", "leases"),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False),
 )}
 
@@ -168,6 +169,12 @@ class Kube:
         out = self.request("PATCH", path_of(obj["kind"], meta.get("namespace"), meta["name"]), query=query,
                            body=obj, content_type="application/apply-patch+yaml")
         return self._typed(obj["kind"], out)
+
+    def replace(self, obj: Obj) -> Obj:
+        """PUT ``obj`` (with its ``metadata.resourceVersion``: a concurrent change answers 409)."""
+        meta = obj["metadata"]
+        return self._typed(obj["kind"], self.request("PUT", path_of(obj["kind"], meta.get("namespace"), meta["name"]),
+                                                     body=obj))
 
     def create(self, obj: Obj) -> Obj:
         meta = obj["metadata"]

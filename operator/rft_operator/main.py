@@ -2,7 +2,7 @@
 
     rft-operator [--namespace NS ... | --all-namespaces] [--metrics-port 8080] [--kubeconfig PATH]
                  [--resync-seconds 10] [--health-port 8081]
-                 [--log-level INFO]
+                 [--leader-election-namespace NS] [--log-level INFO]
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import os
 from typing import Optional
 
 from . import faults
-from .app import OperatorConfig, run
+from .app import LeadershipLost, OperatorConfig, run
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -29,11 +29,18 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
     ap.add_argument("--resync-seconds", type=float, default=10.0,
                     help="period of the level-triggered resync of every job (default 10)")
+    ap.add_argument("--leader-election-namespace", default=None,
+                    help="elect one active replica through Lease rft-operator in this namespace (the chart sets "
+                         "its own namespace); default: no election (run a single replica)")
+    ap.add_argument("--max-concurrent-reconciles", type=int, default=8,
+                    help="reconciles running at once (default 8)")
     ap.add_argument("--log-level", default=os.environ.get("RFT_OPERATOR_LOG_LEVEL", "INFO"), type=str.upper,
                     choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = ap.parse_args(argv)
     if a.resync_seconds <= 0:
         ap.error("--resync-seconds must be positive")
+    if a.max_concurrent_reconciles < 1:
+        ap.error("--max-concurrent-reconciles must be at least 1")
     return a
 
 
@@ -45,7 +52,9 @@ def config_from_args(a: argparse.Namespace) -> OperatorConfig:
     return OperatorConfig(kubeconfig=a.kubeconfig, namespaces=namespaces,
                           metrics_port=None if a.metrics_port < 0 else a.metrics_port,
                           metrics_addr=a.metrics_addr, resync_seconds=a.resync_seconds,
-                          health_port=None if a.health_port < 0 else a.health_port)
+                          health_port=None if a.health_port < 0 else a.health_port,
+                          leader_election_namespace=a.leader_election_namespace or None,
+                          max_concurrent_reconciles=a.max_concurrent_reconciles)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -58,6 +67,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         asyncio.run(run(config_from_args(a), before_apply=faults.from_env()))
     except KeyboardInterrupt:
         pass
+    except LeadershipLost as e:  # restarted as a follower
+        logging.getLogger(__name__).error("%s", e)
+        return 1
     return 0
 
 

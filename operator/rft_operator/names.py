@@ -22,8 +22,18 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_ROLE = "rft.dev/role"
 # The trainer attempt a trainer Job belongs to (0 for the first, +1 per restart).
 ANNOTATION_ATTEMPT = "rft.dev/trainer-attempt"
+# Hash of the rendered runtime config (``<job>-config``) on every pod template: an edit of the config
+# changes the template, so the pods that read it roll.
+ANNOTATION_CONFIG_HASH = "rft.dev/config-hash"
+# Hash of the trainer Job's spec (immutable once created): a different one means the Job is recreated.
+ANNOTATION_TEMPLATE_HASH = "rft.dev/template-hash"
+# Hash of the whole child as last applied: an equal desired child is not applied again.
+ANNOTATION_APPLIED_HASH = "rft.dev/applied-hash"
 # Label the job controller puts on the pods of an Indexed Job.
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+# Server-side label selector of everything the operator creates (children) and its pods.
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
 ROLES = ("config", "progress", "inference", "reward", "rollout", "trainer", "checkpoints")
 

@@ -23,6 +23,10 @@ class WorkloadObs:
     name: str
     desired: int
     ready: int
+    config_hash: str = ""
+    """``rft.dev/config-hash`` of its pod template."""
+    rolled: bool = True
+    """The Deployment controller has seen its current spec and no pod of an older template is left."""
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,31 @@ class TrainerObs:
     reason: str = ""
     message: str = ""
     terminating: bool = False
+    pods_gone: bool = True
+    """No pod of the Job is active or terminating (a pod may still write its SIGTERM checkpoint)."""
+    config_hash: str = ""
+    template_hash: str = ""
 
     @property
     def finished(self) -> bool:
         return self.complete or self.failed_condition
+
+    @property
+    def terminal_failure(self) -> bool:
+        """Failed by its pod failure policy: the trainer exited with the terminal status (retrying
+        cannot help)."""
+        return self.failed_condition and self.reason == "PodFailurePolicy"
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """A pod of the job that cannot start, or whose container ended with a message."""
+
+    role: str
+    pod: str
+    container: str
+    reason: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -58,10 +83,25 @@ class Observed:
     progress_error: Optional[str] = None
     children: frozenset[tuple[str, str]] = frozenset()
     """(kind, name) of every child seen."""
+    pod_problems: tuple[PodProblem, ...] = ()
+    """Pods that cannot start (image pull, invalid image, config errors)."""
+    trainer_messages: tuple[str, ...] = ()
+    """Termination messages of the trainer's failed containers (their last log lines)."""
 
     @property
     def any_children(self) -> bool:
         return bool(self.children)
+
+    def rolled_out(self, config_hash: str) -> bool:
+        """Every workload runs pods of the current config: each Deployment's template carries
+        ``config_hash`` and has rolled; an unfinished trainer Job's template carries it (always true
+        for ``""``)."""
+        if not config_hash:
+            return True
+        if any(w.config_hash != config_hash or not w.rolled for w in self.workloads.values()):
+            return False
+        t = self.trainer
+        return t is None or t.finished or t.config_hash == config_hash
 
 
 def _cond(obj: Obj, ctype: str) -> Optional[Obj]:
@@ -71,11 +111,18 @@ def _cond(obj: Obj, ctype: str) -> Optional[Obj]:
     return None
 
 
+def _template_hash(obj: Obj, key: str) -> str:
+    return ((((obj.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("annotations") or {}).get(key, "")
+
+
 def observe_deployment(obj: Obj) -> WorkloadObs:
-    """Desired and ready replicas of a Deployment."""
-    spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    return WorkloadObs(name=obj["metadata"]["name"], desired=int(spec.get("replicas", 1) or 0),
-                       ready=int(status.get("readyReplicas") or 0))
+    """Desired and ready replicas of a Deployment, its template's config hash and whether it rolled."""
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    rolled = (int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+              and int(status.get("replicas") or 0) == int(status.get("updatedReplicas") or 0))
+    return WorkloadObs(name=meta["name"], desired=int(spec.get("replicas", 1) or 0),
+                       ready=int(status.get("readyReplicas") or 0),
+                       config_hash=_template_hash(obj, names.ANNOTATION_CONFIG_HASH), rolled=rolled)
 
 
 def attempt_of(obj: Obj) -> int:
@@ -88,19 +135,51 @@ def attempt_of(obj: Obj) -> int:
 
 
 def observe_job(obj: Obj) -> TrainerObs:
-    """Pod counts and terminal conditions of the trainer Job."""
+    """Pod counts and terminal conditions of the trainer Job.
+
+    Only ``Failed`` with no pod left active or terminating is a failure: ``FailureTarget`` is set
+    while the pods still run (one may be writing its SIGTERM checkpoint), and a new attempt must
+    not start on the same checkpoint volume before they are gone."""
     spec, status = obj.get("spec") or {}, obj.get("status") or {}
-    failed = _cond(obj, "Failed") or _cond(obj, "FailureTarget")
-    complete = _cond(obj, "Complete") or _cond(obj, "SuccessCriteriaMet")
+    pods_gone = int(status.get("active") or 0) == 0 and int(status.get("terminating") or 0) == 0
+    failed = _cond(obj, "Failed") if pods_gone else None
+    complete = (_cond(obj, "Complete") or _cond(obj, "SuccessCriteriaMet")) if pods_gone else None
     terminal = failed or complete
+    annotations = obj["metadata"].get("annotations") or {}
     return TrainerObs(
         name=obj["metadata"]["name"], attempt=attempt_of(obj), desired=int(spec.get("parallelism", 1) or 0),
         active=int(status.get("active") or 0), ready=int(status.get("ready") or 0),
         succeeded=int(status.get("succeeded") or 0), failed=int(status.get("failed") or 0),
         complete=complete is not None and failed is None, failed_condition=failed is not None,
         reason=(terminal or {}).get("reason", "") or "", message=(terminal or {}).get("message", "") or "",
-        terminating=bool(obj["metadata"].get("deletionTimestamp")),
+        terminating=bool(obj["metadata"].get("deletionTimestamp")), pods_gone=pods_gone,
+        config_hash=_template_hash(obj, names.ANNOTATION_CONFIG_HASH),
+        template_hash=annotations.get(names.ANNOTATION_TEMPLATE_HASH, ""),
     )
+
+
+# Waiting reasons of a container that will not start without a change to the spec or the cluster.
+CANNOT_START = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                "CreateContainerError")
+
+
+def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
+    """A pod's containers that cannot start, and the termination messages of its failed containers."""
+    meta, status = obj["metadata"], obj.get("status") or {}
+    role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
+    problems, messages = [], []
+    if meta.get("deletionTimestamp"):
+        return problems, messages
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in CANNOT_START:
+            problems.append(PodProblem(role, meta["name"], cs.get("name", ""), waiting["reason"],
+                                       (waiting.get("message") or "")[:512]))
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if term.get("exitCode") not in (None, 0) and term.get("message"):
+            messages.append(f"{meta['name']}/{cs.get('name', '')} exited {term['exitCode']}: "
+                            f"{term['message'].strip()[-1024:]}")
+    return problems, messages
 
 
 def observe_progress(obj: Optional[Obj]) -> tuple[Optional[Progress], Optional[str]]:
@@ -119,10 +198,18 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
     trainer = None
     progress_obj = None
     children = set()
+    problems: list[PodProblem] = []
+    messages: list[str] = []
     for obj in objects:
         kind, name = obj.get("kind", ""), obj["metadata"]["name"]
-        children.add((kind, name))
         role = (obj["metadata"].get("labels") or {}).get(names.LABEL_ROLE, "")
+        if kind == "Pod":  # not a child (the controllers own pods), only what they tell
+            p, m = observe_pod(obj)
+            problems += p
+            if role == "trainer":
+                messages += m
+            continue
+        children.add((kind, name))
         if kind == "Deployment":
             workloads[role] = observe_deployment(obj)
         elif kind == "Job" and name == names.trainer(job_name):
@@ -131,4 +218,5 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
             progress_obj = obj
     progress, error = observe_progress(progress_obj)
     return Observed(now=now, workloads=workloads, trainer=trainer, progress=progress, progress_error=error,
-                    children=frozenset(children))
+                    children=frozenset(children), pod_problems=tuple(sorted(problems, key=lambda p: (p.role, p.pod))),
+                    trainer_messages=tuple(sorted(messages)))

@@ -9,7 +9,12 @@ bound to them and nothing else). Notes:
 - ``configmaps`` ``get``/``patch`` are also what the per-job trainer Role grants (on one name): the
   API server lets a subject create a Role or RoleBinding only with permissions it holds itself;
 - ``events``: the operator's and kopf's Events (core/v1);
-- no access to Secrets: secret values never pass through the operator; no access to pods.
+- ``pods``: read only (get/list/watch), for the pods' waiting reasons and termination messages
+  (terminal errors: image pull failures, the trainer's last log lines);
+- no access to Secrets: secret values never pass through the operator.
+
+Leader election needs ``leases`` get/create/update in the operator's own namespace only: a Role
+(``LEADER_ELECTION_RULES``), not part of the ClusterRole.
 """
 from __future__ import annotations
 
@@ -25,6 +30,11 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": CHILD_VERBS},
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": CHILD_VERBS},
     {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles", "rolebindings"], "verbs": CHILD_VERBS},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+LEADER_ELECTION_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]

@@ -6,7 +6,8 @@ the suspend policy and the failure policy:
 
 - nothing new is created for a ValidationFailed job (its workloads are deleted, the rest is left);
 - Deployments exist while the job is neither suspended nor terminal;
-- the trainer Job is applied for the current attempt, an earlier attempt's Job is deleted first
+- the trainer Job is applied for the current attempt, an earlier attempt's Job (or one whose
+  immutable spec an edit changed) is deleted first, in the foreground, and waited for
   (see ``policies.failure``); in a terminal phase a finished trainer Job is kept (its pods' logs) and
   an unfinished one is deleted (a job that Failed on its deadline stops training).
 """
@@ -37,8 +38,10 @@ class Plan:
     left alone, none is created)."""
 
 
-def make_plan(suspend_: bool, phase: str, observed: Observed, persisted_restarts: int) -> Plan:
-    """What to apply and delete this reconcile (``persisted_restarts``: ``status.restarts`` as stored)."""
+def make_plan(suspend_: bool, phase: str, observed: Observed, persisted_restarts: int,
+              trainer_template_hash: str = "") -> Plan:
+    """What to apply and delete this reconcile (``persisted_restarts``: ``status.restarts`` as stored;
+    ``trainer_template_hash``: that of the trainer Job that should run)."""
     t = observed.trainer
     deployments = suspend.deployments_allowed(suspend_, phase)
     if not suspend.trainer_allowed(suspend_, phase):
@@ -49,7 +52,7 @@ def make_plan(suspend_: bool, phase: str, observed: Observed, persisted_restarts
         else:
             step = TrainerStep.KEEP if t.finished else TrainerStep.DELETE
     else:
-        action = failure.trainer_action(t, persisted_restarts)
+        action = failure.trainer_action(t, persisted_restarts, trainer_template_hash)
         step = {failure.TrainerAction.APPLY: TrainerStep.APPLY,
                 failure.TrainerAction.DELETE_STALE: TrainerStep.DELETE,
                 failure.TrainerAction.WAIT: TrainerStep.KEEP}[action]

@@ -4,6 +4,12 @@ validate → observe children → plan → apply desired children (server-side a
 that should not exist → compute status from what the API server answered → write status once, only
 if it changed → emit Events for the transitions. Called for every trigger (create, update, resume,
 the periodic resync, a child's event); it looks only at the current state, never at what triggered it.
+
+The children (and the pods of the job's workloads) are given by the caller from its watch cache
+(``Controller``); without them they are listed. A desired child whose ``rft.dev/applied-hash``
+equals the observed child's is not applied again, so reconciling an unchanged job makes no request.
+The checkpoint claim is never deleted by a reconcile (only the garbage collector deletes it, with
+the job).
 """
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ from rft_api.job import InvalidSpec, RFTJob, parse_manifest
 from rft_api.status import RFTJobStatus
 
 from . import names
-from .builders import BuildContext, desired_children, key_of
+from .builders import BuildContext, config_hash, desired_children, key_of, stamp
+from .builders import trainer as trainer_builder
 from .events import JobEvent, event_object, transition_events
 from .kube import CHILD_KINDS, Kube, KubeError
 from .observe import observe
@@ -43,6 +50,11 @@ class Outcome:
     errors: list[str] = field(default_factory=list)
     requeue_after: Optional[float] = None
     skipped: str = ""
+    current: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    """The job's children after this pass (applied ones as the API server answered; deleted ones
+    absent)."""
+    status_obj: Optional[Obj] = None
+    """The RFTJob as the status write returned it (None when not written)."""
 
 
 def parse_status(raw: Optional[Obj]) -> Optional[RFTJobStatus]:
@@ -61,17 +73,26 @@ def parse_job(job_obj: Obj) -> RFTJob:
     return job.model_copy(update={"status": parse_status(job_obj.get("status"))})
 
 
+def controlled_by(obj: Obj, uid: Optional[str]) -> bool:
+    """Whether ``obj``'s controller owner reference is the RFTJob with ``uid``."""
+    return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
+
+
 def owned_children(api: Kube, job_obj: Obj) -> list[Obj]:
-    """The job's children: labelled as its, and controlled by this very RFTJob (uid)."""
+    """The job's children, listed: labelled as its, and controlled by this very RFTJob (uid)."""
     meta = job_obj["metadata"]
-    uid = meta.get("uid")
-    out = []
-    for kind in CHILD_KINDS:
-        for obj in api.list(kind, meta.get("namespace"), names.job_selector(meta["name"])):
-            refs = obj["metadata"].get("ownerReferences") or []
-            if any(r.get("uid") == uid and r.get("controller") for r in refs):
-                out.append(obj)
-    return out
+    return [obj for kind in CHILD_KINDS for obj in api.list(kind, meta.get("namespace"), names.job_selector(meta["name"]))
+            if controlled_by(obj, meta.get("uid"))]
+
+
+def job_pods(api: Kube, job_obj: Obj) -> list[Obj]:
+    """The pods of the job's workloads, listed (they carry the job's labels)."""
+    meta = job_obj["metadata"]
+    return api.list("Pod", meta.get("namespace"), names.job_selector(meta["name"]))
+
+
+def applied_hash(obj: Optional[Obj]) -> str:
+    return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_APPLIED_HASH, "")
 
 
 def _write_status(api: Kube, job_obj: Obj, new: RFTJobStatus, outcome: Outcome) -> None:
@@ -79,7 +100,7 @@ def _write_status(api: Kube, job_obj: Obj, new: RFTJobStatus, outcome: Outcome) 
     if prev is not None and status_dict(prev) == status_dict(new) and job_obj.get("status") is not None:
         return
     meta = job_obj["metadata"]
-    api.replace_status("RFTJob", meta.get("namespace"), meta["name"], status_dict(new))
+    outcome.status_obj = api.replace_status("RFTJob", meta.get("namespace"), meta["name"], status_dict(new))
     outcome.status_written = True
     outcome.events = transition_events(prev, new)
 
@@ -92,9 +113,10 @@ def _emit(api: Kube, job_obj: Obj, outcome: Outcome, now: str) -> None:
             log.warning("could not post event %s for %s: %s", ev.reason, job_obj["metadata"]["name"], e)
 
 
-def _reconcile_invalid(api: Kube, job_obj: Obj, err: InvalidSpec, now: dt.datetime, outcome: Outcome) -> Outcome:
+def _reconcile_invalid(api: Kube, job_obj: Obj, observed_objs: list[Obj], err: InvalidSpec, now: dt.datetime,
+                       outcome: Outcome) -> Outcome:
     meta = job_obj["metadata"]
-    for obj in owned_children(api, job_obj):
+    for obj in observed_objs:
         if obj["kind"] in WORKLOAD_KINDS:
             if api.delete(obj["kind"], meta.get("namespace"), obj["metadata"]["name"], uid=obj["metadata"].get("uid")):
                 outcome.deleted.append(key_of(obj))
@@ -107,8 +129,11 @@ def _reconcile_invalid(api: Kube, job_obj: Obj, err: InvalidSpec, now: dt.dateti
 
 def _apply_all(api: Kube, desired: list[Obj], current: dict[tuple[str, str], Obj], outcome: Outcome,
                before_apply: Optional[Callable[[Obj], None]]) -> None:
-    """Server-side apply each desired child; record what the API server answered in ``current``."""
+    """Server-side apply each desired child that differs from the observed one (by applied hash);
+    record what the API server answered in ``current``."""
     for obj in desired:
+        if applied_hash(current.get(key_of(obj))) == applied_hash(obj):
+            continue
         if before_apply is not None:
             before_apply(obj)
         try:
@@ -125,18 +150,31 @@ def _delete_unwanted(api: Kube, namespace: str, observed: list[Obj], keep: set[t
     """Delete every observed child not in ``keep`` (only that very object: uid precondition)."""
     for obj in observed:
         key = key_of(obj)
-        if key in keep:
+        if key in keep or obj["kind"] == "PersistentVolumeClaim":  # checkpoints: only GC deletes them
             continue
-        if api.delete(obj["kind"], namespace, key[1], uid=obj["metadata"].get("uid")):
+        if obj["metadata"].get("deletionTimestamp"):
+            continue  # already being deleted
+        # a Job in the foreground: it exists until its pods are gone (a trainer writes its checkpoint)
+        propagation = "Foreground" if obj["kind"] == "Job" else "Background"
+        if api.delete(obj["kind"], namespace, key[1], propagation=propagation, uid=obj["metadata"].get("uid")):
             outcome.deleted.append(key)
         current.pop(key, None)
 
 
+def template_hash(job: RFTJob, attempt: int, cfg_hash: str) -> str:
+    """The template hash of the trainer Job of ``attempt`` (as :func:`desired_children` stamps it)."""
+    (obj,) = stamp([trainer_builder.job_for(job, BuildContext(trainer_attempt=attempt))], cfg_hash)
+    return obj["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH]
+
+
 def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
-              before_apply: Optional[Callable[[Obj], None]] = None) -> Outcome:
+              before_apply: Optional[Callable[[Obj], None]] = None,
+              children: Optional[list[Obj]] = None, pods: Optional[list[Obj]] = None) -> Outcome:
     """Bring one RFTJob's children and status in line with its spec (idempotent).
 
-    ``before_apply`` is called with each object just before it is applied (fault injection in tests).
+    ``children`` and ``pods``: the job's children and pods as the caller's watch cache holds them
+    (listed when None). ``before_apply`` is called with each object just before it is applied (fault
+    injection in tests). ``Outcome.current`` holds the children as they are after this pass.
     Transient API errors propagate (the caller retries with backoff); a child the API server refuses
     (e.g. an immutable field changed) is reported in ``Outcome.errors`` and the rest proceeds.
     """
@@ -146,20 +184,25 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     if meta.get("deletionTimestamp"):
         outcome.skipped = "being deleted: the garbage collector removes the children"
         return outcome
+    observed_objs = owned_children(api, job_obj) if children is None else \
+        [o for o in children if controlled_by(o, meta.get("uid"))]
+    outcome.current = {key_of(o): o for o in observed_objs}
     try:
         job = parse_job(job_obj)
     except InvalidSpec as e:
-        return _reconcile_invalid(api, job_obj, e, now, outcome)
+        return _reconcile_invalid(api, job_obj, observed_objs, e, now, outcome)
 
-    observed_objs = owned_children(api, job_obj)
-    observed = observe(job.name, observed_objs, now)
-    first = compute_status(job, observed)
+    pod_objs = job_pods(api, job_obj) if pods is None else pods
+    observed = observe(job.name, [*observed_objs, *pod_objs], now)
     persisted_restarts = job.status.restarts if job.status else 0
-    plan = make_plan(job.spec.suspend, first.phase, observed, persisted_restarts)
+    cfg_hash = config_hash(job, BuildContext(trainer_attempt=persisted_restarts))
+    first = compute_status(job, observed, cfg_hash)
+    trainer_hash = template_hash(job, persisted_restarts, cfg_hash)
+    plan = make_plan(job.spec.suspend, first.phase, observed, persisted_restarts, trainer_hash)
 
     desired = desired_children(job, BuildContext(trainer_attempt=plan.attempt), deployments=plan.deployments,
                                trainer_job=plan.trainer == TrainerStep.APPLY) if plan.stateful else []
-    current: dict[tuple[str, str], Obj] = {key_of(o): o for o in observed_objs}
+    current = outcome.current
     _apply_all(api, desired, current, outcome, before_apply)
     keep = {key_of(o) for o in desired}
     if not plan.stateful:
@@ -168,7 +211,7 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
         keep.add(("Job", names.trainer(job.name)))
     _delete_unwanted(api, job.namespace, observed_objs, keep, current, outcome)
 
-    final = compute_status(job, observe(job.name, current.values(), now))
+    final = compute_status(job, observe(job.name, [*current.values(), *pod_objs], now), cfg_hash)
     if outcome.errors:
         final = final.model_copy(update={"message": f"{final.message}; not applied: {'; '.join(outcome.errors)}"[:4096]})
     outcome.phase = final.phase

@@ -3,6 +3,8 @@
 Pure: no API calls, no clock (the observation carries ``now``). Conditions follow Kubernetes
 conventions: one per type (all seven always present, in a fixed order), ``lastTransitionTime`` changes
 only when ``status`` changes, ``observedGeneration`` is the generation they were computed from.
+``status.observedGeneration`` is the generation whose config every workload's pods run (it waits
+for the rollout of an edit).
 """
 from __future__ import annotations
 
@@ -63,8 +65,10 @@ def _removal_reason(spec_suspend: bool, phase: str) -> str:
     return f"the job is {phase}"
 
 
-def compute_status(job: RFTJob, observed: Observed) -> RFTJobStatus:
-    """The status to write for ``job`` (whose ``status`` is the previous one) after ``observed``."""
+def compute_status(job: RFTJob, observed: Observed, config_hash: str = "") -> RFTJobStatus:
+    """The status to write for ``job`` (whose ``status`` is the previous one) after ``observed``;
+    ``config_hash`` is that of the job's rendered config (``status.observedGeneration`` advances to
+    the spec's generation only once every workload runs it; ``""``: not compared)."""
     spec = job.spec
     prev = job.status or RFTJobStatus()
     if job.status is not None and prev.phase == "ValidationFailed":
@@ -83,6 +87,7 @@ def compute_status(job: RFTJob, observed: Observed) -> RFTJobStatus:
         restarts, budget_failure = failure.next_restarts(t, prev.restarts, spec.restart_limit)
     restarting = restarts > prev.restarts or (t is not None and t.attempt < restarts)
     fail = (budget_failure
+            or (None if spec.suspend else failure.terminal_failure(observed, restarts))
             or (None if spec.suspend else failure.deadline_failure(
                 spec, suspend.clock_start(prev.start_time, suspended), observed.now))
             or failure.evaluator_failure(spec, observed.progress))
@@ -112,8 +117,11 @@ def compute_status(job: RFTJob, observed: Observed) -> RFTJobStatus:
     started = prev.start_time or (now if phase in ("Provisioning", "Running", "Succeeded", "Failed") else None)
     completed = prev.completion_time or (now if phase in ("Succeeded", "Failed") else None)
 
+    # the spec's generation is observed once the pods that read its config have rolled
+    observed_generation = generation if (is_terminal(phase) or spec.suspend
+                                         or observed.rolled_out(config_hash)) else prev.observed_generation
     return RFTJobStatus(
-        phase=phase, message=message[:MAX_CONDITION_MESSAGE], observed_generation=generation,
+        phase=phase, message=message[:MAX_CONDITION_MESSAGE], observed_generation=observed_generation,
         conditions=conditions, roles=roles,
         step=p.step if p else prev.step,
         total_steps=spec.trainer.max_steps,

@@ -67,6 +67,11 @@ class FileProgressSink:
         return parse_text(text) if text.strip() else None
 
 
+API_TIMEOUT_S = (5.0, 10.0)
+"""(connect, read) deadline of every progress API call: an API-server brown-out costs a training
+step at most this long (a failed write is logged and the next step's record supersedes it)."""
+
+
 class ConfigMapProgressSink:
     """Patches ConfigMap ``<job>-progress`` in the job's namespace (in-cluster config).
 
@@ -89,13 +94,14 @@ class ConfigMapProgressSink:
         self._api = api
 
     def write(self, record: Progress) -> None:
-        self._api.patch_namespaced_config_map(self.name, self.namespace, {"data": record.to_data()})
+        self._api.patch_namespaced_config_map(self.name, self.namespace, {"data": record.to_data()},
+                                              _request_timeout=API_TIMEOUT_S)
 
     def read(self) -> Progress | None:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            cm = self._api.read_namespaced_config_map(self.name, self.namespace)
+            cm = self._api.read_namespaced_config_map(self.name, self.namespace, _request_timeout=API_TIMEOUT_S)
         except ApiException as e:
             if e.status == 404:
                 return None

@@ -131,8 +131,9 @@ def install_platform(cluster: LocalCluster, kubelet: ProcessKubelet, *, namespac
     network, and the operator listens on every address.
     """
     api = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    # one replica (the chart's default is 2 with leader election): the harness drives "the" operator pod
     values = {"resyncSeconds": resync_seconds, "metrics.port": free_port(), "healthPort": free_port(),
-              "logLevel": "info"}
+              "logLevel": "info", "replicas": 1}
     rendered = render_chart(cluster, namespace, release, values)
     cluster.kubectl("create", "namespace", namespace, check=False)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered, timeout=120)

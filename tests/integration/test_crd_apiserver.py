@@ -83,6 +83,25 @@ def test_immutable_fields_once_started(crd_installed, namespace):
     kubectl(crd_installed, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(m))
 
 
+def test_checkpoint_claim_may_never_change(crd_installed, namespace):
+    """Editing ``checkpoint.existingClaim`` (setting, changing or removing it) would orphan, or make the
+    operator delete, the claim holding the checkpoints: the API server refuses it, naming the field."""
+    m = base_manifest()
+    m["metadata"]["name"] = "claim"
+    kubectl(crd_installed, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(m))
+    for before, after in ((None, "shared"), ("shared", "other"), ("shared", None)):
+        if before is not None:  # start from a job that has the claim
+            kubectl(crd_installed, "delete", "-n", namespace, "rft", "claim", "--wait=true")
+            m2 = yaml.safe_load(yaml.safe_dump(m))
+            m2["spec"].setdefault("checkpoint", {})["existingClaim"] = before
+            kubectl(crd_installed, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(m2))
+        changed = yaml.safe_load(yaml.safe_dump(m))
+        if after is not None:
+            changed["spec"].setdefault("checkpoint", {})["existingClaim"] = after
+        p = kubectl(crd_installed, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(changed), check=False)
+        assert p.returncode != 0 and "spec.checkpoint.existingClaim may not change" in p.stderr, (before, after, p.stderr)
+
+
 def test_every_example_is_accepted(crd_installed, namespace):
     for f in sorted((ROOT / "examples").glob("*.yaml")):
         docs = [d for d in yaml.safe_load_all(f.read_text()) if d]
@@ -96,21 +115,25 @@ def test_chart_renders_and_validates_on_server(crd_installed, namespace):
     rendered = subprocess.run([crd_installed.binary("helm"), "template", "rft", str(ROOT / "charts" / "rft-operator"), "-n", namespace,
                                "--include-crds"], capture_output=True, text=True, check=True).stdout
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(rendered) if d)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Service",
-                     "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role",
+                     "RoleBinding", "Service", "ServiceAccount"]
     kubectl(crd_installed, "apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=rendered)
 
 
 
 def test_chart_cluster_role_is_exactly_the_operator_rules(cluster):
-    from rft_operator.permissions import OPERATOR_RULES
+    from rft_operator.permissions import LEADER_ELECTION_RULES, OPERATOR_RULES
 
-    rendered = subprocess.run([cluster.binary("helm"), "template", "rft", str(ROOT / "charts" / "rft-operator")],
-                              capture_output=True, text=True, check=True).stdout
+    rendered = subprocess.run([cluster.binary("helm"), "template", "rft", str(ROOT / "charts" / "rft-operator"),
+                               "-n", "ops"], capture_output=True, text=True, check=True).stdout
     roles = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "ClusterRole"]
     assert len(roles) == 1 and roles[0]["rules"] == OPERATOR_RULES
+    # leader election (the default): 2 replicas, rolling updates, leases only in the release namespace
+    (role,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Role"]
+    assert role["rules"] == LEADER_ELECTION_RULES and role["metadata"]["namespace"] == "ops"
     deploy = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
-    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+    assert deploy["spec"]["replicas"] == 2 and deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--leader-election-namespace=ops" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     # The chart's flags are ones the operator accepts.
     from rft_operator.main import parse_args
 

@@ -19,7 +19,8 @@ from rft_operator.builders import BuildContext, desired_children
 from rft_operator.kube import Kube, KubeError
 from rft_api.progress import Progress
 from tests.operator.cluster_support import (api, children, create_job, crd, finish_trainer, get_job,  # noqa: F401
-                                            job_manifest, make_role_ready, operator, pods_of, wait_for, wait_phase)
+                                            job_manifest, make_role_ready, operator, pods_of, set_pod_phase, wait_for,
+                                            wait_phase)
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"
@@ -70,8 +71,10 @@ def test_job_lifecycle_children_status_and_progress(cluster, api, operator, name
     assert config["endpoints"]["coordinator"] == f"http://tiny-arith-trainer.{namespace}.svc:8100"
     assert "data" not in kids[("ConfigMap", "tiny-arith-progress")]
 
-    obj = wait_phase(api, namespace, JOB, "Provisioning")
-    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    wait_phase(api, namespace, JOB, "Provisioning")
+    # observed once the Deployment controller has rolled out the workloads of this generation
+    obj = wait_for("observedGeneration", lambda: (o := get_job(api, namespace, JOB))["status"].get(
+        "observedGeneration") == o["metadata"]["generation"] and o)
     assert cond(obj, "InferenceReady")["status"] == "False"
     assert obj["status"]["startTime"]
 
@@ -185,3 +188,40 @@ def test_trainer_failure_restarts_then_fails_beyond_the_limit(api, operator, nam
     assert f["reason"] == "RestartLimitExceeded" and "restartLimit is 1" in f["message"]
     wait_for("the Deployments to be removed", lambda: not children(api, namespace, JOB, ("Deployment",)))
     assert api.get("Job", namespace, names.trainer(JOB))["metadata"]["uid"] == second["metadata"]["uid"]
+
+
+def test_spec_edit_rolls_every_workload_and_recreates_the_trainer(api, operator, namespace) -> None:
+    """An edit reaches the pods that read the config: the Deployments roll (new pod template hash),
+    the trainer Job (immutable template) is recreated for the same attempt without using the restart
+    budget, and observedGeneration advances only once no pod of the old config is left."""
+    create_job(api, namespace, job_manifest(JOB))
+    run_to_running(api, namespace)
+    wait_for("observedGeneration 1", lambda: get_job(api, namespace, JOB)["status"].get("observedGeneration") == 1)
+    old_trainer = api.get("Job", namespace, names.trainer(JOB))
+    old_hash = old_trainer["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_CONFIG_HASH]
+
+    api.patch("RFTJob", namespace, JOB, {"spec": {"trainer": {"maxSteps": 40}}})
+    new = wait_for("a new trainer Job", lambda: (j := api.get("Job", namespace, names.trainer(JOB)))
+                   and j["metadata"]["uid"] != old_trainer["metadata"]["uid"] and j, timeout=60)
+    assert new["metadata"]["annotations"][names.ANNOTATION_ATTEMPT] == "0"
+    new_hash = new["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_CONFIG_HASH]
+    assert new_hash != old_hash
+    for d in ("inference", "rollout"):
+        dep = api.get("Deployment", namespace, f"{JOB}-{d}")
+        assert dep["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_CONFIG_HASH] == new_hash
+    obj = get_job(api, namespace, JOB)
+    assert obj["metadata"]["generation"] == 2 and obj["status"]["restarts"] == 0
+
+    def new_pods_ready() -> bool:
+        for role in ("inference", "rollout", "trainer"):
+            for p in pods_of(api, namespace, JOB, role):
+                if (p["metadata"].get("annotations") or {}).get(names.ANNOTATION_CONFIG_HASH) == new_hash \
+                        and (p.get("status") or {}).get("phase") != "Running":
+                    set_pod_phase(api, p, "Running")
+        return get_job(api, namespace, JOB)["status"].get("observedGeneration") == 2
+    wait_for("observedGeneration 2 once the new pods run", new_pods_ready, timeout=90, interval=1.0)
+    assert get_job(api, namespace, JOB)["status"]["restarts"] == 0
+    # observed only once no pod of the old config is left
+    assert not [p["metadata"]["name"] for role in ("inference", "rollout", "trainer")
+                for p in pods_of(api, namespace, JOB, role)
+                if (p["metadata"].get("annotations") or {}).get(names.ANNOTATION_CONFIG_HASH) == old_hash]

@@ -162,9 +162,10 @@ class OperatorThread:
     """The operator in-process, in a background thread; ``stop()`` sets kopf's stop flag."""
 
     def __init__(self, kubeconfig: Path, namespace: str, resync_seconds: float = 1.0,
-                 before_apply: Optional[Callable[[dict], None]] = None):
+                 before_apply: Optional[Callable[[dict], None]] = None, leader_election: bool = False):
         self.config = OperatorConfig(kubeconfig=str(kubeconfig), namespaces=(namespace,), metrics_port=0,
-                                     metrics_addr="127.0.0.1", resync_seconds=resync_seconds)
+                                     metrics_addr="127.0.0.1", resync_seconds=resync_seconds,
+                                     leader_election_namespace=namespace if leader_election else None)
         self.before_apply = before_apply
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()

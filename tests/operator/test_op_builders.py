@@ -192,8 +192,10 @@ def test_pvc_from_spec() -> None:
 def test_trainer_job(tiny_job) -> None:
     job2 = make_job(trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 30, "nodes": 3})
     tj = {o["kind"]: o for o in desired_children(job2, BuildContext(trainer_attempt=2))}["Job"]
-    assert tj["metadata"]["annotations"] == {names.ANNOTATION_ATTEMPT: "2"}
+    assert tj["metadata"]["annotations"][names.ANNOTATION_ATTEMPT] == "2"
     spec = tj["spec"]
+    assert spec["podFailurePolicy"]["rules"][0] == {
+        "action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]}}
     assert spec["backoffLimit"] == 0 and spec["parallelism"] == 3 and spec["completions"] == 3
     assert spec["completionMode"] == "Indexed"
     pod = spec["template"]["spec"]
@@ -310,3 +312,23 @@ def test_rollout_pods_get_a_file_rollout_function_even_when_the_reward_role_scor
     from rft_api.runtime import parse
 
     assert parse(config).rollout_function() == f"{EVALUATOR_DIR}/1/env.py:play"
+
+
+def test_config_edit_changes_every_pod_template_and_only_changed_children() -> None:
+    """The rendered config's hash is on every pod template: an edit rolls the pods that read it; the
+    applied hash changes exactly for the children whose content changed."""
+    before = children(make_job())
+    after = children(make_job(trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 31}))
+    workloads = [k for k in before if k[0] in ("Deployment", "Job")]
+    assert len(workloads) >= 3
+    for k in workloads:
+        old = before[k]["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_CONFIG_HASH]
+        new = after[k]["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_CONFIG_HASH]
+        assert old != new, k
+    changed = {k for k in before if before[k]["metadata"]["annotations"][names.ANNOTATION_APPLIED_HASH]
+               != after[k]["metadata"]["annotations"][names.ANNOTATION_APPLIED_HASH]}
+    assert changed == {("ConfigMap", "tiny-arith-config"), *workloads}
+    job_key = ("Job", "tiny-arith-trainer")
+    assert (before[job_key]["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH]
+            != after[job_key]["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH])
+    assert children(make_job()) == before  # deterministic

@@ -39,6 +39,9 @@ def test_cli(monkeypatch) -> None:
     assert c.namespaces == () and c.metrics_port == 8080 and c.resync_seconds == 10.0
     c = config_from_args(parse_args(["-n", "a", "--namespace", "b", "--metrics-port", "-1", "--kubeconfig", "/k"]))
     assert c.namespaces == ("a", "b") and c.metrics_port is None and c.kubeconfig == "/k"
+    assert c.leader_election_namespace is None and c.max_concurrent_reconciles == 8
+    c = config_from_args(parse_args(["--leader-election-namespace", "ops", "--max-concurrent-reconciles", "4"]))
+    assert c.leader_election_namespace == "ops" and c.max_concurrent_reconciles == 4
     monkeypatch.setenv("WATCH_NAMESPACE", "x,y")
     assert config_from_args(parse_args([])).namespaces == ("x", "y")
     assert config_from_args(parse_args(["--all-namespaces"])).namespaces == ()
@@ -56,3 +59,23 @@ def test_kopf_settings_keep_bookkeeping_out_of_status() -> None:
     assert isinstance(s.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
     assert s.peering.standalone is True
     assert s.posting.level >= 30
+
+
+def test_a_follower_answers_its_liveness_probe() -> None:
+    """A replica waiting for the Lease serves /healthz (the chart's liveness probe) until it leads."""
+    import asyncio
+
+    from rft_operator.app import OperatorConfig, _follower_health
+
+    async def probe() -> tuple[int, str]:
+        srv = await _follower_health(OperatorConfig(health_port=0, metrics_addr="127.0.0.1"))
+        assert srv is not None
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            r = await asyncio.to_thread(httpx.get, f"http://127.0.0.1:{port}/healthz", timeout=5)
+            return r.status_code, r.text
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    assert asyncio.run(probe()) == (200, "following\n")

@@ -81,12 +81,45 @@ def test_step_may_not_go_backwards(tmp_path):
     assert (m.latest().path / "payload.txt").read_text() == "5"
 
 
-def test_pointer_to_missing_checkpoint_is_an_error(tmp_path):
-    m = CheckpointManager(tmp_path)
+def test_dangling_pointer_falls_back_to_the_newest_complete_checkpoint(tmp_path):
+    m = CheckpointManager(tmp_path, keep_last=5)
     m.save(3, _writer("3"))
+    m.save(4, _writer("4"))
+    (tmp_path / "step-000005").mkdir()  # incomplete: no COMPLETE marker
     (tmp_path / "latest").write_text("step-000009\n")
-    with pytest.raises(CheckpointError, match="missing or incomplete"):
-        m.latest()
+    assert m.latest().step == 4
+    (tmp_path / "latest").write_text("step-000005\n")
+    assert m.latest().step == 4
+
+
+def test_missing_pointer_resumes_the_newest_and_the_next_save_deletes_nothing(tmp_path):
+    m = CheckpointManager(tmp_path, keep_last=5)
+    for s in (1, 2, 3):
+        m.save(s, _writer(str(s)))
+    (tmp_path / "latest").unlink()
+    assert m.latest().step == 3 and [c.step for c in m.committed()] == [1, 2, 3]
+    m.save(4, _writer("4"))
+    assert [c.step for c in m.committed()] == [1, 2, 3, 4]
+    assert (tmp_path / "latest").read_text().strip() == "step-000004"
+
+
+def test_temporaries_are_unique_per_attempt_and_only_earlier_attempts_are_cleaned(tmp_path):
+    names = set()
+
+    def capture(d):
+        names.add(d.name)
+
+    CheckpointManager(tmp_path, attempt=1).save(1, capture)
+    CheckpointManager(tmp_path, attempt=1).save(2, capture)
+    assert len(names) == 2 and all("-a1-" in n for n in names)
+    earlier = tmp_path / ".tmp-step-000003-a0-abcdef"
+    same = tmp_path / ".tmp-step-000003-a1-123456"   # another container of this attempt, mid-write
+    later = tmp_path / ".tmp-step-000003-a2-123abc"
+    foreign = tmp_path / ".tmp-step-000003-99"         # not this protocol's name
+    for d in (earlier, same, later, foreign):
+        d.mkdir()
+    CheckpointManager(tmp_path, attempt=1).save(3, _writer("3"))
+    assert not earlier.exists() and same.exists() and later.exists() and foreign.exists()
 
 
 def test_trainer_state_roundtrip(tmp_path, tiny_model_dir):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rft_api.progress import PROGRESS_KEY, Progress, ProgressCheckpoint, ProgressErrors, parse, parse_text
 from rft_runtime.progress import MAX_MESSAGE, ConfigMapProgressSink, FileProgressSink, clip_message, finite
 
@@ -45,7 +47,7 @@ class _FakeCoreV1:
     def __init__(self):
         self.patches = []
 
-    def patch_namespaced_config_map(self, name, namespace, body):
+    def patch_namespaced_config_map(self, name, namespace, body, **kwargs):
         self.patches.append((name, namespace, body))
 
 
@@ -55,3 +57,31 @@ def test_configmap_sink_patches_only_the_progress_configmap():
     ((name, ns, body),) = api.patches
     assert (name, ns) == ("tiny-progress", "ns") and list(body) == ["data"]
     assert parse(body["data"]).checkpoints[0].step == 10
+
+
+def test_configmap_sink_calls_have_a_deadline(monkeypatch):
+    """An API server that accepts the connection and never answers (a brown-out) costs the trainer
+    the deadline, not forever."""
+    import socket
+    import time
+
+    from kubernetes import client
+
+    from rft_runtime import progress as progress_mod
+
+    monkeypatch.setattr(progress_mod, "API_TIMEOUT_S", (1.0, 1.0))
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    try:
+        cfg = client.Configuration()
+        cfg.host = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        cfg.retries = False
+        sink = ConfigMapProgressSink("tiny", "ns", api=client.CoreV1Api(client.ApiClient(cfg)))
+        for call in (lambda: sink.write(_full_record()), sink.read):
+            t0 = time.monotonic()
+            with pytest.raises(Exception):
+                call()
+            assert time.monotonic() - t0 < 5
+    finally:
+        srv.close()

@@ -108,11 +108,18 @@ def test_two_steps(tmp_path, tiny_model_dir, serve, case):
         assert (tmp_path / "ckpt" / "weights" / "v2" / "adapter_config.json").exists()
 
 
-def test_resume_continues_and_refuses_zero_steps(tmp_path, tiny_model_dir, serve):
+def test_resume_continues_and_completes_at_the_final_checkpoint(tmp_path, tiny_model_dir, serve):
     spec = _spec(tiny_model_dir)
     _run(tmp_path, serve, spec)
     trainer, rows, _ = _run(tmp_path, serve, spec, max_steps=3)
     assert trainer.resumed_from == 2 and [r["step"] for r in rows] == [3]
     assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")] == [1, 2, 3]
-    with pytest.raises(ResumeError, match="nothing to do"):
-        _run(tmp_path, serve, spec, max_steps=3)
+    # killed after its final checkpoint: the next attempt finds training complete and finishes
+    trainer, rows, _ = _run(tmp_path, serve, spec, max_steps=3)
+    assert trainer.resumed_from == 3 and trainer.finished and rows == []
+    progress = json.loads((tmp_path / "out" / "progress.json").read_text())
+    assert progress["done"] and progress["step"] == 3
+    # a dataset edited under the job cannot be resumed: a terminal error naming it (exit 2 in a pod)
+    edited = _spec(tiny_model_dir, dataset={"train": {"builtin": "arithmetic", "size": 17}})
+    with pytest.raises(ResumeError, match="dataset="):
+        _run(tmp_path, serve, edited, max_steps=4)

@@ -1,21 +1,62 @@
 """Child builders: one module per child kind, each a pure function ``(job, ctx) -> dict``.
 
 :func:`desired_children` lists what a job should have, in apply order (identity and state first,
-then Services, then workloads), given which workloads the reconcile plan allows.
+then Services, then workloads), given which workloads the reconcile plan allows, stamped with
+hashes (see :func:`stamp`):
+
+- ``rft.dev/config-hash`` on every pod template: the hash of the rendered ``<job>-config``, so a
+  config edit changes the template and rolls the pods that read it;
+- ``rft.dev/template-hash`` on the trainer Job: the hash of its (immutable) spec, so the reconcile
+  knows when the Job must be recreated rather than applied;
+- ``rft.dev/applied-hash`` on every child: the hash of the child as built, so an unchanged child is
+  not applied again (the reconcile compares it with the observed child's).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from rft_api.job import RFTJob
 
+from .. import names
 from ..topology import reward_required
 from . import config, inference, rbac, reward, rollout, storage, trainer
 from .common import BuildContext
 
 Obj = dict[str, Any]
 
-__all__ = ["BuildContext", "desired_children", "stateful_children", "workload_children", "key_of"]
+__all__ = ["BuildContext", "desired_children", "stateful_children", "workload_children", "key_of", "config_hash",
+           "content_hash", "stamp"]
+HASH_LEN = 16
+
+
+def content_hash(value: Any) -> str:
+    """A short, stable hash of a JSON-ready value (keys sorted)."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:HASH_LEN]
+
+
+def config_hash(job: RFTJob, ctx: BuildContext) -> str:
+    """The hash of the rendered ``<job>-config`` data: what every pod template carries."""
+    return content_hash(config.config_map(job, ctx)["data"])
+
+
+def _annotate(meta: Obj, key: str, value: str) -> None:
+    meta.setdefault("annotations", {})[key] = value
+
+
+def stamp(children: list[Obj], cfg_hash: str) -> list[Obj]:
+    """Put the config hash on every pod template, the template hash on Jobs and the applied hash on
+    every child (in place; returns ``children``)."""
+    for obj in children:
+        template = (obj.get("spec") or {}).get("template")
+        if isinstance(template, dict):
+            _annotate(template.setdefault("metadata", {}), names.ANNOTATION_CONFIG_HASH, cfg_hash)
+        if obj["kind"] == "Job":
+            _annotate(obj["metadata"], names.ANNOTATION_TEMPLATE_HASH, content_hash(obj["spec"]))
+        _annotate(obj["metadata"], names.ANNOTATION_APPLIED_HASH, content_hash(obj))
+    return children
 
 
 def stateful_children(job: RFTJob, ctx: BuildContext) -> list[Obj]:
@@ -46,8 +87,9 @@ def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = Tru
 
 
 def desired_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True, trainer_job: bool = True) -> list[Obj]:
-    """Everything the job should have, in apply order."""
-    return stateful_children(job, ctx) + workload_children(job, ctx, deployments=deployments, trainer_job=trainer_job)
+    """Everything the job should have, in apply order, stamped with their hashes."""
+    return stamp(stateful_children(job, ctx) + workload_children(job, ctx, deployments=deployments,
+                                                                 trainer_job=trainer_job), config_hash(job, ctx))
 
 
 def key_of(obj: Obj) -> tuple[str, str]:

@@ -2,6 +2,10 @@
 
 - ``backoffLimit: 0``: the operator owns the restart budget (``policies.failure``); each attempt is
   a new Job annotated with ``rft.dev/trainer-attempt`` and the pods get ``RFT_TRAINER_ATTEMPT``.
+- ``podFailurePolicy``: exit status 2 (``TERMINAL_EXIT_CODE``: an invalid config, a checkpoint this
+  run cannot resume) fails the Job at once with reason ``PodFailurePolicy``, which the failure policy
+  treats as terminal (any other failure is a restart, counted). ``FallbackToLogsOnError`` makes the
+  last log lines the container's termination message (the reason the operator reports).
 - ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; rank = the pod's
   ``JOB_COMPLETION_INDEX``. Rank 0 runs the coordinator on port 8100; the Service
   ``<job>-trainer`` selects only the rank-0 pod, so ``http://<job>-trainer.<ns>.svc:8100`` is the
@@ -22,6 +26,7 @@ from .common import BuildContext, base_env, checkpoint_mount, checkpoint_volume,
 
 Obj = dict[str, Any]
 ROLE = "trainer"
+TERMINAL_EXIT_CODE = 2
 
 
 def _dataset_configmaps(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
@@ -52,6 +57,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
         "volumeMounts": [config_mount(), checkpoint_mount(read_only=False), *scratch_mounts(), *claim_mounts,
                          *cm_mounts],
         "securityContext": container_security_context(read_only_root=True),
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     res = resources(tr.resources)
     if res:
@@ -69,6 +75,10 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
             "completions": tr.nodes,
             "parallelism": tr.nodes,
             "completionMode": "Indexed",
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": ROLE, "operator": "In",
+                                                      "values": [TERMINAL_EXIT_CODE]}},
+            ]},
             "template": {"metadata": {"labels": names.labels(job.name, ROLE), "annotations": annotations},
                          "spec": pod},
         },

@@ -13,6 +13,20 @@ level-triggered and survives an operator crash at any point:
 
 When the Job of attempt ``restarts`` fails with no budget left (``restarts == restartLimit``) the job
 is Failed with reason ``RestartLimitExceeded``.
+
+A Job counts as failed only once it has the ``Failed`` condition *and* no pod is active or
+terminating (``observe.observe_job``): a new attempt never shares the checkpoint volume with a pod
+still writing its SIGTERM checkpoint. A Job being deleted is waited for (it is deleted in the
+foreground, so it exists until its pods are gone).
+
+Terminal errors fail the job at once, without consuming the budget (:func:`terminal_failure`): the
+trainer exited with the terminal status (``TrainerTerminalError``, with its last log lines), or a
+pod of any role cannot start (``PodCannotStart``: image pull errors, an invalid image name, a
+missing ConfigMap or Secret).
+
+An edit that changes the trainer Job's spec (immutable once created: its template carries the
+config hash) recreates the Job at a safe point: it is deleted in the foreground (the trainer gets
+SIGTERM and checkpoints its last step) and the same attempt is created again once it is gone.
 """
 from __future__ import annotations
 
@@ -23,8 +37,9 @@ from typing import Optional
 
 from rft_api.spec import RFTJobSpec
 
-from ..observe import TrainerObs
 from rft_api.progress import Progress
+
+from ..observe import Observed, TrainerObs
 
 
 @dataclass(frozen=True)
@@ -39,13 +54,29 @@ class TrainerAction(str, Enum):
     """What the reconcile does with the trainer Job."""
 
     APPLY = "apply"            # create it, or re-apply the current attempt
-    DELETE_STALE = "delete"    # a Job of an earlier attempt: delete it, create the next one later
-    WAIT = "wait"              # the stale Job is still being deleted
+    DELETE_STALE = "delete"    # a Job of an earlier attempt, or of an outdated spec: delete it, create later
+    WAIT = "wait"              # the Job is still being deleted (its pods are terminating)
 
 
 def fresh_failure(trainer: Optional[TrainerObs], restarts: int) -> bool:
-    """The Job of the current attempt has failed (and that failure is not yet counted)."""
-    return trainer is not None and trainer.failed_condition and trainer.attempt >= restarts
+    """The Job of the current attempt has failed, its pods are gone, and that failure is neither
+    counted yet nor terminal."""
+    return (trainer is not None and trainer.failed_condition and not trainer.terminating
+            and not trainer.terminal_failure and trainer.attempt >= restarts)
+
+
+def terminal_failure(observed: Observed, restarts: int) -> Optional[Failure]:
+    """A failure that retrying cannot fix: the trainer's terminal exit, or a pod that cannot start."""
+    t = observed.trainer
+    if t is not None and t.terminal_failure and not t.terminating and t.attempt >= restarts:
+        why = "; ".join(observed.trainer_messages) or f"{t.reason}: {t.message}"
+        return Failure("TrainerTerminalError", f"the trainer stopped with an error that a restart cannot fix: {why}")
+    if observed.pod_problems:
+        p = observed.pod_problems[0]
+        more = f" (and {len(observed.pod_problems) - 1} more)" if len(observed.pod_problems) > 1 else ""
+        return Failure("PodCannotStart", f"{p.role} pod {p.pod} container {p.container}: {p.reason}: "
+                                         f"{p.message}{more}")
+    return None
 
 
 def next_restarts(trainer: Optional[TrainerObs], restarts: int, restart_limit: int) -> tuple[int, Optional[Failure]]:
@@ -61,12 +92,17 @@ def next_restarts(trainer: Optional[TrainerObs], restarts: int, restart_limit: i
         f"the trainer failed {restarts + 1} time(s); spec.restartLimit is {restart_limit}{detail}")
 
 
-def trainer_action(trainer: Optional[TrainerObs], persisted_restarts: int) -> TrainerAction:
-    """What to do with the trainer Job, given the restart count already written to status."""
+def trainer_action(trainer: Optional[TrainerObs], persisted_restarts: int, template_hash: str = "") -> TrainerAction:
+    """What to do with the trainer Job, given the restart count already written to status and the
+    template hash of the Job that should run (``""``: not compared)."""
     if trainer is None:
         return TrainerAction.APPLY
+    if trainer.terminating:
+        return TrainerAction.WAIT
     if trainer.attempt < persisted_restarts:
-        return TrainerAction.WAIT if trainer.terminating else TrainerAction.DELETE_STALE
+        return TrainerAction.DELETE_STALE
+    if template_hash and trainer.template_hash != template_hash and not trainer.finished:
+        return TrainerAction.DELETE_STALE  # its immutable spec changed: recreate, same attempt
     return TrainerAction.APPLY
 
 

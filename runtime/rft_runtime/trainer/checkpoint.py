@@ -7,14 +7,20 @@ Layout under ``root``::
     latest                  text file: "step-000020" — written LAST, atomically
 
 Protocol of :meth:`CheckpointManager.save`: the caller writes its files into a fresh temporary
-directory ``.tmp-step-000020-<pid>``; every file and the directory are fsynced; a ``COMPLETE``
+directory ``.tmp-step-000020-a<attempt>-<random>`` (unique per trainer attempt and per save: the
+PID is the same in every container); every file and the directory are fsynced; a ``COMPLETE``
 marker (JSON: step, time, files) is written and fsynced; the directory is renamed to
 ``step-000020`` and the parent fsynced; only then is ``latest`` replaced (temp file, fsync,
 rename, fsync). The pointer is the commit: a crash at any point before it is replaced leaves the
 previous checkpoint as the latest, and a complete directory newer than the pointer is an
-uncommitted leftover that is ignored (and removed by the next save, with stale temporary
-directories). After the pointer moved, committed checkpoints beyond the newest ``keep_last`` are
-deleted.
+uncommitted leftover that is ignored (a later save of that very step replaces it).
+
+A missing ``latest`` pointer, or one naming a missing or incomplete directory, falls back to the
+newest complete checkpoint (a directory with a valid ``COMPLETE`` marker); nothing is deleted for
+it. A save never deletes what it did not write, except: temporaries of *earlier* attempts (the
+operator starts an attempt only once the previous one's pods are gone), the uncommitted leftover
+of the step being written, and, after the pointer moved, committed checkpoints beyond the newest
+``keep_last`` (retention).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +39,7 @@ from ..progress import now_rfc3339
 POINTER = "latest"
 MARKER = "COMPLETE"
 _NAME = re.compile(r"^step-(\d{6,})$")
+_TMP = re.compile(r"^\.tmp-step-\d{6,}-a(\d+)-[0-9a-f]+$")
 
 
 class CheckpointError(RuntimeError):
@@ -61,7 +69,7 @@ def fsync_tree(path: Path) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically (temp file, fsync, rename, fsync of the dir)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(6)}")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
@@ -82,11 +90,14 @@ class CheckpointInfo:
 class CheckpointManager:
     """Saves, finds and prunes checkpoints under ``root`` (see the module docstring)."""
 
-    def __init__(self, root: str | Path, keep_last: int = 3) -> None:
+    def __init__(self, root: str | Path, keep_last: int = 3, attempt: int = 0) -> None:
         if keep_last < 1:
             raise ValueError(f"checkpoint.keepLast must be >= 1, got {keep_last}")
+        if attempt < 0:
+            raise ValueError(f"the trainer attempt must be >= 0, got {attempt}")
         self.root = Path(root)
         self.keep_last = keep_last
+        self.attempt = attempt
 
     # ---------------------------------------------------------------- reading
     def committed(self) -> list[CheckpointInfo]:
@@ -111,20 +122,19 @@ class CheckpointManager:
         return sorted(out, key=lambda c: c.step)
 
     def latest(self) -> CheckpointInfo | None:
-        """The checkpoint the ``latest`` pointer names; None when there is no pointer.
-
-        Raises :class:`CheckpointError` when the pointer names a missing or incomplete checkpoint.
-        """
+        """The checkpoint the ``latest`` pointer names; when the pointer is missing, unreadable or
+        names a missing or incomplete directory, the newest complete checkpoint; None when there is
+        no complete checkpoint at all."""
         pointer = self.root / POINTER
-        if not pointer.exists():
-            return None
-        name = pointer.read_text().strip()
-        if not _NAME.match(name):
-            raise CheckpointError(f"{pointer}: names {name!r}, which is not a checkpoint directory")
-        info = self._read_marker(self.root / name)
-        if info is None:
-            raise CheckpointError(f"{pointer}: names {name}, which is missing or incomplete (no {MARKER})")
-        return info
+        try:
+            name = pointer.read_text().strip()
+        except OSError:  # missing (or unreadable): fall back
+            name = ""
+        info = self._read_marker(self.root / name) if _NAME.match(name) else None
+        if info is not None and info.step == int(name.split("-", 1)[1]):
+            return info
+        complete = self._complete()
+        return complete[-1] if complete else None
 
     def _read_marker(self, d: Path) -> CheckpointInfo | None:
         marker = d / MARKER
@@ -153,9 +163,9 @@ class CheckpointManager:
                                   "the step counter may not go backwards")
         if current is not None and step == current.step:
             return current  # the state of a step is unique: it is already committed
-        self._remove_uncommitted(current.step if current is not None else -1)
+        self._remove_stale_temporaries()
         name = step_dir_name(step)
-        tmp = self.root / f".tmp-{name}-{os.getpid()}"
+        tmp = self.root / f".tmp-{name}-a{self.attempt}-{secrets.token_hex(6)}"
         tmp.mkdir()
         try:
             write(tmp)
@@ -166,6 +176,8 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         final = self.root / name
+        if final.exists():  # an uncommitted leftover of this very step (newer than the pointer)
+            shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_path(self.root)
         if before_pointer is not None:
@@ -176,12 +188,12 @@ class CheckpointManager:
         assert info is not None
         return info
 
-    def _remove_uncommitted(self, head_step: int) -> None:
-        """Delete temporaries and step directories newer than the pointer (a crashed timeline)."""
+    def _remove_stale_temporaries(self) -> None:
+        """Delete temporary directories of earlier attempts (never this attempt's nor a later one's,
+        nor any temporary whose name this protocol did not produce)."""
         for d in self.root.iterdir():
-            m = _NAME.match(d.name)
-            stale_tmp = d.name.startswith(".tmp-step-")
-            if d.is_dir() and (stale_tmp or (m and int(m.group(1)) > head_step)):
+            m = _TMP.match(d.name)
+            if m and d.is_dir() and int(m.group(1)) < self.attempt:
                 shutil.rmtree(d, ignore_errors=True)
 
     def _prune(self) -> None:

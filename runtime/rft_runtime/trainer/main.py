@@ -2,7 +2,8 @@
 
 Resumes from the latest complete checkpoint under ``paths.checkpoints`` when there is one (a
 restarted trainer continues), serves the coordinator, trains ``trainer.maxSteps`` steps, writes
-the final checkpoint and a ``done`` progress record, and exits 0. SIGTERM/SIGINT stop it after
+the final checkpoint and a ``done`` progress record, and exits 0 (also when the checkpoint it
+resumed from already completes the run: an attempt killed after its final checkpoint). SIGTERM/SIGINT stop it after
 the current step with a checkpoint of the last completed step (exit status 143 / 130).
 """
 

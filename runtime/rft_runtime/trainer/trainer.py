@@ -21,6 +21,9 @@ resumed run sees the same tasks with the same seeds as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
@@ -166,7 +169,8 @@ class Trainer:
         torch.manual_seed(spec.trainer.seed)
         self._load_learner()
         self._load_data()
-        self.checkpoints = CheckpointManager(Path(cfg.paths.checkpoints), spec.checkpoint.keep_last)
+        self.checkpoints = CheckpointManager(Path(cfg.paths.checkpoints), spec.checkpoint.keep_last,
+                                             attempt=self.attempt)
         self.progress_sink = self._progress_sink()
         next_seq = self._restore() if self.resume else 0
         self.metrics = MetricsSink(cfg.paths.metrics_dir, purge_step=(self.step_count + 1) if self.resumed_from else None)
@@ -222,9 +226,6 @@ class Trainer:
         if state.step != latest.step:
             raise ResumeError(f"{latest.path}: {latest.path.name} holds step {state.step}; the step counter "
                               "would go backwards")
-        if state.step >= self.max_steps:
-            raise ResumeError(f"resume: the latest checkpoint is at step {state.step} and the run has "
-                              f"{self.max_steps} steps: nothing to do (raise trainer.maxSteps or --max-steps)")
         self.cursor.load_state_dict(state.cursor)
         self.step_count, self.policy_version = state.step, state.policy_version
         self._pending = list(state.pending_tasks)
@@ -235,6 +236,8 @@ class Trainer:
         if previous is not None:  # counters are cumulative over the job, across restarts
             self._merge_previous_counters(previous)
         log.info("resumed from %s (step %d, policy version %d)", latest.path, state.step, state.policy_version)
+        if self.finished:  # killed after its final checkpoint: training is complete, finish() reports it
+            log.info("the checkpoint at step %d completes the run's %d steps", state.step, self.max_steps)
         return state.next_seq
 
     def _start_coordinator(self, next_seq: int) -> None:
@@ -259,7 +262,17 @@ class Trainer:
         return self.step_count >= self.max_steps
 
     def _run_identity(self) -> dict[str, Any]:
-        return {"algorithm": self.alg.name, "lora": self.spec.model.lora is not None, "model": self.spec.model.base}
+        """What a checkpoint must share with the run resuming it (a mismatch is a terminal
+        ``ResumeError``): the algorithm, LoRA, the model, and the training tasks' content (a dataset
+        edited under a running job would silently misplace the data cursor)."""
+        return {"algorithm": self.alg.name, "lora": self.spec.model.lora is not None, "model": self.spec.model.base,
+                "dataset": self._dataset_fingerprint()}
+
+    def _dataset_fingerprint(self) -> str:
+        if not hasattr(self, "_dataset_fp"):
+            blob = json.dumps([dataclasses.asdict(t) for t in self.tasks], sort_keys=True, default=str)
+            self._dataset_fp = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return self._dataset_fp
 
     def _progress_sink(self) -> Any:
         target = self.cfg.progress

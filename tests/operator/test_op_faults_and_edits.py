@@ -1,0 +1,100 @@
+"""Faults and edits seen through pure observation and policies: a Job in FailureTarget is not failed
+while its pods run, terminal errors fail at once without consuming the restart budget, an edit of
+the trainer's immutable spec recreates it (same attempt), and observedGeneration waits for the
+rollout of an edit."""
+from __future__ import annotations
+
+from rft_operator import names
+from rft_operator.builders import BuildContext, config_hash, desired_children
+from rft_operator.observe import observe, observe_job
+from rft_operator.policies import failure
+from rft_operator.policies.failure import TrainerAction
+from rft_operator.reconcile import template_hash
+from rft_operator.status import compute_status
+from tests.operator.support import at, make_job
+
+
+def _job_obj(conditions, active=0, terminating=0, attempt="0", deleting=False):
+    meta = {"name": "tiny-arith-trainer", "annotations": {names.ANNOTATION_ATTEMPT: attempt}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"kind": "Job", "metadata": meta, "spec": {"parallelism": 1},
+            "status": {"active": active, "terminating": terminating,
+                       "conditions": [{"type": t, "status": "True", "reason": r, "message": m}
+                                      for t, r, m in conditions]}}
+
+
+def test_failure_target_is_not_failed_while_the_pod_still_runs() -> None:
+    target = [("FailureTarget", "BackoffLimitExceeded", "")]
+    t = observe_job(_job_obj(target, active=1))
+    assert not t.failed_condition and not t.finished
+    assert failure.next_restarts(t, 0, 3) == (0, None)
+    t = observe_job(_job_obj(target + [("Failed", "BackoffLimitExceeded", "")], terminating=1))
+    assert not t.failed_condition  # Failed, but a pod is still terminating (writing its checkpoint)
+    t = observe_job(_job_obj(target + [("Failed", "BackoffLimitExceeded", "")]))
+    assert t.failed_condition and failure.next_restarts(t, 0, 3) == (1, None)
+
+
+def test_a_job_being_deleted_is_waited_for() -> None:
+    t = observe_job(_job_obj([("Failed", "BackoffLimitExceeded", "")], deleting=True))
+    assert failure.trainer_action(t, 1) is TrainerAction.WAIT
+    assert failure.next_restarts(t, 0, 3) == (0, None)  # a deletion's failure is not a new one
+
+
+def _observed(job_objs, pods=()):
+    return observe("tiny-arith", [*job_objs, *pods], at(0))
+
+
+def test_terminal_trainer_exit_fails_at_once_without_the_budget() -> None:
+    job = make_job()
+    j = _job_obj([("Failed", "PodFailurePolicy", "Container trainer for pod x failed with exit code 2")])
+    pod = {"kind": "Pod", "metadata": {"name": "tiny-arith-trainer-0-abc", "labels": {names.LABEL_ROLE: "trainer"}},
+           "status": {"containerStatuses": [{"name": "trainer", "state": {"terminated": {
+               "exitCode": 2, "message": "rft trainer: resume: dataset changed under the job\n"}}}]}}
+    obs = _observed([j], [pod])
+    s = compute_status(job, obs)
+    assert s.phase == "Failed" and s.restarts == 0
+    failed = next(c for c in s.conditions if c.type == "Failed")
+    assert failed.reason == "TrainerTerminalError" and "dataset changed under the job" in failed.message
+
+
+def test_a_pod_that_cannot_start_fails_the_job_naming_the_image() -> None:
+    job = make_job()
+    pod = {"kind": "Pod", "metadata": {"name": "tiny-arith-reward-1", "labels": {names.LABEL_ROLE: "reward"}},
+           "status": {"containerStatuses": [{"name": "reward", "state": {"waiting": {
+               "reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}}}]}}
+    s = compute_status(job, _observed([], [pod]))
+    failed = next(c for c in s.conditions if c.type == "Failed")
+    assert s.phase == "Failed" and s.restarts == 0 and failed.reason == "PodCannotStart"
+    assert "reward pod tiny-arith-reward-1" in failed.message and "nope:1" in failed.message
+
+
+def test_an_edit_of_the_trainer_spec_recreates_the_same_attempt() -> None:
+    before, after = make_job(), make_job(trainer={"algorithm": "grpo", "learningRate": 2e-3, "maxSteps": 40})
+    old_hash = template_hash(before, 0, config_hash(before, BuildContext()))
+    new_hash = template_hash(after, 0, config_hash(after, BuildContext()))
+    assert old_hash != new_hash
+    running = observe_job({**_job_obj([], active=1), "metadata": {
+        "name": "tiny-arith-trainer", "annotations": {names.ANNOTATION_ATTEMPT: "0",
+                                                      names.ANNOTATION_TEMPLATE_HASH: old_hash}}})
+    assert failure.trainer_action(running, 0, old_hash) is TrainerAction.APPLY
+    assert failure.trainer_action(running, 0, new_hash) is TrainerAction.DELETE_STALE
+
+
+def test_observed_generation_waits_for_the_rollout() -> None:
+    old = make_job(generation=1)
+    kids = desired_children(old, BuildContext())
+    deploys = [dict(o, status={"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1})
+               for o in kids if o["kind"] == "Deployment"]
+    for d in deploys:
+        d["metadata"] = dict(d["metadata"], generation=1)
+    edited = make_job(generation=2, trainer={"algorithm": "grpo", "learningRate": 2e-3, "maxSteps": 40})
+    edited = edited.model_copy(update={"status": compute_status(old, _observed(deploys), config_hash(old, BuildContext()))})
+    assert edited.status.observed_generation == 1
+    s = compute_status(edited, _observed(deploys), config_hash(edited, BuildContext()))
+    assert s.observed_generation == 1  # the pods still run generation 1's config
+    rolled = [o for o in desired_children(edited, BuildContext()) if o["kind"] == "Deployment"]
+    for d in rolled:
+        d["metadata"] = dict(d["metadata"], generation=2)
+        d["status"] = {"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1}
+    assert compute_status(edited, _observed(rolled), config_hash(edited, BuildContext())).observed_generation == 2
