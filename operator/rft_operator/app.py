@@ -80,7 +80,6 @@ def make_settings(resync_seconds: float = 10.0) -> kopf.OperatorSettings:
 
 
 async def run(config: OperatorConfig, *, stop_flag: Any = None, ready_flag: Any = None,
-              before_apply: Optional[Callable[[dict[str, Any]], None]] = None,
               on_started: Optional[Callable[[Controller, Metrics, Optional[int]], None]] = None) -> None:
     """Run until ``stop_flag`` is set (or forever). ``on_started`` receives the controller, the
     metrics and the bound metrics port (tests use it). Raises :class:`LeadershipLost`."""
@@ -88,10 +87,11 @@ async def run(config: OperatorConfig, *, stop_flag: Any = None, ready_flag: Any 
     api.api_client.configuration.connection_pool_maxsize = config.max_concurrent_reconciles + 2
     metrics = Metrics()
     controller = Controller(api, metrics, namespaces=config.namespaces, resync_seconds=config.resync_seconds,
-                            before_apply=before_apply, max_concurrent=config.max_concurrent_reconciles)
-    elector = (LeaderElector(api, config.leader_election_namespace,
-                             **({"identity": config.leader_identity} if config.leader_identity else {}))
-               if config.leader_election_namespace else None)
+                            max_concurrent=config.max_concurrent_reconciles)
+    elector = None
+    if config.leader_election_namespace:
+        elector = (LeaderElector(api, config.leader_election_namespace, identity=config.leader_identity)
+                   if config.leader_identity else LeaderElector(api, config.leader_election_namespace))
     try:
         if elector is not None:
             health = await _follower_health(config)

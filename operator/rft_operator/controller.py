@@ -15,7 +15,7 @@ import asyncio
 import logging
 import random
 import time
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from rft_api.constants import KIND
 
@@ -36,13 +36,12 @@ class Controller:
     """Serialises reconciles per job, bounds their concurrency, keeps the cache and the metrics."""
 
     def __init__(self, api: Kube, metrics: Metrics, *, namespaces: tuple[str, ...] = (),
-                 resync_seconds: float = 10.0, before_apply: Optional[Callable[[dict[str, Any]], None]] = None,
+                 resync_seconds: float = 10.0,
                  max_concurrent: int = 8, store: Optional[Store] = None):
         self.api = api
         self.metrics = metrics
         self.namespaces = namespaces
         self.resync_seconds = resync_seconds
-        self.before_apply = before_apply
         self.store = store or Store()
         self.max_concurrent = max_concurrent
         self._slots: Optional[asyncio.Semaphore] = None
@@ -90,7 +89,7 @@ class Controller:
             return None
         t0 = time.perf_counter()
         try:
-            outcome = await asyncio.to_thread(reconcile, self.api, obj, before_apply=self.before_apply,
+            outcome = await asyncio.to_thread(reconcile, self.api, obj,
                                               children=self.store.children(key), pods=self.store.pods(key))
         except KubeError as e:
             self.metrics.reconciles.labels(result="error").inc()

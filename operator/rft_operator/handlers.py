@@ -99,7 +99,8 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         if changed:  # not the echo of our own status write
             await _reconcile(controller, namespace, name)
 
-    kopf.on.event(f"{GROUP}/{VERSION}", PLURAL, id="rftjob-events", registry=registry)(on_job)
+    # kopf types handlers with every keyword it passes; ours take the few they use plus **_
+    kopf.on.event(f"{GROUP}/{VERSION}", PLURAL, id="rftjob-events", registry=registry)(on_job)  # type: ignore[arg-type]
 
     for group_version, plural, labels in CHILD_WATCHES:
         kind = KIND_OF_PLURAL[plural]

@@ -12,7 +12,6 @@ import logging
 import os
 from typing import Optional
 
-from . import faults
 from .app import LeadershipLost, OperatorConfig, run
 
 
@@ -64,7 +63,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.log_level != "DEBUG":  # kopf logs every handled child event at INFO
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        asyncio.run(run(config_from_args(a), before_apply=faults.from_env()))
+        asyncio.run(run(config_from_args(a)))
     except KeyboardInterrupt:
         pass
     except LeadershipLost as e:  # restarted as a follower

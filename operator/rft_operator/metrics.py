@@ -1,7 +1,7 @@
 """Prometheus metrics of the operator (own registry: several operators can live in one process)."""
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -31,7 +31,7 @@ class Metrics:
             self.reconciles.labels(result=result)
         for kind in ("transient", "apply", "unexpected"):
             self.errors.labels(kind=kind)
-        self._server = None
+        self._server: Any = None
 
     def set_phases(self, phases: Iterable[str]) -> None:
         """Set the jobs-by-phase gauge from the phases of every job seen (no status counts as Pending)."""

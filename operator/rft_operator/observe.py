@@ -167,7 +167,8 @@ def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
     """A pod's containers that cannot start, and the termination messages of its failed containers."""
     meta, status = obj["metadata"], obj.get("status") or {}
     role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
-    problems, messages = [], []
+    problems: list[PodProblem] = []
+    messages: list[str] = []
     if meta.get("deletionTimestamp"):
         return problems, messages
     for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):

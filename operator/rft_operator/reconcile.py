@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from rft_api.job import InvalidSpec, RFTJob, parse_manifest
 from rft_api.status import RFTJobStatus
@@ -127,15 +127,12 @@ def _reconcile_invalid(api: Kube, job_obj: Obj, observed_objs: list[Obj], err: I
     return outcome
 
 
-def _apply_all(api: Kube, desired: list[Obj], current: dict[tuple[str, str], Obj], outcome: Outcome,
-               before_apply: Optional[Callable[[Obj], None]]) -> None:
+def _apply_all(api: Kube, desired: list[Obj], current: dict[tuple[str, str], Obj], outcome: Outcome) -> None:
     """Server-side apply each desired child that differs from the observed one (by applied hash);
     record what the API server answered in ``current``."""
     for obj in desired:
         if applied_hash(current.get(key_of(obj))) == applied_hash(obj):
             continue
-        if before_apply is not None:
-            before_apply(obj)
         try:
             current[key_of(obj)] = api.apply(obj)
             outcome.applied.append(key_of(obj))
@@ -168,13 +165,11 @@ def template_hash(job: RFTJob, attempt: int, cfg_hash: str) -> str:
 
 
 def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
-              before_apply: Optional[Callable[[Obj], None]] = None,
               children: Optional[list[Obj]] = None, pods: Optional[list[Obj]] = None) -> Outcome:
     """Bring one RFTJob's children and status in line with its spec (idempotent).
 
     ``children`` and ``pods``: the job's children and pods as the caller's watch cache holds them
-    (listed when None). ``before_apply`` is called with each object just before it is applied (fault
-    injection in tests). ``Outcome.current`` holds the children as they are after this pass.
+    (listed when None). ``Outcome.current`` holds the children as they are after this pass.
     Transient API errors propagate (the caller retries with backoff); a child the API server refuses
     (e.g. an immutable field changed) is reported in ``Outcome.errors`` and the rest proceeds.
     """
@@ -203,7 +198,7 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     desired = desired_children(job, BuildContext(trainer_attempt=plan.attempt), deployments=plan.deployments,
                                trainer_job=plan.trainer == TrainerStep.APPLY) if plan.stateful else []
     current = outcome.current
-    _apply_all(api, desired, current, outcome, before_apply)
+    _apply_all(api, desired, current, outcome)
     keep = {key_of(o) for o in desired}
     if not plan.stateful:
         keep |= {key_of(o) for o in observed_objs if o["kind"] not in WORKLOAD_KINDS}

@@ -127,9 +127,9 @@ class Store:
             if newer_or_equal(obj, bucket.get(ck)) and obj["metadata"].get("uid") not in self._gone:
                 bucket[ck] = slim(obj)
         for ck in deleted:  # being deleted until the watch says DELETED (a Job waits for its pods)
-            obj = bucket.get(ck)
-            if obj is not None and not obj["metadata"].get("deletionTimestamp"):
-                bucket[ck] = {**obj, "metadata": {**obj["metadata"], "deletionTimestamp": DELETE_REQUESTED}}
+            held = bucket.get(ck)
+            if held is not None and not held["metadata"].get("deletionTimestamp"):
+                bucket[ck] = {**held, "metadata": {**held["metadata"], "deletionTimestamp": DELETE_REQUESTED}}
 
     def forget(self, key: Key) -> None:
         """Drop everything of a job that no longer exists (its children's DELETED events follow)."""

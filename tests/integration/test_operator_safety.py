@@ -15,7 +15,7 @@ import pytest
 from rft_api.job import parse_manifest
 from rft_operator import names
 from rft_operator.builders import BuildContext, desired_children
-from rft_operator.faults import ENV_EXIT_AFTER_APPLIES, KILLED_EXIT_CODE
+from tests.operator.crashing_operator import ENV, KILLED_EXIT_CODE, MESSAGE
 from rft_operator.kube import CHILD_KINDS, Kube, KubeError
 from rft_operator.reconcile import reconcile
 from tests.operator.cluster_support import (OperatorThread, api, children, create_job, crd,  # noqa: F401
@@ -38,9 +38,9 @@ def all_named(api: Kube, namespace: str, kind: str) -> list[str]:
 def test_operator_killed_mid_reconcile_then_restarted(cluster, crd, api, namespace) -> None:
     doc = job_manifest(JOB)
     create_job(api, namespace, doc)
-    proc = run_operator_process(cluster.kubeconfig, namespace, {ENV_EXIT_AFTER_APPLIES: "4"})
+    proc = run_operator_process(cluster.kubeconfig, namespace, {ENV: "4"})
     assert proc.returncode == KILLED_EXIT_CODE, proc.stderr[-3000:]
-    assert "fault injection: exiting before applying" in proc.stderr
+    assert MESSAGE in proc.stderr
     partial = children(api, namespace, JOB)
     assert 0 < len(partial) < len(expected_keys(doc, namespace)), partial.keys()
 

@@ -162,11 +162,10 @@ class OperatorThread:
     """The operator in-process, in a background thread; ``stop()`` sets kopf's stop flag."""
 
     def __init__(self, kubeconfig: Path, namespace: str, resync_seconds: float = 1.0,
-                 before_apply: Optional[Callable[[dict], None]] = None, leader_election: bool = False):
+                 leader_election: bool = False):
         self.config = OperatorConfig(kubeconfig=str(kubeconfig), namespaces=(namespace,), metrics_port=0,
                                      metrics_addr="127.0.0.1", resync_seconds=resync_seconds,
                                      leader_election_namespace=namespace if leader_election else None)
-        self.before_apply = before_apply
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()
         self.error: Optional[BaseException] = None
@@ -181,7 +180,7 @@ class OperatorThread:
     def _main(self) -> None:
         try:
             asyncio.run(run(self.config, stop_flag=self.stop_flag, ready_flag=self.ready_flag,
-                            before_apply=self.before_apply, on_started=self._started))
+                            on_started=self._started))
         except BaseException as e:  # surfaced by start()/stop()
             self.error = e
 
@@ -221,11 +220,12 @@ def operator(cluster, crd, namespace) -> Any:
 
 def run_operator_process(kubeconfig: Path, namespace: str, env: dict[str, str], timeout: float = 120.0
                          ) -> subprocess.CompletedProcess:
-    """``python -m rft_operator.main`` as a separate process (to kill it for real)."""
+    """The operator as a separate process (to kill it for real): ``tests.operator.crashing_operator``,
+    which is ``rft_operator.main`` that exits mid-reconcile when ``$CRASH_AFTER_APPLIES`` is set."""
     import os
     import sys
 
     return subprocess.run(
-        [sys.executable, "-m", "rft_operator.main", "--kubeconfig", str(kubeconfig), "-n", namespace,
+        [sys.executable, "-m", "tests.operator.crashing_operator", "--kubeconfig", str(kubeconfig), "-n", namespace,
          "--metrics-port", "-1", "--resync-seconds", "1"],
         env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
