@@ -47,13 +47,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "operator")]
 
 from e2e.cluster import LocalCluster  # noqa: E402
 from rft_api.job import parse_manifest  # noqa: E402
+from rft_api.progress import Progress  # noqa: E402
 from rft_operator import names  # noqa: E402
 from rft_operator.builders import BuildContext, desired_children  # noqa: E402
 from rft_operator.kube import CHILD_KINDS, Kube  # noqa: E402
-from rft_operator.permissions import LEADER_ELECTION_RULES, OPERATOR_RULES  # noqa: E402
-from rft_api.progress import Progress  # noqa: E402
-from rft_operator.status import compute_status, status_dict  # noqa: E402
 from rft_operator.observe import observe  # noqa: E402
+from rft_operator.permissions import LEADER_ELECTION_RULES, OPERATOR_RULES  # noqa: E402
+from rft_operator.status import compute_status, status_dict  # noqa: E402
 from rft_operator.timeutil import now as utcnow  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "01-tiny-arith.yaml"

@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from inference import DEFAULT_MODEL, PROMPT, free_port, start_builtin, wait_healthy, _stop  # noqa: E402
+from inference import DEFAULT_MODEL, PROMPT, _stop, free_port, start_builtin, wait_healthy  # noqa: E402
 
 from rft_runtime.rollout.client import InferenceClient  # noqa: E402
 from rft_runtime.rollout.sampling import SamplingParams  # noqa: E402

@@ -39,9 +39,9 @@ from .informer import Informer
 from .kubeapi import ApiError, KubeApi
 from .kubeletserver import KubeletServer
 from .nodeagent import NodeAgent
+from .podlaunch import ImageEntry
 from .podnet import HostsFiles, IpAllocator
 from .podstatus import now_iso
-from .podlaunch import ImageEntry
 from .podworker import PodWorker, Settings, WorkerEnv
 from .provisioner import HostPathProvisioner
 

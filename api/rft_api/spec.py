@@ -11,9 +11,20 @@ from typing import Annotated, Literal, Optional
 from pydantic import ConfigDict, Field, StringConstraints
 from pydantic.alias_generators import to_camel
 
-from .constants import (BUILTIN_MODELS, DEFAULT_RUNTIME_IMAGE, GROUP_RELATIVE_ALGORITHMS, VLLM_LORA_RANKS,
-                        AdvantageEstimatorName, AlgorithmName, BuiltinDatasetName, BuiltinEvaluatorName, EngineName,
-                        KLEstimatorName, LossAggregationName, PolicyLossName)
+from .constants import (
+    BUILTIN_MODELS,
+    DEFAULT_RUNTIME_IMAGE,
+    GROUP_RELATIVE_ALGORITHMS,
+    VLLM_LORA_RANKS,
+    AdvantageEstimatorName,
+    AlgorithmName,
+    BuiltinDatasetName,
+    BuiltinEvaluatorName,
+    EngineName,
+    KLEstimatorName,
+    LossAggregationName,
+    PolicyLossName,
+)
 from .rules import Rule, RuleChecked, rules
 
 VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]

@@ -8,7 +8,6 @@ from pydantic import Field, StringConstraints
 from .constants import ConditionType, Phase
 from .spec import ApiModel
 
-
 Text = Annotated[str, StringConstraints(max_length=32768)]
 Short = Annotated[str, StringConstraints(max_length=1024)]
 Time = Annotated[str, StringConstraints(max_length=64)]

@@ -10,8 +10,9 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
-from . import names
 from rft_api.progress import Progress, ProgressError, parse
+
+from . import names
 
 Obj = dict[str, Any]
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from rft_api.constants import CONDITION_TYPES
 from rft_api.job import RFTJob
 from rft_api.spec import RFTJobSpec
-from rft_api.status import Condition, ErrorCounts, RFTJobStatus, RoleStatus, RolesStatus
+from rft_api.status import Condition, ErrorCounts, RFTJobStatus, RolesStatus, RoleStatus
 
 from .observe import Observed, TrainerObs
 from .policies import checkpoint, failure, suspend

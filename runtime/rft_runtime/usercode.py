@@ -74,7 +74,8 @@ def parse_reference(ref: Any, *, what: str = "") -> Reference:
     """Split ``target[:attribute]`` and decide module vs file; raises UserCodeError when malformed.
     ``what`` names the kind of code in messages, as for :func:`import_module`."""
     if not isinstance(ref, str) or not ref.strip():
-        raise UserCodeError(ref, f"the {_noun(what, 'reference')} must be a non-empty string like 'pkg.module:name' or '/path/file.py:name'")
+        raise UserCodeError(ref, f"the {_noun(what, 'reference')} must be a non-empty string like "
+                                 "'pkg.module:name' or '/path/file.py:name'")
     text = ref.strip()
     head, sep, tail = text.rpartition(":")
     if sep and head and _is_dotted_name(tail):
@@ -196,4 +197,4 @@ def takes_positional(fn: Any, count: int) -> bool:
 def is_coroutine_callable(fn: Any) -> bool:
     """True for an ``async def`` function or an object whose ``__call__`` is one."""
     return fn is not None and (inspect.iscoroutinefunction(fn)
-                               or inspect.iscoroutinefunction(getattr(fn, "__call__", None)))
+                               or inspect.iscoroutinefunction(type(fn).__call__))

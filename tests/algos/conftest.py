@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch

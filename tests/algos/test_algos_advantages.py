@@ -132,7 +132,7 @@ def _ref(name: str, rewards: list[float | None], groups: list[str], eps: float =
             members.setdefault(g, []).append(i)
     out = [0.0] * len(rewards)
     centred: dict[int, float] = {}
-    for g, idx in members.items():
+    for idx in members.values():
         n = len(idx)
         if n < 2:
             continue

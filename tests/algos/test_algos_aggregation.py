@@ -68,10 +68,10 @@ def _ref(mode: str, loss: list[list[float]], mask: list[list[bool]], max_len: in
     total_tokens = sum(sum(row) for row in mask)
     seqs = [i for i, row in enumerate(mask) if any(row)]
     if mode == "token-mean":
-        return sum(l for lr, mr in zip(loss, mask) for l, m in zip(lr, mr) if m) / max(total_tokens, 1)
+        return sum(x for lr, mr in zip(loss, mask) for x, m in zip(lr, mr) if m) / max(total_tokens, 1)
     acc = 0.0
     for i in seqs:
-        s = sum(l for l, m in zip(loss[i], mask[i]) if m)
+        s = sum(x for x, m in zip(loss[i], mask[i]) if m)
         if mode == "seq-mean-token-mean":
             s /= sum(mask[i])
         elif mode == "seq-mean-token-sum-norm":

@@ -2,7 +2,6 @@
 import pytest
 
 from rft_api import InvalidSpec, parse_manifest
-
 from tests.api.cases import base_manifest, invalid_cases
 
 CASES = invalid_cases()

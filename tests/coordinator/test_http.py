@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from rft_runtime.coordinator import CollectTimeout, Coordinator, CoordinatorConfig, CoordinatorService
-from rft_runtime.rollout.coordinator_client import CoordinatorClient, CoordinatorRejected, CoordinatorUnavailable
 from rft_runtime.coordinator.server import CoordinatorServer
+from rft_runtime.rollout.coordinator_client import CoordinatorClient, CoordinatorRejected, CoordinatorUnavailable
 
 
 @pytest.fixture

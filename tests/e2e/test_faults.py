@@ -23,8 +23,7 @@ import pytest
 
 from e2e.kubelet import vllm_venv
 from rft_operator import names
-from tests.e2e.stack import (EXAMPLES, JobDriver, deep_merge, driver, example_job,  # noqa: F401 (fixtures)
-                             kill_pod_processes, platform, wait_for)
+from tests.e2e.stack import EXAMPLES, JobDriver, deep_merge, driver, example_job, kill_pod_processes, platform, wait_for  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from rft_operator import names
 from e2e.kubelet import vllm_venv
+from rft_operator import names
 from tests.e2e.stack import EXAMPLES, JobDriver, driver, platform  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]

@@ -6,9 +6,19 @@ from __future__ import annotations
 import pytest
 
 from rft_operator import names
-from tests.operator.cluster_support import (api, create_job, crd, finish_trainer, job_manifest,  # noqa: F401
-                                            make_role_ready, operator, pods_of, set_pod_phase, wait_for,
-                                            wait_phase)
+from tests.operator.cluster_support import (  # noqa: F401
+    api,
+    crd,
+    create_job,
+    finish_trainer,
+    job_manifest,
+    make_role_ready,
+    operator,
+    pods_of,
+    set_pod_phase,
+    wait_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

@@ -12,8 +12,7 @@ import time
 import pytest
 
 from rft_operator.leader import LEASE_NAME
-from tests.operator.cluster_support import (ROOT, api, create_job, crd, get_job, job_manifest,  # noqa: F401
-                                            wait_for, wait_phase)
+from tests.operator.cluster_support import ROOT, api, crd, create_job, get_job, job_manifest, wait_for, wait_phase  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

@@ -14,13 +14,25 @@ import httpx
 import pytest
 
 from rft_api.job import parse_manifest
+from rft_api.progress import Progress
 from rft_operator import names
 from rft_operator.builders import BuildContext, desired_children
 from rft_operator.kube import Kube, KubeError
-from rft_api.progress import Progress
-from tests.operator.cluster_support import (api, children, create_job, crd, finish_trainer, get_job,  # noqa: F401
-                                            job_manifest, make_role_ready, operator, pods_of, set_pod_phase, wait_for,
-                                            wait_phase)
+from tests.operator.cluster_support import (  # noqa: F401
+    api,
+    children,
+    crd,
+    create_job,
+    finish_trainer,
+    get_job,
+    job_manifest,
+    make_role_ready,
+    operator,
+    pods_of,
+    set_pod_phase,
+    wait_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

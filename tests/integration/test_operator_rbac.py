@@ -11,8 +11,16 @@ from rft_operator import names
 from rft_operator.kube import Kube, KubeError
 from rft_operator.leader import LEASE_NAME
 from rft_operator.permissions import LEADER_ELECTION_RULES, OPERATOR_RULES
-from tests.operator.cluster_support import (OperatorThread, api, children, create_job, crd,  # noqa: F401
-                                            job_manifest, wait_for, wait_phase)
+from tests.operator.cluster_support import (  # noqa: F401
+    OperatorThread,
+    api,
+    children,
+    crd,
+    create_job,
+    job_manifest,
+    wait_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

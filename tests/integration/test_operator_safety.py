@@ -15,11 +15,21 @@ import pytest
 from rft_api.job import parse_manifest
 from rft_operator import names
 from rft_operator.builders import BuildContext, desired_children
-from tests.operator.crashing_operator import ENV, KILLED_EXIT_CODE, MESSAGE
 from rft_operator.kube import CHILD_KINDS, Kube, KubeError
 from rft_operator.reconcile import reconcile
-from tests.operator.cluster_support import (OperatorThread, api, children, create_job, crd,  # noqa: F401
-                                            get_job, job_manifest, run_operator_process, wait_for, wait_phase)
+from tests.operator.cluster_support import (  # noqa: F401
+    OperatorThread,
+    api,
+    children,
+    crd,
+    create_job,
+    get_job,
+    job_manifest,
+    run_operator_process,
+    wait_for,
+    wait_phase,
+)
+from tests.operator.crashing_operator import ENV, KILLED_EXIT_CODE, MESSAGE
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

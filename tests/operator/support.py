@@ -40,8 +40,8 @@ def make_job(doc: Optional[dict] = None, *, namespace: str = "default", generati
 # ------------------------------------------------------------------------------------ observations
 import datetime as dt  # noqa: E402
 
-from rft_operator.observe import Observed, TrainerObs, WorkloadObs  # noqa: E402
 from rft_api.progress import Progress  # noqa: E402
+from rft_operator.observe import Observed, TrainerObs, WorkloadObs  # noqa: E402
 
 T0 = dt.datetime(2025, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 

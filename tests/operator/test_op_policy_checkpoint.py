@@ -1,9 +1,9 @@
 """policies.checkpoint: the retained-checkpoint view."""
 from __future__ import annotations
 
+from rft_api.progress import Progress
 from rft_api.status import CheckpointRecord
 from rft_operator.policies import checkpoint
-from rft_api.progress import Progress
 
 
 def prog(*steps: int) -> Progress:

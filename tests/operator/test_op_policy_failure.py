@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from rft_api.progress import Progress
 from rft_operator.policies import failure
 from rft_operator.policies.failure import TrainerAction
-from rft_api.progress import Progress
 from tests.operator.support import at, make_job, trainer_obs
 
 
@@ -52,7 +52,10 @@ def test_deadline() -> None:
 def test_evaluator_failure_needs_a_full_step() -> None:
     spec = make_job(rollout={"samplesPerPrompt": 2, "promptsPerStep": 3}).spec
     assert failure.min_samples_for_evaluator_verdict(spec) == 6
-    p = lambda n, t, r: Progress.model_validate({"samplesScored": n, "errors": {"timeouts": t, "runtimeErrors": r}})
+
+    def p(n: int, t: int, r: int) -> Progress:
+        return Progress.model_validate({"samplesScored": n, "errors": {"timeouts": t, "runtimeErrors": r}})
+
     assert failure.evaluator_failure(spec, None) is None
     assert failure.evaluator_failure(spec, p(5, 5, 0)) is None
     assert failure.evaluator_failure(spec, p(6, 3, 3)).reason == "EvaluatorFailing"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from rft_api.status import Condition
-from rft_operator.policies import suspend
 from rft_operator.plan import TrainerStep, make_plan
+from rft_operator.policies import suspend
 from tests.operator.support import T0, at, observed, trainer_obs
 
 

@@ -61,7 +61,7 @@ def test_non_string_value_is_refused() -> None:
 
 def test_every_field_is_documented() -> None:
     doc = DOC.read_text()
-    for name, field in Progress.model_fields.items():
+    for field in Progress.model_fields.values():
         assert f"`{field.alias}`" in doc, f"docs/progress.md does not document {field.alias}"
-    for name, field in Progress.model_fields["errors"].annotation.model_fields.items():
+    for field in Progress.model_fields["errors"].annotation.model_fields.values():
         assert f"`{field.alias}`" in doc, f"docs/progress.md does not document errors.{field.alias}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from rft_api.constants import CONDITION_TYPES
-from rft_api.status import RFTJobStatus
 from rft_api.progress import Progress
+from rft_api.status import RFTJobStatus
 from rft_operator.status import compute_status, validation_failed_status
 from tests.operator.support import at, make_job, observed, trainer_obs
 

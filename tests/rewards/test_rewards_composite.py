@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 
 from rft_runtime.rewards import (
-    CompositeEvaluator, ConfigError, CustomEvaluator, EvaluatorError, Item, Sample, ScoreResult, Slot,
-    build_composite, load_function,
+    CompositeEvaluator,
+    ConfigError,
+    CustomEvaluator,
+    EvaluatorError,
+    Item,
+    Sample,
+    ScoreResult,
+    Slot,
+    build_composite,
+    load_function,
 )
 from rft_runtime.rewards.config import from_spec
 from rft_runtime.rewards.custom import parse_reference

@@ -143,8 +143,8 @@ def test_config_errors_name_the_field(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _serve_available() -> bool:
     try:
-        import rft_runtime.serve.server  # noqa: F401
         import rft_runtime.model.tiny  # noqa: F401
+        import rft_runtime.serve.server  # noqa: F401
     except ImportError:
         return False
     return True

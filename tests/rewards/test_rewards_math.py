@@ -8,7 +8,12 @@ import pytest
 
 from rft_runtime.rewards import ConfigError, Item, Sample
 from rft_runtime.rewards.answers import (
-    SymbolicChecker, answers_equal, extract_answer, find_boxed, ground_truth_answers, parse_number,
+    SymbolicChecker,
+    answers_equal,
+    extract_answer,
+    find_boxed,
+    ground_truth_answers,
+    parse_number,
 )
 from rft_runtime.rewards.answers.latex import to_sympy_syntax
 from rft_runtime.rewards.builtins import MathEvaluator

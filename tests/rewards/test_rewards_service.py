@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from rft_api.job import validate_spec
 from rft_runtime.rewards import CompositeEvaluator, CustomEvaluator, Item, RewardService, Sample, Slot
 from rft_runtime.rewards.server import make_app
-
 from tests.runtime_config import local_config
 
 from .conftest import free_port

@@ -14,7 +14,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rft_runtime.data import Task, load_builtin
-from tests.runtime.model_accuracy import accuracy
 from rft_runtime.model import (
     TinyModelConfig,
     build_tokenizer,
@@ -25,6 +24,7 @@ from rft_runtime.model import (
     warm_start,
 )
 from rft_runtime.model.tokenizer import BYTE_OFFSET, VOCAB_SIZE
+from tests.runtime.model_accuracy import accuracy
 
 EXPECTED_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                   "tokenizer_config.json", "chat_template.jinja"}

@@ -48,7 +48,7 @@ def episode_json(task_key: str, idx: int, *, reward: float | None, prompt_len: i
     prompt = [rng.randrange(3, 250) for _ in range(prompt_len)]
     out_steps = []
     context = list(prompt)
-    for k in range(steps):
+    for _ in range(steps):
         resp = [rng.randrange(3, 250) for _ in range(resp_len)]
         out_steps.append({"prompt_ids": list(context), "response_ids": resp,
                           "logprobs": [-rng.uniform(0.1, 3.0) for _ in resp], "response_mask": [1] * resp_len,

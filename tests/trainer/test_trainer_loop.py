@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from rft_api.job import validate_spec
-from rft_runtime.rollout.loop import RolloutLoop
 from rft_runtime.metrics_sink import read_metrics
+from rft_runtime.rollout.loop import RolloutLoop
 from rft_runtime.trainer.state import ResumeError
 from rft_runtime.trainer.trainer import Trainer
 from tests.runtime_config import local_config, with_coordinator

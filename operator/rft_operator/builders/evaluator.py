@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from rft_api.job import RFTJob
-from rft_api.layout import api_key_env_name
+from rft_api.layout import EVALUATOR_DIR, api_key_env_name
 from rft_api.spec import RFTJobSpec
-from rft_api.layout import EVALUATOR_DIR
 
 from .common import secret_env
 

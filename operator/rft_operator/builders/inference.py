@@ -26,7 +26,26 @@ from rft_api.job import RFTJob
 from rft_api.layout import CHAT_TEMPLATE_KEY, CONFIG_DIR, exported_model_path, model_path, tokenizer_path
 
 from .. import names
-from .common import BIND_HOST, BuildContext, base_env, checkpoint_mount, checkpoint_volume, claim_volumes, config_mount, config_volume, container_security_context, deployment, env_var, http_probe, pod_spec, resources, scratch_mounts, scratch_volumes, service, user_env
+from .common import (
+    BIND_HOST,
+    BuildContext,
+    base_env,
+    checkpoint_mount,
+    checkpoint_volume,
+    claim_volumes,
+    config_mount,
+    config_volume,
+    container_security_context,
+    deployment,
+    env_var,
+    http_probe,
+    pod_spec,
+    resources,
+    scratch_mounts,
+    scratch_volumes,
+    service,
+    user_env,
+)
 
 Obj = dict[str, Any]
 ROLE = "inference"

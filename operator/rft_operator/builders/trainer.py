@@ -22,7 +22,24 @@ from rft_api.job import RFTJob
 from rft_api.layout import CONFIG_PATH, DATASET_DIR
 
 from .. import names
-from .common import BuildContext, base_env, checkpoint_mount, checkpoint_volume, claim_volumes, config_mount, config_volume, container_security_context, env_var, metadata, pod_spec, resources, scratch_mounts, scratch_volumes, service, user_env
+from .common import (
+    BuildContext,
+    base_env,
+    checkpoint_mount,
+    checkpoint_volume,
+    claim_volumes,
+    config_mount,
+    config_volume,
+    container_security_context,
+    env_var,
+    metadata,
+    pod_spec,
+    resources,
+    scratch_mounts,
+    scratch_volumes,
+    service,
+    user_env,
+)
 
 Obj = dict[str, Any]
 ROLE = "trainer"

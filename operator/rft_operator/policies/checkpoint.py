@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from rft_api.status import CheckpointRecord
-
 from rft_api.progress import Progress
+from rft_api.status import CheckpointRecord
 
 
 def retained(progress: Optional[Progress], keep_last: int,

@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
-from rft_api.spec import RFTJobSpec
-
 from rft_api.progress import Progress
+from rft_api.spec import RFTJobSpec
 
 from ..observe import Observed, TrainerObs
 

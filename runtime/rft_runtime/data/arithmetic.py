@@ -40,7 +40,8 @@ def arithmetic(
     """``n`` seeded questions over operands ``0..max_operand`` and operators ``ops``.
 
     Options: ``max_operand`` (>= 1), ``ops`` (a string of ``+``, ``-``, ``*``), ``max_factor``
-    (operand bound for ``*``), ``instruction`` (append "Answer with just the number."), ``id_prefix`` (task ids are ``{id_prefix}-{i}``; default
+    (operand bound for ``*``), ``instruction`` (append "Answer with just the number."),
+    ``id_prefix`` (task ids are ``{id_prefix}-{i}``; default
     ``arithmetic-s{seed}``). Same ``(n, seed, options)`` gives the same tasks.
     """
     if unknown:

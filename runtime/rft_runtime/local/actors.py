@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+
 from rft_api import runtime
 from rft_api.runtime import BIND_HOST_ENV
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from pydantic import ValidationError
+
 from rft_api import runtime
 from rft_api.layout import api_key_env_name
 from rft_api.runtime import RuntimeConfig

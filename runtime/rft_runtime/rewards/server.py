@@ -16,6 +16,7 @@ import signal
 import sys
 
 from aiohttp import web
+
 from rft_api.runtime import BIND_HOST_ENV
 
 from .config import load_reward_config

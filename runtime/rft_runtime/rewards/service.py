@@ -6,10 +6,10 @@ import asyncio
 import time
 from typing import Any, Iterable, Mapping
 
-from .composite import CompositeEvaluator
 from rft_api.runtime import RuntimeConfig
 from rft_api.spec import EvaluatorSpec
 
+from .composite import CompositeEvaluator
 from .config import RewardConfig, from_runtime_config, from_spec
 from .factory import build_composite
 from .metrics import RewardMetrics

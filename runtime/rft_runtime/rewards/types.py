@@ -258,7 +258,7 @@ def normalise_result(value: Any) -> ScoreResult:
                            metrics=_metric_numbers(metrics), error=value.get("error"))
     if hasattr(value, "score"):
         metrics = getattr(value, "metrics", None) or {}
-        return ScoreResult(reward=_number(getattr(value, "score"), "score"),
+        return ScoreResult(reward=_number(value.score, "score"),
                            reason=str(getattr(value, "reason", "") or ""),
                            metrics=_metric_numbers(metrics) if isinstance(metrics, Mapping) else {})
     raise ValueError(f"evaluator returned {type(value).__name__}; expected float, bool, None, dict or ScoreResult")

@@ -22,10 +22,10 @@ from .errors import (
     SampleAborted,
     TokenContractError,
 )
+from .outcome import RolloutSample
 from .recorder import DEFAULT_TRAJECTORY, RecordedSample, RecordedTrajectory, RolloutRecorder
 from .retry import RetryPolicy
 from .sampling import SampleOut, SamplingParams
-from .outcome import RolloutSample
 from .worker import RolloutWorker, Scorer
 
 __all__ = [

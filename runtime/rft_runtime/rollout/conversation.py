@@ -90,8 +90,9 @@ class TokenConversation:
         """Append non-sampled messages (tool, environment, user) as template deltas, mask 0.
 
         An assistant message here is text the model did not sample (a few-shot example, an edited
-        reply): it is rendered by the template like any other message and masked 0. Closes a preceding assistant turn with the template's closer first; ends with the generation
-        prompt, ready for the next assistant turn.
+        reply): it is rendered by the template like any other message and masked 0. Closes a preceding
+        assistant turn with the template's closer first; ends with the generation prompt, ready for the
+        next assistant turn.
         """
         if not messages:
             raise ValueError("add_messages needs at least one message")

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import httpx
+
 from rft_api.runtime import RuntimeConfig
 
 from ..rewards.service import RewardService

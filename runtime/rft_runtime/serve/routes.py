@@ -13,8 +13,19 @@ from aiohttp import web
 from .engine import Engine, EngineError
 from .errors import APIError, bad_request, invalid_param, model_not_found
 from .metrics import ServeMetrics
-from .protocol import (DEFAULT_MAX_LOGPROBS, GenerationRequest, PromptInput, SamplingParams, check_token_ids,
-                       get_bool, get_int, parse_chat, parse_completion, parse_messages, resolve_max_tokens)
+from .protocol import (
+    DEFAULT_MAX_LOGPROBS,
+    GenerationRequest,
+    PromptInput,
+    SamplingParams,
+    check_token_ids,
+    get_bool,
+    get_int,
+    parse_chat,
+    parse_completion,
+    parse_messages,
+    resolve_max_tokens,
+)
 from .render import chat_body, completion_body
 from .stream import Streamer, sse
 from .weights import WeightLoadError

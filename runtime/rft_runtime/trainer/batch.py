@@ -22,7 +22,6 @@ import torch
 from ..algos import group_key
 from ..types import Episode
 
-
 ERROR_FLAGS = ("timeout", "runtime_error", "parse_error", "rollout_error")
 
 

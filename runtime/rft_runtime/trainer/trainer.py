@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import torch
+
 from rft_api.progress import Progress, ProgressCheckpoint, ProgressErrors
 from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
@@ -43,16 +44,16 @@ from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, Gr
 from ..coordinator.server import CoordinatorServer
 from ..data import DataCursor, Task
 from ..metrics_sink import MetricsSink
+from ..model.loading import load_tokenizer, resolve_model_dir
+from ..progress import ConfigMapProgressSink, FileProgressSink, clip_message, finite, now_rfc3339
 from ..rewards.config import evaluator_names
 from ..types import Episode
-from ..progress import ConfigMapProgressSink, FileProgressSink, clip_message, finite, now_rfc3339
 from .batch import TrainSequence, collate, sequences_from_groups
 from .checkpoint import CheckpointManager
 from .datasets import load_tasks
-from .learner import Learner, build_optimizer, build_scheduler, learner_config
-from ..model.loading import load_tokenizer, resolve_model_dir
-from .model_io import Reference, load_policy
 from .inference_sync import InferenceSync
+from .learner import Learner, build_optimizer, build_scheduler, learner_config
+from .model_io import Reference, load_policy
 from .publisher import WeightPublisher
 from .reload import reload_protocol
 from .signals import (

@@ -18,7 +18,11 @@ def compare(a: str, b: str, rel_tol: float) -> bool:
     """True when the two sympy-syntax expressions are equal (exactly, or numerically within rel_tol)."""
     import sympy
     from sympy.parsing.sympy_parser import (
-        auto_number, auto_symbol, factorial_notation, implicit_multiplication_application, parse_expr,
+        auto_number,
+        auto_symbol,
+        factorial_notation,
+        implicit_multiplication_application,
+        parse_expr,
     )
 
     names = {
