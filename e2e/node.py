@@ -609,6 +609,35 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
                                  'jsonpath={.status.conditions[?(@.type=="Ready")].status}', check=False)
         return p.returncode == 0 and p.stdout.strip() == "True"
 
+    # ---- container logs (the kubelet's podLogsDir, readable on this machine) ---------------------
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.workdir / "pod-logs"
+
+    def log_texts(self, namespace: str, pod_prefix: str, container: str | None = None) -> list[tuple[str, str]]:
+        """``(label, text)`` of every container log of pods ``<pod_prefix>*`` in ``namespace`` still on
+        the node (restarts in order), the CRI prefix (time, stream, tag) stripped."""
+        out = []
+        for pod_dir in sorted(self.logs_dir.glob(f"{namespace}_{pod_prefix}*_*")):
+            for cdir in sorted(p for p in pod_dir.iterdir() if p.is_dir()):
+                if container and cdir.name != container:
+                    continue
+                files = sorted(cdir.glob("*.log*"), key=lambda f: int(f.name.split(".")[0]) if f.name.split(".")[0].isdigit() else 0)
+                text = "".join(_strip_cri(f.read_text(errors="replace")) for f in files)
+                out.append((f"{pod_dir.name.rsplit('_', 1)[0]}/{cdir.name}", text))
+        return out
+
+    def logs(self, namespace: str, pod: str, container: str | None = None) -> str:
+        return "".join(t for label, t in self.log_texts(namespace, pod, container)
+                       if label.split("/")[0] == f"{namespace}_{pod}")
+
+    def dump_logs(self, namespace: str | None = None, limit: int = 4000) -> str:
+        parts = []
+        for label, text in self.log_texts(namespace or "*", ""):
+            parts.append(f"----- {label}\n{text[-limit:]}")
+        return "\n".join(parts) or "(no container logs)"
+
     # ---- processes -----------------------------------------------------------------------------
 
     def _ctr(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -732,6 +761,18 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         if self._net is not None:
             out += self._net.leftovers()
         return out
+
+
+def _strip_cri(text: str) -> str:
+    """CRI log lines (``<time> <stream> <P|F> <msg>``) back to the container's output."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) == 4 and parts[1] in ("stdout", "stderr"):
+            out.append(parts[3] + ("" if parts[2] == "P" else "\n"))
+        else:
+            out.append(line + "\n")
+    return "".join(out)
 
 
 def addons_manifest(coredns_image: str) -> str:

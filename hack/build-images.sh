@@ -72,7 +72,8 @@ inputs_key() { # NAME -> hash of the Dockerfile, the files its COPY reads, the b
   (cd "$root" && {
     echo "$base_key"
     git ls-files -co --exclude-standard -- pyproject.toml README.md operator runtime \
-      | grep -v '__pycache__' | sort | xargs -d '\n' sha256sum
+      | grep -v -e '__pycache__' -e '/Dockerfile$' | sort | xargs -d '\n' sha256sum
+    cat .dockerignore 2>/dev/null
     sha256sum "$1/Dockerfile"
   } | sha)
 }
@@ -87,7 +88,15 @@ if [ -s "$ca" ]; then
 fi
 
 list=$out/images.txt
+# The listing keeps other images' lines (still present archives) and replaces the ones built now.
 : >"$list.tmp"
+if [ -f "$list" ]; then
+  while read -r ref archive; do
+    keep=1
+    for name in $want; do [ "$ref" = "${refs[$name]}" ] && keep=0; done
+    [ $keep = 1 ] && [ -s "$archive" ] && echo "$ref $archive" >>"$list.tmp"
+  done <"$list"
+fi
 for name in $want; do
   ref=${refs[$name]}
   key=$(inputs_key "$name")

@@ -60,3 +60,30 @@ def build_images(names: str = "operator runtime") -> dict[str, Path]:
 def load_images(node: LocalNode, images: dict[str, Path]) -> None:
     for archive in images.values():
         node.import_image(archive)
+
+
+@pytest.fixture(scope="module")
+def node_images(real_node: LocalNode) -> dict[str, Path]:
+    """The operator and runtime images, built (cached by input hash) and imported into the node."""
+    images = build_images("operator runtime")
+    if not (os.environ.get("RFT_KUBECONFIG") and _has_images(real_node, images)):
+        load_images(real_node, images)
+    return images
+
+
+def _has_images(node: LocalNode, images: dict[str, Path]) -> bool:
+    listed = node._ctr("images", "ls", "-q", check=False).stdout.split()
+    return all(ref in listed for ref in images)
+
+
+@pytest.fixture(scope="module")
+def real_platform(cluster: LocalCluster, real_node: LocalNode, node_images: dict[str, Path]) -> Iterator["Platform"]:
+    """The operator installed from the chart, running from its image on the real node; every role
+    pod runs from the runtime image with the builders' securityContext, enforced."""
+    from tests.e2e.stack import install_platform, uninstall_platform
+
+    p = install_platform(cluster, real_node, resync_seconds=3)
+    try:
+        yield p
+    finally:
+        uninstall_platform(p)
