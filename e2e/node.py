@@ -429,6 +429,7 @@ class LocalNode:
         self._write_cni_config()
         self._write_kubelet_config()
         self._write_kube_proxy_config()
+        self._install_seccomp_profiles()
 
         self._launch("containerd", [*self.net.nsenter(), "containerd", "--config",
                                     str(self.workdir / "containerd" / "config.toml")],
@@ -556,6 +557,14 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             "failCgroupV1": False,
         }
         (k / "config.yaml").write_text(_dump(cfg))
+
+    def _install_seccomp_profiles(self) -> None:
+        """The chart's seccomp profiles, where the kubelet resolves ``Localhost`` profiles
+        (``<root-dir>/seccomp/rft/<name>``), as a platform team installs them on its nodes."""
+        dest = self.workdir / "kubelet" / "seccomp" / "rft"
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in (REPO_ROOT / "charts" / "rft-operator" / "files" / "seccomp").glob("*.json"):
+            shutil.copyfile(f, dest / f.name)
 
     def _write_kube_proxy_config(self) -> None:
         from .cluster import SERVICE_CIDR, _dump
