@@ -82,8 +82,17 @@ def real_platform(cluster: LocalCluster, real_node: LocalNode, node_images: dict
     pod runs from the runtime image with the builders' securityContext, enforced."""
     from tests.e2e.stack import install_platform, uninstall_platform
 
+    # Other nodes of the session (the process kubelet's) take no pods meanwhile.
+    others = [n for n in cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
+              if n != f"node/{real_node.name}"]
+    for n in others:
+        cluster.kubectl("cordon", n, check=False)
     p = install_platform(cluster, real_node, resync_seconds=3)
     try:
         yield p
     finally:
-        uninstall_platform(p)
+        try:
+            uninstall_platform(p)
+        finally:
+            for n in others:
+                cluster.kubectl("uncordon", n, check=False)

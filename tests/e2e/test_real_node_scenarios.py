@@ -12,6 +12,8 @@ from rft_operator.builders.common import RUN_AS
 from tests.e2e.node_fixtures import node_images, real_node, real_platform  # noqa: F401 (fixtures)
 from tests.e2e.stack import EXAMPLES, JobDriver, _pod_ready, driver, example_job  # noqa: F401 (fixtures)
 from tests.e2e.test_scenarios import (  # noqa: F401 (collected here too, on the real node)
+    test_code_sandbox_evaluator_in_the_reward_role,
+    test_custom_evaluator_file_from_configmap,
     test_tiny_arith_example_trains_to_succeeded,
 )
 

@@ -1,0 +1,26 @@
+"""The fault tests on the real node (``e2e/node.py``): pods deleted, processes SIGKILLed (from this
+machine's /proc, as the OOM killer would), the operator killed and restarted, suspend and resume,
+with every pod running from the project's images under the builders' securityContext."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.node_fixtures import node_images, real_node, real_platform  # noqa: F401 (fixtures)
+from tests.e2e.stack import driver  # noqa: F401 (fixture)
+from tests.e2e.test_faults import (  # noqa: F401 (collected here too, on the real node)
+    test_evaluator_raising_on_every_sample_fails_the_job,
+    test_hanging_evaluator_times_out_per_sample_and_job_completes,
+    test_inference_pod_deleted_new_pod_serves_current_weights,
+    test_operator_killed_and_restarted_keeps_one_of_each_child,
+    test_suspend_removes_pods_keeps_volume_and_resume_continues,
+    test_trainer_pod_deleted_resumes_from_latest_checkpoint,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+
+@pytest.fixture(scope="module")
+def platform(real_platform):  # noqa: F811
+    """The fault tests' ``platform``, on the real node."""
+    return real_platform
