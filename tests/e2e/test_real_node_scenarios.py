@@ -51,3 +51,27 @@ def test_rollout_pod_runs_as_the_builders_uid_from_the_runtime_image(driver: Job
     ro = driver.kubectl("exec", name, "--", "touch", "/opt/x", check=False)
     assert ro.returncode != 0
     driver.kubectl("delete", "rftjob", job, "--wait=false")
+
+
+@pytest.mark.timeout(2400)
+def test_model_from_volume_example(driver: JobDriver) -> None:  # noqa: F811
+    """``examples/05-model-from-volume.yaml``: a Job writes a Hugging Face-format tiny model into a claim
+    (``rft make-tiny-model``); the RFTJob names it (not ``builtin:*``); inference, rollout and trainer
+    read it from the claim, and the job reaches Succeeded."""
+    from tests.e2e.stack import load_docs
+
+    docs = load_docs(EXAMPLES / "05-model-from-volume.yaml")
+    driver.apply_docs([d for d in docs if d["kind"] != "RFTJob"])
+    made = driver.kubectl("wait", "--for=condition=Complete", "job/make-tiny-model", "--timeout=900s",
+                          timeout=960, check=False)
+    assert made.returncode == 0, f"the model Job did not complete: {made.stderr}\n{driver.diagnostics()}"
+    (job_doc,) = [d for d in docs if d["kind"] == "RFTJob"]
+    job = job_doc["metadata"]["name"]
+    driver.apply_docs([job_doc])
+    wait = driver.kubectl("wait", "--for=condition=Succeeded", f"rftjob/{job}", "--timeout=1200s", timeout=1260,
+                          check=False)
+    assert wait.returncode == 0, f"kubectl wait failed: {wait.stderr}\n{driver.diagnostics(job)}"
+    st = driver.status(job)
+    assert st["phase"] == "Succeeded" and st["step"] == job_doc["spec"]["trainer"]["maxSteps"], st
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, st["step"] + 1))

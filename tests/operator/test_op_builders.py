@@ -281,3 +281,15 @@ def test_suspended_job_keeps_state_children(tiny_job) -> None:
     assert kept == {(o["kind"], o["metadata"]["name"]) for o in stateful_children(tiny_job, BuildContext())}
     assert ("PersistentVolumeClaim", "tiny-arith-checkpoints") in kept
     assert not any(k[0] in ("Deployment", "Job") for k in kept)
+
+
+def test_rollout_pods_mount_a_model_on_a_volume() -> None:
+    """The rollout pods read the tokenizer from the model directory: a model on a claim is mounted
+    there (read-only) like in inference and trainer pods (the real node showed it missing)."""
+    from rft_operator.builders import rollout
+    from tests.operator.support import make_job
+
+    job = make_job(model={"base": "tiny", "volume": {"claimName": "models", "mountPath": "/models"}})
+    pod = rollout.deployment_for(job, BuildContext())["spec"]["template"]["spec"]
+    assert {"name": "model-0", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
+    assert {"name": "model-0", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
