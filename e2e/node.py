@@ -653,8 +653,15 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         return _run("ctr", f"--address={self.socket}", "-n", "k8s.io", *args, check=check, timeout=timeout)
 
     def import_image(self, archive: Path, timeout: float = 900) -> None:
-        """``ctr -n k8s.io images import`` of an oci-archive into the node's containerd."""
+        """``ctr -n k8s.io images import`` of an oci-archive into the node's containerd, unless this
+        node already imported that archive (its name carries the input hash)."""
+        done = self.workdir / "imported.txt"
+        seen = done.read_text().split() if done.exists() else []
+        if str(archive) in seen:
+            return
         self._ctr("images", "import", str(archive), timeout=timeout)
+        with open(done, "a") as f:
+            f.write(f"{archive}\n")
 
     def _launch(self, name: str, argv: list[str], cwd: Path | None = None, cgroup_procs: Path | None = None) -> None:
         from .cluster import _die_with_parent, _start_time

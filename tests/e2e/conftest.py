@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.kubelet import ProcessKubelet, default_image_map, delete_stale_nodes
+from tests.e2e.node_fixtures import node_images, on_real_node, real_node, real_platform  # noqa: F401 (fixtures)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -11,7 +11,7 @@ import yaml
 
 from e2e.cluster import LocalCluster
 from e2e.node import LocalNode
-from tests.e2e.node_fixtures import build_images, load_images, real_node  # noqa: F401  (fixture)
+from tests.e2e.node_fixtures import build_images, load_images
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -19,9 +19,9 @@ OPERATOR_IMAGE_NAME = "operator"
 
 
 @pytest.fixture(scope="module")
-def operator_image(real_node: LocalNode) -> str:  # noqa: F811
+def operator_image(on_real_node: LocalNode) -> str:
     images = build_images("operator")
-    load_images(real_node, images)
+    load_images(on_real_node, images)
     (ref,) = images
     return ref
 
@@ -53,18 +53,20 @@ def _wait_ready(cluster: LocalCluster, ns: str, pod: str, timeout: int = 120) ->
         pytest.fail(f"pod {ns}/{pod} not Ready: {p.stderr}\n{desc[-3000:]}")
 
 
-def test_node_is_ready_with_containerd(cluster: LocalCluster, real_node: LocalNode) -> None:  # noqa: F811
+def test_node_is_ready_with_containerd(cluster: LocalCluster, on_real_node: LocalNode) -> None:
+    real_node = on_real_node
     out = cluster.kubectl("get", "nodes", "-o", "wide").stdout
     line = next(ln for ln in out.splitlines() if ln.startswith(real_node.name + " "))
     assert " Ready " in line and "containerd://" in line, out
     node = json.loads(cluster.kubectl("get", "node", real_node.name, "-o", "json").stdout)
-    assert not node["spec"].get("taints"), node["spec"]
+    assert not node["spec"].get("taints") and not node["spec"].get("unschedulable"), node["spec"]
     addrs = {a["type"]: a["address"] for a in node["status"]["addresses"]}
     assert addrs["InternalIP"] == real_node.net.node_ip
 
 
-def test_pod_runs_as_its_user_with_its_image_and_volumes(cluster: LocalCluster, real_node: LocalNode,  # noqa: F811
+def test_pod_runs_as_its_user_with_its_image_and_volumes(cluster: LocalCluster, on_real_node: LocalNode,
                                                          operator_image: str, namespace: str) -> None:
+    real_node = on_real_node
     claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared"},
              "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}}
     script = ("import os, socket, time\n"

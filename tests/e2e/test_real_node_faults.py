@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.node_fixtures import node_images, real_node, real_platform  # noqa: F401 (fixtures)
 from tests.e2e.stack import driver  # noqa: F401 (fixture)
 from tests.e2e.test_faults import (  # noqa: F401 (collected here too, on the real node)
     test_evaluator_raising_on_every_sample_fails_the_job,
@@ -21,6 +20,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")
-def platform(real_platform):  # noqa: F811
+def platform(real_platform):
     """The fault tests' ``platform``, on the real node."""
     return real_platform

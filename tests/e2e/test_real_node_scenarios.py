@@ -9,7 +9,6 @@ import json
 import pytest
 
 from rft_operator.builders.common import RUN_AS
-from tests.e2e.node_fixtures import node_images, real_node, real_platform  # noqa: F401 (fixtures)
 from tests.e2e.stack import EXAMPLES, JobDriver, _pod_ready, driver, example_job  # noqa: F401 (fixtures)
 from tests.e2e.test_scenarios import (  # noqa: F401 (collected here too, on the real node)
     test_code_sandbox_evaluator_in_the_reward_role,
@@ -21,13 +20,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")
-def platform(real_platform):  # noqa: F811
+def platform(real_platform):
     """The scenarios' ``platform``, on the real node."""
     return real_platform
 
 
 @pytest.mark.timeout(900)
-def test_rollout_pod_runs_as_the_builders_uid_from_the_runtime_image(driver: JobDriver) -> None:  # noqa: F811
+def test_rollout_pod_runs_as_the_builders_uid_from_the_runtime_image(driver: JobDriver) -> None:
     """``kubectl exec`` into a running rollout pod of scenario 01: ``id -u`` is the builders' uid (not
     0); the file system is the runtime image's (its venv, its prebuilt models), not this checkout."""
     job = "tiny-arith-exec"
@@ -54,7 +53,7 @@ def test_rollout_pod_runs_as_the_builders_uid_from_the_runtime_image(driver: Job
 
 
 @pytest.mark.timeout(2400)
-def test_model_from_volume_example(driver: JobDriver) -> None:  # noqa: F811
+def test_model_from_volume_example(driver: JobDriver) -> None:
     """``examples/05-model-from-volume.yaml``: a Job writes a Hugging Face-format tiny model into a claim
     (``rft make-tiny-model``); the RFTJob names it (not ``builtin:*``); inference, rollout and trainer
     read it from the claim, and the job reaches Succeeded."""
