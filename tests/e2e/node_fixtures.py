@@ -38,6 +38,7 @@ def real_node(cluster: LocalCluster) -> Iterator[LocalNode]:
     except NodeError as e:
         pytest.fail(str(e), pytrace=False)
     if os.environ.get("RFT_KUBECONFIG") and node.running() and node.ready():
+        node.reused = True  # a `make cluster-up` node: left as it was found (schedulable)
         yield node
         return
     node = LocalNode(cluster, name=f"rft-node-{os.getpid()}", bin=node.bin, die_with_parent=True)
@@ -60,7 +61,8 @@ def on_real_node(cluster: LocalCluster, real_node: LocalNode) -> Iterator[LocalN
     try:
         yield real_node
     finally:
-        cluster.kubectl("cordon", f"node/{real_node.name}", check=False)
+        if not getattr(real_node, "reused", False):
+            cluster.kubectl("cordon", f"node/{real_node.name}", check=False)
         for n in others:
             cluster.kubectl("uncordon", n, check=False)
 
