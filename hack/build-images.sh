@@ -104,13 +104,18 @@ for name in $want; do
   if ! [ -s "$archive" ]; then
     t0=$SECONDS
     log "building $ref from $name/Dockerfile (inputs $key)"
-    (cd "$root" && b bud --quiet --pull=never --layers "${build_mounts[@]}" -f "$name/Dockerfile" -t "$ref" \
+    (cd "$root" && b bud --quiet --pull=never "${build_mounts[@]}" -f "$name/Dockerfile" -t "$ref" \
       --annotation "dev.rft.input=$key" . >"$out/$name-build.log" 2>&1) \
-      || { tail -30 "$out/$name-build.log" >&2; die "buildah bud of $name failed (log $out/$name-build.log)"; }
+      || { tail -30 "$out/$name-build.log" >&2; b rm --all >/dev/null 2>&1; b rmi --prune >/dev/null 2>&1
+           die "buildah bud of $name failed (log $out/$name-build.log)"; }
     t1=$SECONDS
     rm -f "$archive.tmp"
     b push --quiet --disable-compression "$ref" "oci-archive:$archive.tmp:$ref" >/dev/null || die "buildah push of $ref failed"
     mv -f "$archive.tmp" "$archive"
+    # The archive is the cache: buildah's store keeps only the base (a runtime build leaves ~6 GB).
+    b rmi -f "$ref" >/dev/null 2>&1 || true
+    b rm --all >/dev/null 2>&1 || true
+    b rmi --prune >/dev/null 2>&1 || true
     # Older archives of this image are superseded.
     find "$out" -maxdepth 1 -name "$name-*.oci" ! -name "$(basename "$archive")" -delete
     log "$ref built in $((t1 - t0))s, archived in $((SECONDS - t1))s ($(du -h "$archive" | cut -f1))"
