@@ -23,7 +23,7 @@ from tests.e2e.node_fixtures import node_images, on_real_node, real_node, real_p
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the node's binaries and the project's images before any test when a collected test runs
     on the real node: cold, they take longer than one test's timeout (failures then fail those tests)."""
-    if os.environ.get("RFT_SKIP_CLUSTER") == "1" or os.geteuid() != 0:
+    if os.environ.get("RFT_SKIP_CLUSTER") == "1" or os.geteuid() != 0 or session.config.option.collectonly:
         return
     wants = {f for item in session.items for f in getattr(item, "fixturenames", ())}
     if "real_node" in wants or "on_real_node" in wants:
