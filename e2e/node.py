@@ -545,7 +545,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             "failSwapOn": False, "protectKernelDefaults": False,
             "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%",
                              "nodefs.inodesFree": "1%"},
-            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            # Images cannot be pulled here: never garbage-collect them (a full disk made the kubelet
+            # delete the pause image, after which no pod could start).
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99, "imageMinimumGCAge": "87600h",
             "serializeImagePulls": False, "maxPods": 110,
             "volumePluginDir": str(self.workdir / "kubelet-plugins"),
             "podLogsDir": str(self.workdir / "pod-logs"),
