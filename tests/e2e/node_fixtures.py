@@ -77,7 +77,8 @@ def build_images(names: str = "operator runtime") -> dict[str, Path]:
     out = {}
     for line in listing.read_text().splitlines():
         ref, archive = line.split()
-        out[ref] = Path(archive)
+        if any(f"/rft-{n}:" in ref for n in names.split()):  # the listing also names other images
+            out[ref] = Path(archive)
     return out
 
 
