@@ -762,7 +762,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         if not others:
             plugins = Path("/var/lib/kubelet/device-plugins")
             (plugins / "kubelet.sock").unlink(missing_ok=True)
-            for d in (plugins, plugins.parent):
+            for d in (plugins, plugins.parent, logs):
                 try:
                     d.rmdir()
                 except OSError:
