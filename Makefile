@@ -8,14 +8,17 @@ PY := $(VENV)/bin/python
 RUN_OUT ?= runs/tiny-arith
 PYTEST_ARGS ?=
 
-.PHONY: help venv vllm lock lint run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane bench helm-lint lint-images clean
+.PHONY: help venv vllm lock lint run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane node images bench \
+	helm-lint lint-images clean
 
 help:
 	@echo "make run          train examples/01-tiny-arith.yaml locally (rft run), ending with the reward curve"
 	@echo "make test         everything CI runs: builds the venv and the control plane first when missing"
 	@echo "make crds         regenerate crds/rftjob.yaml and the chart's copy from the API models"
-	@echo "make cluster-up   start etcd + kube-apiserver + controller-manager + scheduler on loopback"
-	@echo "make cluster-down stop them"
+	@echo "make cluster-up   start etcd + kube-apiserver + controller-manager + scheduler on loopback, and a real"
+	@echo "                  node (kubelet, containerd, kube-proxy, CoreDNS) in its own network namespace"
+	@echo "make cluster-down stop them all; nothing is left behind"
+	@echo "make images       build the operator and runtime images (buildah) and load them into the node"
 	@echo "make e2e          end-to-end scenarios on the local control plane"
 	@echo "make bench        benchmarks (JSON under bench/results/)"
 	@echo "make lint         ruff, mypy (rft_api, rft_operator), the import layers and cycles"
@@ -28,6 +31,17 @@ venv: $(VENV)/.ready
 
 control-plane:
 	bash hack/build-control-plane.sh
+
+# kubelet, kube-proxy, CoreDNS, the pause image (cached in $(RFT_CACHE)/node); containerd, runc, CNI
+# plugins, iptables and buildah from Debian packages.
+node: control-plane
+	bash hack/build-node.sh
+
+# The operator and runtime images from their Dockerfiles (cached by input hash in $(RFT_CACHE)/images),
+# imported into the running cluster's node when `make cluster-up` started one.
+images: venv node
+	bash hack/build-images.sh
+	@if [ -f .cluster/node/node.json ]; then $(PY) -m e2e.node load-images --dir .cluster; fi
 
 # vLLM for the CPU in its own cached venv (tests against live vLLM use it through RFT_VLLM_PYTHON).
 vllm: venv
@@ -71,7 +85,7 @@ test-cluster: venv control-plane
 e2e: venv control-plane
 	$(PY) -m pytest tests -m "e2e" $(PYTEST_ARGS)
 
-cluster-up: venv control-plane
+cluster-up: venv control-plane node
 	$(PY) -m e2e.cluster up --dir .cluster
 	@echo "export KUBECONFIG=$(CURDIR)/.cluster/kubeconfig"
 

@@ -304,6 +304,49 @@ def _pki_openssl(pki: Path) -> None:
         (pki / f).unlink()
 
 
+def ensure_client_cert(pki: Path, name: str, common_name: str, organization: str | None) -> None:
+    """``<name>.crt``/``<name>.key`` in ``pki``: a client certificate (CN ``common_name``, O
+    ``organization``) signed by the cluster's CA, unless present. With the ``cryptography`` package
+    when importable, else ``openssl``."""
+    if (pki / f"{name}.crt").exists() and (pki / f"{name}.key").exists():
+        return
+    try:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    except ImportError:
+        subj = f"/CN={common_name}" + (f"/O={organization}" if organization else "")
+        for args in (["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                      "-subj", subj],
+                     ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-set_serial",
+                      str(secrets.randbits(63)), "-out", f"{name}.crt", "-days", "3650", "-sha256"]):
+            p = subprocess.run(["openssl", *args], cwd=pki, capture_output=True, text=True)
+            if p.returncode != 0:
+                raise ClusterError(f"openssl {' '.join(args)} failed: {p.stderr.strip()}") from None
+        (pki / f"{name}.csr").unlink()
+        os.chmod(pki / f"{name}.key", 0o600)
+        return
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    cert = (x509.CertificateBuilder().subject_name(x509.Name(attrs)).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=3650))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    (pki / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    fd = os.open(pki / f"{name}.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
+                                  serialization.NoEncryption()))
+
+
 # --------------------------------------------------------------------------------------------------
 # processes: pid files with start times, process-group termination
 
@@ -577,6 +620,8 @@ class LocalCluster:
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
         os.chmod(self.workdir / "etcd", 0o700)
         generate_pki(self.pki)
+        # The API server's identity towards kubelets (logs, exec), in system:masters.
+        ensure_client_cert(self.pki, "kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
         self._choose_ports()
         self._write_credentials()
 
@@ -652,6 +697,9 @@ class LocalCluster:
             "--requestheader-username-headers=X-Remote-User",
             "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kubelet-client.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true", "--profiling=false",
         ]
 
@@ -679,6 +727,9 @@ class LocalCluster:
             "--bind-address=127.0.0.1", f"--secure-port={self.ports['kube-scheduler']}",
             f"--tls-cert-file={pki / 'serving.crt'}", f"--tls-private-key-file={pki / 'serving.key'}",
             "--leader-elect=false", "--profiling=false",
+            # A pod found unschedulable (e.g. its claim not bound yet) is retried after 10 s at the
+            # latest, not 5 minutes: claims here are provisioned a moment after the pod is created.
+            "--pod-max-in-unschedulable-pods-duration=10s",
         ]
 
     def _launch(self, name: str, args: list[str]) -> None:
@@ -774,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=("up", "down", "status"))
     ap.add_argument("--dir", default=".cluster", type=Path, help="state directory (default .cluster)")
     ap.add_argument("--timeout", default=300.0, type=float, help="seconds to wait for readiness (up)")
+    ap.add_argument("--node", action=argparse.BooleanOptionalAction, default=True,
+                    help="also start a real node (kubelet, containerd, kube-proxy, CoreDNS; e2e/node.py)")
     a = ap.parse_args(argv)
     a.dir.mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(a.dir)
@@ -787,15 +840,24 @@ def main(argv: list[str] | None = None) -> int:
             already = cluster.running()
             cluster.start(timeout=a.timeout)
             print(f"[cluster] {'already up' if already else 'up'}: {cluster.server}", file=sys.stderr)
+            if a.node:
+                from .node import LocalNode, ensure_node_binaries
+                node = LocalNode(cluster, bin=ensure_node_binaries(stream=True))
+                node.start(timeout=a.timeout)
+                print(f"[cluster] node {node.name} Ready ({node.net.node_ip}, netns {node.net.netns})",
+                      file=sys.stderr)
             print(f"export KUBECONFIG={cluster.kubeconfig}")
         elif a.command == "down":
+            if (a.dir / "node").exists():
+                from .node import LocalNode
+                LocalNode(cluster).stop(delete_node=False)
             cluster.stop()
             print(f"[cluster] stopped ({cluster.workdir})", file=sys.stderr)
         else:
             up = cluster.running()
             print(f"{'up' if up else 'down'} {cluster.server if cluster.ports else ''}".strip())
             return 0 if up else 1
-    except ClusterError as e:
+    except (ClusterError, RuntimeError) as e:
         print(f"[cluster] error: {e}", file=sys.stderr)
         return 1
     finally:

@@ -1,4 +1,4 @@
-"""A tiny PersistentVolume provisioner for the process kubelet (TEST INFRASTRUCTURE).
+"""A tiny local-directory PersistentVolume provisioner for the local cluster (TEST INFRASTRUCTURE).
 
 The scheduler does not place a pod whose claim is unbound, and no storage driver exists here. For
 every Pending PersistentVolumeClaim (any namespace) without ``volumeName``, ``dataSource`` or
@@ -103,3 +103,31 @@ class HostPathProvisioner:
             log.warning("deleting %s failed: %s", name, e)
             return
         shutil.rmtree(self.root / name, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m e2e.provisioner --kubeconfig K --root DIR --owner NAME``: serve claims until killed."""
+    import argparse
+    import signal
+    import sys
+
+    from kubernetes import config
+
+    ap = argparse.ArgumentParser(prog="python -m e2e.provisioner", description=__doc__.split("\n")[0])
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--root", required=True, type=Path)
+    ap.add_argument("--owner", required=True)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    api = KubeApi(config.new_client_from_config(config_file=a.kubeconfig))
+    prov = HostPathProvisioner(api, a.root, a.owner).start(timeout=60)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    log.info("provisioning claims under %s", a.root)
+    stop.wait()
+    prov.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -17,6 +17,26 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.kubelet import ProcessKubelet, default_image_map, delete_stale_nodes
+from tests.e2e.node_fixtures import node_images, on_real_node, real_node, real_platform  # noqa: F401 (fixtures)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the node's binaries and the project's images before any test when a collected test runs
+    on the real node: cold, they take longer than one test's timeout (failures then fail those tests)."""
+    if os.environ.get("RFT_SKIP_CLUSTER") == "1" or os.geteuid() != 0 or session.config.option.collectonly:
+        return
+    wants = {f for item in session.items for f in getattr(item, "fixturenames", ())}
+    if "real_node" in wants or "on_real_node" in wants:
+        from e2e.node import NodeError, ensure_node_binaries
+        try:
+            ensure_node_binaries()
+        except NodeError:
+            return  # the real_node fixture reports it
+    if "node_images" in wants:
+        import subprocess
+        from pathlib import Path
+        subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "hack" / "build-images.sh")],
+                       capture_output=True, timeout=3600, check=False)  # node_images reports a failure
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -18,8 +18,8 @@ process kubelet (``kubelet`` fixture); nothing here imitates the Kubernetes API.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import copy
+import dataclasses
 import json
 import os
 import signal
@@ -36,6 +36,7 @@ import yaml
 
 from e2e.cluster import LocalCluster, free_port
 from e2e.kubelet import ProcessKubelet
+from e2e.node import LocalNode
 from rft_operator import names
 from rft_operator.kube import Kube, KubeError
 from tests.polling import wait_for as poll
@@ -65,7 +66,7 @@ class Platform:
     """The operator as installed from the chart."""
 
     cluster: LocalCluster
-    kubelet: ProcessKubelet
+    kubelet: ProcessKubelet | LocalNode
     api: Kube
     namespace: str
     release: str
@@ -89,8 +90,12 @@ class Platform:
 
     def operator_logs(self) -> str:
         out = []
-        for p in sorted(self.kubelet.logs_dir.glob(f"{self.namespace}_*_operator.log")):
-            out.append(f"----- {p.name}\n{p.read_text(errors='replace')[-6000:]}")
+        if isinstance(self.kubelet, LocalNode):
+            for label, text in self.kubelet.log_texts(self.namespace, "", "operator"):
+                out.append(f"----- {label}\n{text[-6000:]}")
+        else:
+            for p in sorted(self.kubelet.logs_dir.glob(f"{self.namespace}_*_operator.log")):
+                out.append(f"----- {p.name}\n{p.read_text(errors='replace')[-6000:]}")
         return "\n".join(out) or "(no operator logs)"
 
     def wait_ready(self, timeout: float = 120.0) -> Obj:
@@ -123,7 +128,7 @@ def render_chart(cluster: LocalCluster, namespace: str, release: str, values: di
     return p.stdout
 
 
-def install_platform(cluster: LocalCluster, kubelet: ProcessKubelet, *, namespace: str = PLATFORM_NAMESPACE,
+def install_platform(cluster: LocalCluster, kubelet: ProcessKubelet | LocalNode, *, namespace: str = PLATFORM_NAMESPACE,
                      release: str = RELEASE, resync_seconds: int = 3, timeout: float = 180.0) -> Platform:
     """Install the chart (CRD included) into ``namespace`` and wait for the operator pod to be Ready.
 
@@ -203,7 +208,7 @@ class JobDriver:
         return self.platform.api
 
     @property
-    def kubelet(self) -> ProcessKubelet:
+    def kubelet(self) -> ProcessKubelet | LocalNode:
         return self.platform.kubelet
 
     # ---- kubectl ---------------------------------------------------------------------------
@@ -297,6 +302,10 @@ class JobDriver:
     def role_logs(self, name: str, role: str) -> str:
         """Every container log of the role's pods (old pods too), concatenated."""
         out = []
+        if isinstance(self.kubelet, LocalNode):
+            for label, text in self.kubelet.log_texts(self.namespace, f"{name}-{role}-"):
+                out.append(f"----- {label}\n{text}")
+            return "\n".join(out)
         for p in sorted(self.kubelet.logs_dir.glob(f"{self.namespace}_{name}-{role}-*.log")):
             out.append(f"----- {p.name}\n{p.read_text(errors='replace')}")
         return "\n".join(out)

@@ -7,11 +7,11 @@ from typing import Any, Iterator
 import pytest
 
 from rft_api.job import InvalidSpec
+from rft_api.layout import CHECKPOINT_DIR, EVALUATOR_DIR
 from rft_api.presets import ResolvedAlgorithm, resolve_algorithm
 from rft_api.spec import RFTJobSpec
 from rft_operator import names
 from rft_operator.builders import BuildContext, desired_children, stateful_children
-from rft_api.layout import CHECKPOINT_DIR, EVALUATOR_DIR
 from rft_operator.topology import reward_required
 from tests.operator.support import FIXED_UID, GOLDEN_INPUTS, make_job, manifest
 
@@ -114,7 +114,7 @@ def test_secrets_only_as_secret_key_refs_in_env(which: str) -> None:
                 assert path.endswith(".valueFrom.secretKeyRef") and ".env[" in path, path
             if path.endswith(".volumes") and value:
                 assert all("secret" not in v for v in value), path
-    for o, tmpl in pod_templates(objs):
+    for _, tmpl in pod_templates(objs):
         for c in tmpl["spec"]["containers"]:
             for e in c.get("env", []):
                 if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]:
@@ -332,3 +332,15 @@ def test_config_edit_changes_every_pod_template_and_only_changed_children() -> N
     assert (before[job_key]["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH]
             != after[job_key]["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH])
     assert children(make_job()) == before  # deterministic
+
+
+def test_rollout_pods_mount_a_model_on_a_volume() -> None:
+    """The rollout pods read the tokenizer from the model directory: a model on a claim is mounted
+    there (read-only) like in inference and trainer pods (the real node showed it missing)."""
+    from rft_operator.builders import rollout
+    from tests.operator.support import make_job
+
+    job = make_job(model={"base": "tiny", "volume": {"claimName": "models", "mountPath": "/models"}})
+    pod = rollout.deployment_for(job, BuildContext())["spec"]["template"]["spec"]
+    assert {"name": "model-0", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
+    assert {"name": "model-0", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]

@@ -15,10 +15,35 @@ from rft_api.layout import CONFIG_PATH
 from .. import names
 from ..topology import REWARD_REPLICAS
 from . import evaluator
-from .common import BIND_HOST, BuildContext, base_env, config_mount, config_volume, container_security_context, deployment, http_probe, pod_spec, scratch_mounts, scratch_volumes, service
+from .common import (
+    BIND_HOST,
+    BuildContext,
+    base_env,
+    config_mount,
+    config_volume,
+    container_security_context,
+    deployment,
+    http_probe,
+    pod_spec,
+    scratch_mounts,
+    scratch_volumes,
+    service,
+)
 
 Obj = dict[str, Any]
 ROLE = "reward"
+# The seccomp profile (relative to the kubelet's seccomp directory) the chart ships in
+# charts/rft-operator/files/seccomp/code-sandbox.json: RuntimeDefault forbids unshare(2) and mount(2),
+# without which the code sandbox cannot build its user, mount, network and pid namespaces. The pod
+# stays non-root with every capability dropped; docs/code-sandbox.md argues the choice.
+CODE_SANDBOX_SECCOMP = "rft/code-sandbox.json"
+
+
+def _security_context(job: RFTJob) -> Obj:
+    sc = container_security_context(read_only_root=True)
+    if any(e.builtin == "code_sandbox" for e in job.spec.evaluator.entries()):
+        sc["seccompProfile"] = {"type": "Localhost", "localhostProfile": CODE_SANDBOX_SECCOMP}
+    return sc
 
 
 def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
@@ -31,7 +56,7 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
         "env": base_env(job) + evaluator.secret_envs(job.spec),
         "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts],
         "readinessProbe": http_probe("/health", ctx.reward_port),
-        "securityContext": container_security_context(read_only_root=True),
+        "securityContext": _security_context(job),
     }
     sa = job.spec.service_account_name
     pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols],

@@ -16,7 +16,18 @@ from rft_api.layout import CONFIG_PATH
 from .. import names
 from ..topology import reward_required
 from . import evaluator
-from .common import BuildContext, base_env, config_mount, config_volume, container_security_context, deployment, pod_spec, scratch_mounts, scratch_volumes
+from .common import (
+    BuildContext,
+    base_env,
+    claim_volumes,
+    config_mount,
+    config_volume,
+    container_security_context,
+    deployment,
+    pod_spec,
+    scratch_mounts,
+    scratch_volumes,
+)
 
 Obj = dict[str, Any]
 ROLE = "rollout"
@@ -27,14 +38,17 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     scores_here = not reward_required(job.spec)
     # scoring here: every evaluator file; else only files whose rollout function these pods run
     ev_vols, ev_mounts = evaluator.file_volumes(job, rollout_only=not scores_here)
+    # The tokenizer (chat template, prompt ids) is read from the model's directory: a model on a claim
+    # is mounted here as in inference and trainer pods (read-only).
+    model_vols, model_mounts = claim_volumes([job.spec.model.volume], "model")
     container = {
         "name": ROLE, "image": evaluator.scoring_image(job),
         "command": ["rft", "rollout", "--config", CONFIG_PATH],
         "env": base_env(job) + (evaluator.secret_envs(job.spec) if scores_here else []),
-        "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts],
+        "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts, *model_mounts],
         "securityContext": container_security_context(read_only_root=True),
     }
     sa = job.spec.service_account_name
-    pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols],
+    pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols, *model_vols],
                    service_account=sa, automount_token=None if sa else False)
     return deployment(job, names.rollout(job.name), ROLE, job.spec.rollout.replicas, pod)

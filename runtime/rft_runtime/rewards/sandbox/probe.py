@@ -66,8 +66,10 @@ def probe_isolation(policy: SandboxPolicy) -> tuple[SandboxPolicy, dict[str, Any
             resolved, setup = fallback, dict(setup2, fallback_reason=why)
         else:
             raise SandboxUnavailableError(
-                "code_sandbox: cannot isolate untrusted code here (no network/mount/pid namespace): "
-                f"{why}. Allow user namespaces (or run the reward worker as root / with CAP_SYS_ADMIN), "
-                "or set allowNetworkFallback: true to run without namespaces.")
+                "code_sandbox: cannot isolate untrusted code here (no user/network/mount/pid namespace): "
+                f"{why}. The reward pod needs the seccomp profile the chart ships "
+                "(charts/rft-operator/files/seccomp/code-sandbox.json, installed on the node as "
+                "<kubelet root>/seccomp/rft/code-sandbox.json) and a kernel that allows user namespaces; "
+                "see docs/code-sandbox.md.")
         _cache[key] = (resolved, setup)
         return resolved, setup

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Builds the project's images from operator/Dockerfile and runtime/Dockerfile with buildah, nothing
+# pulled from a registry, and writes each as an uncompressed oci-archive for `ctr images import`:
+#   ${RFT_CACHE:-$HOME/.cache/rft-operator}/images/<name>-<input hash>.oci
+# The last line of stdout is the file listing them (`<image ref> <archive>` per line).
+#
+#   base     the Dockerfiles' base `python:3.11-slim`, made here: mmdebstrap of Debian bookworm with
+#            python3 (3.11), python3-venv, python-is-python3, ca-certificates, imported into buildah's
+#            store (under $RFT_CACHE/images/buildah) as docker.io/library/python:3.11-slim.
+#   operator ghcr.io/rft-dev/rft-operator:<chart appVersion>  (the chart's default image)
+#   runtime  ghcr.io/rft-dev/rft-runtime:<DEFAULT_RUNTIME_IMAGE tag> (the operator's default)
+#            Python dependencies install from PyPI inside the build, as the Dockerfiles say.
+#
+# Each image is rebuilt only when a hash of its inputs changes (its Dockerfile, the files it copies,
+# the base's hash). Concurrent runs serialise on a lock. Environment: RFT_CACHE, RFT_IMAGES (space-
+# separated subset of "operator runtime"), RFT_DEBIAN_MIRROR.
+set -euo pipefail
+{
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${RFT_CACHE:-$HOME/.cache/rft-operator}
+out=$cache/images
+store=$out/buildah
+mirror=${RFT_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+want=${RFT_IMAGES:-operator runtime}
+mkdir -p "$out"
+log() { echo "[images] $*" >&2; }
+die() { echo "[images] ERROR: $*" >&2; exit 1; }
+exec 8>"$out/.lock"
+flock 8
+
+command -v buildah >/dev/null || die "buildah is missing (hack/build-node.sh installs it)"
+command -v mmdebstrap >/dev/null || {
+  [ "$(id -u)" = 0 ] || die "mmdebstrap is missing"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >/dev/null; } \
+    || die "apt-get install mmdebstrap failed"
+}
+driver=${RFT_BUILDAH_DRIVER:-overlay}
+export BUILDAH_ISOLATION=chroot STORAGE_DRIVER=$driver
+b() { buildah --root "$store/root" --runroot "$store/run" --storage-driver "$driver" "$@"; }
+
+sha() { sha256sum | cut -c1-16; }
+
+# --- base ----------------------------------------------------------------------------------------
+base_ref=docker.io/library/python:3.11-slim
+base_pkgs=python3,python3-venv,python-is-python3,ca-certificates,passwd
+base_key=$(printf 'bookworm %s %s v1' "$base_pkgs" "$mirror" | sha)
+if [ "$(b inspect --format '{{index .ImageAnnotations "dev.rft.input"}}' "$base_ref" 2>/dev/null)" != "$base_key" ]; then
+  t0=$SECONDS
+  tar=$out/base-$base_key.tar
+  if ! [ -s "$tar" ]; then
+    log "mmdebstrap bookworm ($base_pkgs)"
+    mmdebstrap --quiet --variant=minbase --include="$base_pkgs" --format=tar bookworm "$tar.tmp" "$mirror" \
+      || die "mmdebstrap failed"
+    mv -f "$tar.tmp" "$tar"
+  fi
+  c=$(b from --quiet scratch)
+  b add --quiet "$c" "$tar" / >/dev/null
+  b config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env LANG=C.UTF-8 \
+    --cmd '["python3"]' --annotation "dev.rft.input=$base_key" "$c"
+  b commit --quiet --rm "$c" "$base_ref" >/dev/null
+  log "base $base_ref ready in $((SECONDS - t0))s"
+fi
+
+# --- the project's images --------------------------------------------------------------------------
+app_version=$(sed -nE 's/^appVersion: *"?([^"]+)"?/\1/p' "$root/charts/rft-operator/Chart.yaml")
+runtime_ref=$(sed -nE 's/^DEFAULT_RUNTIME_IMAGE *= *"([^"]+)"/\1/p' "$root/operator/rft_api/constants.py")
+[ -n "$app_version" ] && [ -n "$runtime_ref" ] || die "cannot read the default image names"
+declare -A refs=([operator]="ghcr.io/rft-dev/rft-operator:$app_version" [runtime]="$runtime_ref")
+
+inputs_key() { # NAME -> hash of the Dockerfile, the files its COPY reads, the base
+  (cd "$root" && {
+    echo "$base_key"
+    git ls-files -co --exclude-standard -- pyproject.toml README.md requirements api operator runtime \
+      | grep -v -e '__pycache__' -e '/Dockerfile$' | sort | xargs -d '\n' sha256sum
+    cat .dockerignore 2>/dev/null
+    sha256sum "$1/Dockerfile"
+  } | sha)
+}
+
+# The build reaches PyPI through whatever TLS trust this machine has: its CA bundle and a pip.conf
+# naming it are mounted into RUN steps only (never part of an image).
+ca=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+build_mounts=()
+if [ -s "$ca" ]; then
+  printf '[global]\ncert = /etc/rft-build/ca.crt\n' >"$out/pip.conf"
+  build_mounts=(--volume "$ca:/etc/rft-build/ca.crt:ro" --volume "$out/pip.conf:/etc/pip.conf:ro")
+fi
+
+list=$out/images.txt
+# The listing keeps other images' lines (still present archives) and replaces the ones built now.
+: >"$list.tmp"
+if [ -f "$list" ]; then
+  while read -r ref archive; do
+    keep=1
+    for name in $want; do [ "$ref" = "${refs[$name]}" ] && keep=0; done
+    [ $keep = 1 ] && [ -s "$archive" ] && echo "$ref $archive" >>"$list.tmp"
+  done <"$list"
+fi
+for name in $want; do
+  ref=${refs[$name]}
+  key=$(inputs_key "$name")
+  archive=$out/$name-$key.oci
+  if ! [ -s "$archive" ]; then
+    t0=$SECONDS
+    log "building $ref from $name/Dockerfile (inputs $key)"
+    (cd "$root" && b bud --quiet --pull=never "${build_mounts[@]}" -f "$name/Dockerfile" -t "$ref" \
+      --annotation "dev.rft.input=$key" . >"$out/$name-build.log" 2>&1) \
+      || { tail -30 "$out/$name-build.log" >&2; b rm --all >/dev/null 2>&1; b rmi --prune >/dev/null 2>&1
+           die "buildah bud of $name failed (log $out/$name-build.log)"; }
+    t1=$SECONDS
+    rm -f "$archive.tmp"
+    b push --quiet --disable-compression "$ref" "oci-archive:$archive.tmp:$ref" >/dev/null || die "buildah push of $ref failed"
+    mv -f "$archive.tmp" "$archive"
+    # The archive is the cache: buildah's store keeps only the base (a runtime build leaves ~6 GB).
+    b rmi -f "$ref" >/dev/null 2>&1 || true
+    b rm --all >/dev/null 2>&1 || true
+    b rmi --prune >/dev/null 2>&1 || true
+    # Older archives of this image are superseded.
+    find "$out" -maxdepth 1 -name "$name-*.oci" ! -name "$(basename "$archive")" -delete
+    log "$ref built in $((t1 - t0))s, archived in $((SECONDS - t1))s ($(du -h "$archive" | cut -f1))"
+  fi
+  echo "$ref $archive" >>"$list.tmp"
+done
+mv -f "$list.tmp" "$list"
+echo "$list"
+exit 0
+}
