@@ -64,7 +64,7 @@ fi
 
 # --- the project's images --------------------------------------------------------------------------
 app_version=$(sed -nE 's/^appVersion: *"?([^"]+)"?/\1/p' "$root/charts/rft-operator/Chart.yaml")
-runtime_ref=$(sed -nE 's/^DEFAULT_RUNTIME_IMAGE *= *"([^"]+)"/\1/p' "$root/operator/rft_api/constants.py")
+runtime_ref=$(sed -nE 's/^DEFAULT_RUNTIME_IMAGE *= *"([^"]+)"/\1/p' "$root/api/rft_api/constants.py")
 [ -n "$app_version" ] && [ -n "$runtime_ref" ] || die "cannot read the default image names"
 declare -A refs=([operator]="ghcr.io/rft-dev/rft-operator:$app_version" [runtime]="$runtime_ref")
 
