@@ -82,7 +82,8 @@ class RFTJob(BaseModel):
         return self.metadata.get("namespace", "default")
 
 
-def _loc(loc: tuple) -> str:
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as a field path: ``spec.rollout.topP``, ``evaluators[0].builtin``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
@@ -98,7 +99,7 @@ def _problems(err: ValidationError, prefix: str) -> list[str]:
     out = []
     for e in err.errors():
         field = e.get("ctx", {}).get("field", "") if e["type"] == "rft_rule" else ""
-        where = ".".join(x for x in (prefix, _loc(tuple(e["loc"])), field.lstrip(".")) if x)
+        where = ".".join(x for x in (prefix, field_path(tuple(e["loc"])), field.lstrip(".")) if x)
         msg = e["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]

@@ -17,6 +17,8 @@ from typing import Annotated, Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from pydantic.alias_generators import to_camel
 
+from .job import field_path
+
 PROGRESS_KEY = "progress.json"
 """The ConfigMap key (and the file name, on one machine) that holds the record."""
 
@@ -90,13 +92,6 @@ class Progress(_Model):
         return {PROGRESS_KEY: self.model_dump_json(by_alias=True, exclude_none=True)}
 
 
-def _where(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
-    return out
-
-
 def parse_text(text: str) -> Progress:
     """Parse the JSON text of ``progress.json``; raises :class:`ProgressError` naming the bad field."""
     try:
@@ -104,7 +99,7 @@ def parse_text(text: str) -> Progress:
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            where = _where(tuple(err["loc"]))
+            where = field_path(tuple(err["loc"]))
             if err["type"] in ("json_invalid", "model_type"):
                 problems.append(f"{PROGRESS_KEY}: not a JSON object ({err['msg']})")
             else:

@@ -22,7 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from . import layout
 from .constants import API_VERSION
-from .job import InvalidSpec, RFTJob
+from .job import InvalidSpec, RFTJob, field_path
 from .presets import ResolvedAlgorithm, resolve_algorithm
 from .spec import EvaluatorEntry, RFTJobSpec
 
@@ -222,13 +222,6 @@ class RuntimeConfig(_Model):
         return self.model_dump_json(by_alias=True, exclude_none=True, indent=2)
 
 
-def _where(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
-    return out
-
-
 def parse(doc: Any) -> RuntimeConfig:
     """Validate a config document (a dict or JSON text); raises :class:`ConfigError` naming each field."""
     try:
@@ -239,7 +232,7 @@ def parse(doc: Any) -> RuntimeConfig:
         problems = []
         for err in e.errors():
             msg = err["msg"].removeprefix("Value error, ")
-            problems.append(f"{_where(tuple(err['loc']))}: {msg}" if err["loc"] else msg)
+            problems.append(f"{field_path(tuple(err['loc']))}: {msg}" if err["loc"] else msg)
         raise ConfigError("config: " + "; ".join(problems)) from None
 
 
@@ -270,7 +263,7 @@ def build(job: RFTJob, *, endpoints: Endpoints, ports: Ports, paths: Paths, scor
                              paths=paths, secret_env=secret_env, progress=progress,
                              trainer=trainer or TrainerSettings())
     except ValidationError as e:
-        raise InvalidSpec([f"{_where(tuple(x['loc']))}: {x['msg']}" for x in e.errors()]) from None
+        raise InvalidSpec([f"{field_path(tuple(x['loc']))}: {x['msg']}" for x in e.errors()]) from None
 
 
 def evaluator_files(spec: RFTJobSpec, evaluator_dir: str = layout.EVALUATOR_DIR) -> list[EvaluatorFile]:
