@@ -610,7 +610,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
 
     def _install_addons(self, coredns_image: str) -> None:
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=rft-node",
-                             "-f", "-", input=addons_manifest(coredns_image))
+                             "-f", "-", input=addons_manifest(coredns_image, self.name))
 
     def _dns_ready(self) -> bool:
         p = self.cluster.kubectl("get", "deployment", "coredns", "-n", "kube-system", "-o",
@@ -795,9 +795,10 @@ def _strip_cri(text: str) -> str:
     return "".join(out)
 
 
-def addons_manifest(coredns_image: str) -> str:
+def addons_manifest(coredns_image: str, node_name: str) -> str:
     """CoreDNS (Deployment, Service ``kube-dns`` at :data:`DNS_IP`, its RBAC) and the default
-    StorageClass, as one YAML stream."""
+    StorageClass, as one YAML stream. CoreDNS is bound to this node (``nodeName``): another node of the
+    same cluster (a test's process kubelet) cannot run its image."""
     corefile = f""".:1053 {{
     errors
     health :8080
@@ -827,7 +828,7 @@ def addons_manifest(coredns_image: str) -> str:
          "metadata": {"name": "coredns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
          "spec": {"replicas": 1, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
                   "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}}, "spec": {
-                      "serviceAccountName": "coredns", "dnsPolicy": "Default",
+                      "nodeName": node_name, "serviceAccountName": "coredns", "dnsPolicy": "Default",
                       "priorityClassName": "system-cluster-critical",
                       "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
                                           "seccompProfile": {"type": "RuntimeDefault"}},
