@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
 
 from . import layout
@@ -175,18 +175,12 @@ class RuntimeConfig(_Model):
     progress: ProgressTarget = Field(default_factory=ProgressTarget)
     trainer: TrainerSettings = Field(default_factory=TrainerSettings)
 
-    @field_validator("api_version")
+    @field_validator("api_version", "kind")
     @classmethod
-    def _api_version(cls, v: str) -> str:
-        if v != API_VERSION:
-            raise ValueError(f"expected {API_VERSION}, got {v!r}")
-        return v
-
-    @field_validator("kind")
-    @classmethod
-    def _kind(cls, v: str) -> str:
-        if v != RUNTIME_CONFIG_KIND:
-            raise ValueError(f"expected {RUNTIME_CONFIG_KIND}, got {v!r}")
+    def _fixed(cls, v: str, info: ValidationInfo) -> str:
+        expected = {"api_version": API_VERSION, "kind": RUNTIME_CONFIG_KIND}[info.field_name or ""]
+        if v != expected:
+            raise ValueError(f"expected {expected}, got {v!r}")
         return v
 
     # ------------------------------------------------------------------ derived, typed views
