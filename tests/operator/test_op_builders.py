@@ -208,7 +208,8 @@ def test_trainer_job(tiny_job) -> None:
     assert env["RFT_TRAINER_ATTEMPT"]["value"] == "2"
     # every variable a role gets is read by it (or by its libraries); the rest is in the runtime config
     assert set(env) == {"POD_IP", "RFT_BIND_HOST", "RFT_TRAINER_ATTEMPT", "HOME", "XDG_CACHE_HOME", "HF_HOME",
-                        "HF_HUB_OFFLINE"}
+                        "HF_HUB_OFFLINE", "RFT_METRIC_JOB", "RFT_METRIC_NAMESPACE", "RFT_METRIC_ROLE"}
+    assert env["RFT_METRIC_ROLE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['rft.dev/role']"
     assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR} in c["volumeMounts"]
 
 
