@@ -27,7 +27,7 @@ from .builders import BuildContext, config_hash, desired_children, key_of, stamp
 from .builders.workload import Placement, workload_for
 from .events import JobEvent, event_object, transition_events
 from .kube import Kube, KubeError, child_kinds
-from .observe import observe
+from .observe import Observed, observe
 from .plan import TrainerStep, make_plan
 from .policies import admission
 from .policies.admission import Hold
@@ -98,14 +98,24 @@ def applied_hash(obj: Optional[Obj]) -> str:
     return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_APPLIED_HASH, "")
 
 
-def _write_status(api: Kube, job_obj: Obj, new: RFTJobStatus, outcome: Outcome) -> None:
+def restart_cause(observed: Observed) -> str:
+    """What the trainer's failed pods or Job reported (for the TrainerRestarted event)."""
+    t = observed.trainer
+    if observed.trainer_messages:
+        return "; ".join(observed.trainer_messages)[:512]
+    if t is not None and t.failed_condition:
+        return f"{t.reason}: {t.message}".strip(": ")[:512]
+    return ""
+
+
+def _write_status(api: Kube, job_obj: Obj, new: RFTJobStatus, outcome: Outcome, cause: str = "") -> None:
     prev = parse_status(job_obj.get("status"))
     if prev is not None and status_dict(prev) == status_dict(new) and job_obj.get("status") is not None:
         return
     meta = job_obj["metadata"]
     outcome.status_obj = api.replace_status("RFTJob", meta.get("namespace"), meta["name"], status_dict(new))
     outcome.status_written = True
-    outcome.events = transition_events(prev, new)
+    outcome.events = transition_events(prev, new, cause)
 
 
 def _emit(api: Kube, job_obj: Obj, outcome: Outcome, now: str) -> None:
@@ -299,7 +309,7 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     if outcome.errors:
         final = final.model_copy(update={"message": f"{final.message}; not applied: {'; '.join(outcome.errors)}"[:4096]})
     outcome.phase = final.phase
-    _write_status(api, job_obj, final, outcome)
+    _write_status(api, job_obj, final, outcome, restart_cause(observed))
     if outcome.status_written:  # once per distinct error, not once per resync
         outcome.events += [JobEvent("Warning", "ApplyFailed", err) for err in outcome.errors]
     _emit(api, job_obj, outcome, format_time(now))
