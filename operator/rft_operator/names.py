@@ -34,6 +34,11 @@ ANNOTATION_APPLIED_HASH = "rft.dev/applied-hash"
 LABEL_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
 LABEL_KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+# A checkpoint claim kept when its RFTJob is deleted (checkpoint.retainOnDelete) carries no owner
+# reference; this annotation names the uid of the job it serves.
+ANNOTATION_RETAINED_FOR = "rft.dev/retained-for"
+# On the pods that share a ReadWriteOnce checkpoint claim: they are scheduled onto one node together.
+LABEL_SHARES_CHECKPOINTS = "rft.dev/shares-checkpoints"
 # Label the job controller puts on the pods of an Indexed Job.
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 

@@ -81,11 +81,17 @@ def controlled_by(obj: Obj, uid: Optional[str]) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
 
 
+def retained_for(obj: Obj, uid: Optional[str]) -> bool:
+    """Whether ``obj`` is the retained checkpoint claim of the RFTJob with ``uid`` (no owner reference)."""
+    return obj.get("kind") == "PersistentVolumeClaim" and bool(uid) and \
+        (obj["metadata"].get("annotations") or {}).get(names.ANNOTATION_RETAINED_FOR) == uid
+
+
 def owned_children(api: Kube, job_obj: Obj, kueue: bool = False) -> list[Obj]:
     """The job's children, listed: labelled as its, and controlled by this very RFTJob (uid)."""
     meta = job_obj["metadata"]
     return [obj for kind in child_kinds(kueue) for obj in api.list(kind, meta.get("namespace"), names.job_selector(meta["name"]))
-            if controlled_by(obj, meta.get("uid"))]
+            if controlled_by(obj, meta.get("uid")) or retained_for(obj, meta.get("uid"))]
 
 
 def job_pods(api: Kube, job_obj: Obj) -> list[Obj]:
@@ -272,7 +278,7 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
         outcome.skipped = "being deleted: the garbage collector removes the children"
         return outcome
     observed_objs = owned_children(api, job_obj, kueue) if children is None else \
-        [o for o in children if controlled_by(o, meta.get("uid"))]
+        [o for o in children if controlled_by(o, meta.get("uid")) or retained_for(o, meta.get("uid"))]
     outcome.current = {key_of(o): o for o in observed_objs}
     try:
         job = parse_job(job_obj)

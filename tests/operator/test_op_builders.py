@@ -87,7 +87,10 @@ def test_pods_are_locked_down(which: str) -> None:
             if c["image"] == job.spec.runtime_image:
                 assert sc["readOnlyRootFilesystem"] is True
                 assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
-        assert tmpl["metadata"]["labels"] == names.labels(job.name, o["metadata"]["labels"][names.LABEL_ROLE])
+        labels = dict(tmpl["metadata"]["labels"])
+        # pods sharing a ReadWriteOnce checkpoint claim carry the label their co-location affinity selects
+        assert labels.pop(names.LABEL_SHARES_CHECKPOINTS, job.name) == job.name
+        assert labels == names.labels(job.name, o["metadata"]["labels"][names.LABEL_ROLE])
 
 
 def test_trainer_rbac_allows_only_get_and_patch_of_the_progress_configmap(tiny_job) -> None:
@@ -180,6 +183,31 @@ def test_existing_claim_replaces_the_pvc() -> None:
     assert not any(k[0] == "PersistentVolumeClaim" for k in c)
     trainer = c[("Job", names.trainer(job.name))]["spec"]["template"]["spec"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in trainer["volumes"]
+
+
+def test_checkpoint_claim_sharing_follows_the_access_mode() -> None:
+    # one trainer + one inference replica on a ReadWriteOnce claim (Auto): scheduled onto one node together
+    job = ALL_JOBS["tiny"]()
+    c = children(job)
+    assert c[("PersistentVolumeClaim", names.checkpoints(job.name))]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    for key in (("Job", names.trainer(job.name)), ("Deployment", names.inference(job.name))):
+        tmpl = c[key]["spec"]["template"]
+        [term] = tmpl["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"].items() <= tmpl["metadata"]["labels"].items()
+    assert "affinity" not in c[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]
+    # several trainer nodes (Auto): ReadWriteMany, no co-location
+    job = make_job(trainer={**manifest()["spec"]["trainer"], "nodes": 2})
+    c = children(job)
+    assert c[("PersistentVolumeClaim", names.checkpoints(job.name))]["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert "affinity" not in c[("Job", names.trainer(job.name))]["spec"]["template"]["spec"]
+
+
+def test_retained_claim_has_no_owner_and_names_its_job() -> None:
+    job = make_job(checkpoint={"retainOnDelete": True})
+    pvc = children(job)[("PersistentVolumeClaim", names.checkpoints(job.name))]
+    assert "ownerReferences" not in pvc["metadata"]
+    assert pvc["metadata"]["annotations"][names.ANNOTATION_RETAINED_FOR] == job.metadata["uid"]
 
 
 def test_pvc_from_spec() -> None:

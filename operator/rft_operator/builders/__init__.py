@@ -20,7 +20,7 @@ from typing import Any
 from rft_api.job import RFTJob
 
 from .. import names
-from ..topology import reward_required
+from ..topology import checkpoint_sharing, reward_required
 from . import config, inference, rbac, reward, rollout, storage, trainer, workload
 from .common import BuildContext
 
@@ -84,6 +84,8 @@ def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = Tru
         out.append(rollout.deployment_for(job, ctx))
     if trainer_job:
         out.append(trainer.job_for(job, ctx))
+    if checkpoint_sharing(job.spec)[1]:
+        out = [storage.colocate(job, o) for o in out]
     placements = dict(ctx.placements)
     return [workload.place(o, placements) for o in out] if placements else out
 
