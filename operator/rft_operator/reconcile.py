@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -22,7 +23,8 @@ from rft_api.job import InvalidSpec, RFTJob, parse_manifest
 from rft_api.status import RFTJobStatus
 
 from . import names
-from .builders import BuildContext, config_hash, desired_children, key_of, stamp
+from .builders import BuildContext, config_hash, desired_children, key_of, stamp, with_default_resources
+from .builders import secret as secret_builder
 from .builders import trainer as trainer_builder
 from .events import JobEvent, event_object, transition_events
 from .kube import CHILD_KINDS, Kube, KubeError
@@ -55,6 +57,10 @@ class Outcome:
     absent)."""
     status_obj: Optional[Obj] = None
     """The RFTJob as the status write returned it (None when not written)."""
+    token: Optional[Obj] = None
+    """The job's token Secret when this pass learnt of it (read or created), without its data: the
+    caller's cache keeps it so later passes neither read nor create it again."""
+    token_created: bool = False
 
 
 def parse_status(raw: Optional[Obj]) -> Optional[RFTJobStatus]:
@@ -158,9 +164,54 @@ def _delete_unwanted(api: Kube, namespace: str, observed: list[Obj], keep: set[t
         current.pop(key, None)
 
 
+TOKEN_BYTES = 32
+
+
+def _without_data(obj: Obj) -> Obj:
+    meta = obj.get("metadata") or {}
+    keep = ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "creationTimestamp")
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {k: meta[k] for k in keep if k in meta}}
+
+
+def ensure_token(api: Kube, job: RFTJob, current: dict[tuple[str, str], Obj], outcome: Outcome) -> bool:
+    """Make sure Secret ``<job>-token`` exists and is this job's; create it (once, with a fresh random
+    token) when it does not. Known from the caller's cache: no request. Returns whether the job has
+    its token (else ``outcome.errors`` says why). The token's value is never logged nor put in an
+    error: errors carry the API server's status and reason only."""
+    key = ("Secret", names.token(job.name))
+    if key in current:
+        return True
+    try:
+        found = api.get("Secret", job.namespace, key[1])
+        if found is None:
+            try:
+                found = api.create(secret_builder.token_secret(job, secrets.token_urlsafe(TOKEN_BYTES)))
+                outcome.token_created = True
+            except KubeError as e:
+                if not e.conflict:  # created by a concurrent pass: read it below
+                    raise
+                found = api.get("Secret", job.namespace, key[1])
+    except KubeError as e:
+        if e.transient:
+            raise
+        outcome.errors.append(f"Secret/{key[1]}: {e.status} {e.reason}")
+        return False
+    if found is None:  # deleted between create and get: the next pass creates it
+        outcome.errors.append(f"Secret/{key[1]}: not found after create")
+        return False
+    if not controlled_by(found, job.metadata.get("uid")):
+        outcome.errors.append(f"Secret/{key[1]} exists and is not controlled by this RFTJob: its pods would take "
+                              "their data-plane token from it, so no workload is created; delete it and the "
+                              "operator creates the job's own")
+        return False
+    current[key] = outcome.token = _without_data(found)
+    return True
+
+
 def template_hash(job: RFTJob, attempt: int, cfg_hash: str) -> str:
     """The template hash of the trainer Job of ``attempt`` (as :func:`desired_children` stamps it)."""
-    (obj,) = stamp([trainer_builder.job_for(job, BuildContext(trainer_attempt=attempt))], cfg_hash)
+    (obj,) = stamp(with_default_resources(job, [trainer_builder.job_for(job, BuildContext(trainer_attempt=attempt))]),
+                   cfg_hash)
     return obj["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH]
 
 
@@ -198,8 +249,15 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     desired = desired_children(job, BuildContext(trainer_attempt=plan.attempt), deployments=plan.deployments,
                                trainer_job=plan.trainer == TrainerStep.APPLY) if plan.stateful else []
     current = outcome.current
+    token_ok = True
+    if plan.stateful:  # before the workloads: their pods read the token from it
+        token_ok = ensure_token(api, job, current, outcome)
+    if not token_ok:  # no new workload whose pods would read a token that is not the job's
+        desired = [o for o in desired if o["kind"] not in WORKLOAD_KINDS]
     _apply_all(api, desired, current, outcome)
-    keep = {key_of(o) for o in desired}
+    keep = {key_of(o) for o in desired} | {("Secret", names.token(job.name))}
+    if not token_ok:
+        keep |= {key_of(o) for o in observed_objs if o["kind"] in WORKLOAD_KINDS}
     if not plan.stateful:
         keep |= {key_of(o) for o in observed_objs if o["kind"] not in WORKLOAD_KINDS}
     if plan.trainer == TrainerStep.KEEP:
