@@ -629,6 +629,6 @@ class RFTJobSpec(ApiModel):
     runtime_image: Image = DEFAULT_RUNTIME_IMAGE
     """Image for the roles that do not name their own."""
     default_resources: Resources = Field(default_factory=lambda: Resources(requests=dict(DEFAULT_REQUESTS)))
-    """Resources of every container of the job's pods that names no requests of its own (rollout and reward pods, init containers, and inference or trainer without their resources.requests): every pod then has requests, so a namespace with a ResourceQuota accepts it."""
+    """Completes the resources of every container of the job's pods: each request here that a container names neither as a request nor as a limit (Kubernetes takes a missing request from its limit), and each limit here it does not name. Rollout and reward pods and init containers have no resources of their own; inference and trainer keep theirs. Every pod then has requests, so a namespace with a ResourceQuota admits it."""
     service_account_name: Optional[Name] = None
     """Extra ServiceAccount for rollout and reward pods (they get none with API access by default)."""
