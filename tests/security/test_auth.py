@@ -189,3 +189,57 @@ async def test_the_inference_client_sends_the_env_token(servers, monkeypatch) ->
         with pytest.raises(Exception, match="401") as info:
             await client.complete([1, 2, 3], n=1, sampling=SamplingParams(max_tokens=2))
     assert TOKEN_B not in str(info.value)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("role", ["serve", "reward"])
+def test_the_server_clis_on_a_cluster_require_the_token_from_the_environment(role: str, tmp_path) -> None:
+    """The entry points the operator's pods run, as processes with a pod's environment."""
+    from rft_api.job import validate_spec
+    from tests.runtime_config import local_config
+
+    from .auth_servers import TINY
+
+    port = _free_port()
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.0.0.1", auth.JOB_TOKEN_ENV: TOKEN_A, "HF_HUB_OFFLINE": "1"}
+    if role == "serve":
+        args, path = ["serve", "--model", str(TINY), "--served-model-name", "tiny", "--threads", "1"], "/v1/models"
+    else:
+        spec = validate_spec({"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
+                              "evaluator": {"builtin": "math"}})
+        cfg = local_config("sec", spec, inference=["http://127.0.0.1:9"], checkpoints=tmp_path / "c",
+                           output=tmp_path / "o", reward=f"http://127.0.0.1:{port}")
+        (tmp_path / "config.json").write_text(cfg.to_json())
+        args, path = ["reward", "--config", str(tmp_path / "config.json")], "/v1/score"
+    log = open(tmp_path / "server.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "rft_runtime.cli", *args, "--host", "127.0.0.1", "--port",
+                             str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        from tests.polling import wait_for
+
+        def healthy() -> bool:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            try:
+                return httpx.get(url + "/health", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_for(f"rft {role} /health", healthy, 180)
+        method = "GET" if path == "/v1/models" else "POST"
+        body = None if method == "GET" else {"samples": [{"id": "a", "sample": {"text": "4"}, "item": {"ground_truth": "4"}}]}
+        for headers in BAD_CREDENTIALS.values():
+            assert httpx.request(method, url + path, json=body, headers=headers).status_code == 401
+        ok = httpx.request(method, url + path, json=body, headers={"Authorization": f"Bearer {TOKEN_A}"})
+        assert ok.status_code == 200, ok.text[:300]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    assert TOKEN_A not in (tmp_path / "server.log").read_text()
