@@ -11,6 +11,9 @@ Routes (JSON in, JSON out; errors are ``{"error": {"message", "field"}}`` with s
 * ``POST /v1/release`` ``{"lease_ids": [str], "reason": str}`` → ``{"released": int}``
 * ``GET /v1/status`` → the coordinator status (version, mode, queue sizes, counters)
 * ``GET /health`` → ``{"ok": true}``; ``GET /metrics`` → Prometheus text (when a registry is given)
+
+Every route but ``/health`` and ``/metrics`` requires the job's token (:mod:`rft_runtime.auth`): 401
+without it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import auth
 from .service import CoordinatorService
 
 MAX_BODY_BYTES = 256 * 1024 * 1024  # a post of many long episodes must not be refused
@@ -48,9 +52,10 @@ def _worker_id(body: dict[str, Any]) -> str | web.Response:
     return wid
 
 
-def create_app(service: CoordinatorService, metrics_registry: Any = None) -> web.Application:
-    """The aiohttp application serving ``service`` (and ``/metrics`` from a prometheus registry)."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+def create_app(service: CoordinatorService, metrics_registry: Any = None, *, token: str | None = None) -> web.Application:
+    """The aiohttp application serving ``service`` (and ``/metrics`` from a prometheus registry);
+    ``token``: the job token its data-plane routes require (None: open, see :mod:`rft_runtime.auth`)."""
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[auth.middleware(token)])
 
     async def lease(request: web.Request) -> web.Response:
         body = await _body(request)

@@ -1,4 +1,9 @@
-"""The builtin server's app factory and CLI: ``rft serve --model DIR --host H --port P``."""
+"""The builtin server's app factory and CLI: ``rft serve --model DIR --host H --port P``.
+
+Every route but ``/health`` and ``/metrics`` (generation, tokenization, model list, weight loading)
+requires the job's token (:mod:`rft_runtime.auth`); without ``$RFT_JOB_TOKEN`` the CLI refuses to
+start on a cluster.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from .. import auth
 from .engine import Engine
 from .errors import APIError
 from .metrics import ServeMetrics
@@ -48,14 +54,16 @@ def _error_middleware(metrics: ServeMetrics, engine: Engine):
 
 
 def create_app(engine: Engine, served_model_name: str, *, health_timeout: float = 10.0,
-               stop_engine_on_cleanup: bool = False) -> web.Application:
+               stop_engine_on_cleanup: bool = False, token: str | None = None) -> web.Application:
     """The aiohttp application serving ``engine`` as ``served_model_name``.
 
     The engine thread starts with the app; it stops with the app only if ``stop_engine_on_cleanup``.
+    ``token``: the job token every route but ``/health`` and ``/metrics`` requires (None: open).
     """
     metrics = engine.metrics if isinstance(engine.metrics, ServeMetrics) else ServeMetrics()
     engine.metrics = metrics
-    app = web.Application(middlewares=[_error_middleware(metrics, engine)], client_max_size=64 * 1024 * 1024)
+    app = web.Application(middlewares=[auth.middleware(token), _error_middleware(metrics, engine)],
+                          client_max_size=64 * 1024 * 1024)
     ServeRoutes(engine, served_model_name, metrics, health_timeout=health_timeout).register(app)
 
     async def on_startup(_app: web.Application) -> None:
@@ -95,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the server until interrupted (SIGINT/SIGTERM stop it gracefully)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        token = auth.server_token("rft serve")
+    except auth.MissingToken as exc:
+        log.error("%s", exc)
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         import torch
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=args.policy_version)
         device, dtype = lm.device, lm.dtype
     name = args.served_model_name or args.model
-    app = create_app(engine, name, health_timeout=args.health_timeout, stop_engine_on_cleanup=True)
+    app = create_app(engine, name, health_timeout=args.health_timeout, stop_engine_on_cleanup=True, token=token)
     log.info("serving %s as %r on %s:%d (device %s, dtype %s, max_model_len %d, max_batch_size %d)",
              args.model, name, args.host, args.port, device, dtype, lm.max_model_len, args.max_batch_size)
     # handler_cancellation: a client that disconnects cancels its request, freeing its batch rows
