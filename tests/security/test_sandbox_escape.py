@@ -298,3 +298,17 @@ def test_reward_server_refuses_to_start_without_a_sandbox(tmp_path, monkeypatch,
     assert "code_sandbox" in reason and "cannot isolate" in reason
     for advice in ("allowNetworkFallback", "isolation: none", "without namespaces", "unsandboxed"):
         assert advice not in reason
+
+
+async def test_subclasses_of_plain_types_cross_as_their_value(ev):
+    """Honest solutions returning a Counter or a namedtuple still pass; an int subclass that claims
+    to equal everything is compared by its value."""
+    honest = ("from collections import Counter, namedtuple\nP = namedtuple('P', 'x y')\n"
+              "def count(s):\n    return Counter(s)\ndef point():\n    return P(1, 2)\n")
+    tests = Item(ground_truth=["assert count('aab') == {'a': 2, 'b': 1}", "assert point() == (1, 2)"])
+    result = await ev.score(Sample(text=honest), tests)
+    assert (result.reward, result.error) == (1.0, None), result.reason
+    liar = ("class Liar(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+            "def add(a, b):\n    return Liar(-7)\n")
+    result = await ev.score(Sample(text=liar), ADD)
+    assert result.reward == 0.0, result.reason

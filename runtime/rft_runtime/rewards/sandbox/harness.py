@@ -64,6 +64,12 @@ def encode(x: object, handles: list | None, depth: int = 0) -> list:
         if t is dict:
             return ["d", [[encode(k, handles, depth + 1), encode(v, handles, depth + 1)]
                           for k, v in x.items()]]  # type: ignore[attr-defined]
+        # Subclasses of plain types (Counter, OrderedDict, namedtuple, an int subclass) cross as
+        # their base value, read with the base type's own methods: overrides of __eq__, __iter__,
+        # items() or __repr__ never run on the trusted side and cannot change what is compared.
+        for base, read in _BASES:
+            if isinstance(x, base):
+                return encode(read(x), handles, depth + 1)
     ref = getattr(x, "_rft_handle", None) if handles is None else None
     if isinstance(ref, int):
         return ["h", ref]
@@ -71,6 +77,14 @@ def encode(x: object, handles: list | None, depth: int = 0) -> list:
         raise NotPlain(f"{t.__name__} cannot be passed to the solution (plain data only)")
     handles.append(x)
     return ["h", len(handles) - 1]
+
+
+_BASES = (
+    (bool, bool.__bool__), (int, int.__int__), (float, float.__float__), (str, str.__str__),
+    (bytes, lambda b: bytes(memoryview(b))), (dict, lambda d: dict(dict.items(d))),
+    (list, lambda v: list(list.__iter__(v))), (tuple, lambda v: tuple(tuple.__iter__(v))),
+    (frozenset, lambda v: frozenset(frozenset.__iter__(v))), (set, lambda v: set(set.__iter__(v))),
+)
 
 
 def decode(v: list, handle: object) -> object:
