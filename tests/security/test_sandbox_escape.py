@@ -220,12 +220,39 @@ async def test_no_network_from_the_sandbox(ev):
 # ------------------------------------------------------------------------------ as the pods run it
 
 
+SECCOMP_PROFILE = Path(__file__).resolve().parents[2] / "charts" / "rft-operator" / "files" / "seccomp" / "code-sandbox.json"
+LIBSECCOMP = "/usr/lib/x86_64-linux-gnu/libseccomp.so.2"
+# Loads the reward pod's seccomp profile (the chart's file) into the driver before it starts the
+# launcher: every system call the profile refuses fails with EPERM for the whole sandbox tree.
+SECCOMP_PRELUDE = """
+import ctypes
+lib = ctypes.CDLL({lib!r})
+lib.seccomp_init.restype = ctypes.c_void_p
+ctx = ctypes.c_void_p(lib.seccomp_init(0x7fff0000))
+denied = 0
+for rule in json.loads(open({profile!r}).read())["syscalls"]:
+    assert rule["action"] == "SCMP_ACT_ERRNO"
+    for name in rule["names"]:
+        nr = lib.seccomp_syscall_resolve_name(name.encode())
+        if nr >= 0:
+            assert lib.seccomp_rule_add(ctx, 0x00050000 | 1, nr, 0) == 0, name
+            denied += 1
+assert ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0 and lib.seccomp_load(ctx) == 0
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+assert libc.syscall(135, ctypes.c_ulong(0xffffffff)) == -1 and ctypes.get_errno() == 1  # personality: refused
+"""
+
+
 @pytest.mark.skipif(not IS_ROOT or shutil.which("setpriv") is None or not os.path.exists("/usr/bin/python3"),
                     reason="needs root (to become uid 1000 without capabilities), setpriv and /usr/bin/python3")
-def test_as_an_unprivileged_uid_without_capabilities(tmp_path_factory):
-    """The reward pod's shape: a non-root uid, every capability dropped. The launcher still builds
-    the sandbox (user namespace), the fd-3 forgery fails and the worker's own 0600 files (its uid!)
-    are not in the view."""
+@pytest.mark.parametrize("seccomp", [False, True], ids=["no-seccomp", "pod-seccomp-profile"])
+def test_as_an_unprivileged_uid_without_capabilities(seccomp):
+    """The reward pod's shape: a non-root uid, every capability dropped (and, when the machine has
+    libseccomp, the chart's seccomp profile loaded). The launcher still builds the sandbox (user
+    namespace), the fd-3 forgery fails and the worker's own 0600 files (its uid!) are not in the view."""
+    if seccomp and not os.path.exists(LIBSECCOMP):
+        pytest.skip("libseccomp is not installed here")
     uid = 1000
     base = Path(tempfile.mkdtemp(prefix="rft-sec-pod-", dir="/tmp"))
     try:
@@ -246,8 +273,9 @@ def test_as_an_unprivileged_uid_without_capabilities(tmp_path_factory):
                "sandbox_uid": 65534, "sandbox_gid": 65534, "limits": {"cpu": 10, "nproc": 32, "as": 512 << 20},
                "mode": "auto", "denied_paths": [], "readable_paths": list(DEFAULT_READABLE_PATHS)}
         driver = base / "driver.py"
+        prelude = SECCOMP_PRELUDE.format(lib=LIBSECCOMP, profile=str(SECCOMP_PROFILE)) if seccomp else ""
         driver.write_text(
-            "import json, os, subprocess, sys\n"
+            "import json, os, subprocess, sys\n" + prelude +
             "r, w = os.pipe()\n"
             f"cfg = dict(json.loads({json.dumps(cfg)!r}), report_fd=w, parent_pid=os.getpid())\n"
             f"p = subprocess.run(['/usr/bin/python3', '-I', '-S', {str(base / 'launcher.py')!r}, json.dumps(cfg)],\n"
