@@ -19,6 +19,7 @@ from tests.serve.support import CHAT_PROMPT, TINY, fixture
 
 # ~5 s of pure template loops on one core (no calls inside the inner loop): a stall, not a hang.
 STALL = "{% for a in range(800) %}{% for b in range(100000) %}{% endfor %}{% endfor %}stalled"
+SHORT_STALL = "{% for a in range(200) %}{% for b in range(100000) %}{% endfor %}{% endfor %}stalled"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "what is 2 + 3?"}], "max_tokens": 4,
         "temperature": 0.0}
 
@@ -35,7 +36,16 @@ def _serve(lm, **limits) -> AppThread:
 
 @pytest.fixture(scope="module")
 def trusting(engine_model):
-    server = _serve(engine_model, trust_request_chat_template=True, render_timeout_s=1.5)
+    """Trusts request templates; the render limit is long enough for STALL to finish rendering."""
+    server = _serve(engine_model, trust_request_chat_template=True, render_timeout_s=120)
+    yield f"http://127.0.0.1:{server.port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def impatient(engine_model):
+    """Trusts request templates, with a short render limit."""
+    server = _serve(engine_model, trust_request_chat_template=True, render_timeout_s=0.2)
     yield f"http://127.0.0.1:{server.port}"
     server.stop()
 
@@ -59,28 +69,33 @@ def assert_vllm_error(resp: httpx.Response, param: str | None) -> dict:
 
 
 async def test_a_stalling_template_does_not_freeze_other_requests(trusting):
+    """Two honest requests sent while a template renders for seconds both complete before that
+    rendering does (on the event loop they would wait for it)."""
     finished: list[str] = []
-    async with httpx.AsyncClient(base_url=trusting, timeout=60) as h:
-        async def attack() -> httpx.Response:
-            r = await h.post("/v1/chat/completions", json={**CHAT, "chat_template_kwargs": {"chat_template": STALL}})
-            finished.append("attack")
-            return r
-
-        async def honest(path: str, body: dict) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=trusting, timeout=120) as h:
+        async def request(label: str, path: str, body: dict) -> httpx.Response:
             r = await h.post(path, json=body)
-            finished.append(path)
+            finished.append(label)
             return r
 
-        stalled = asyncio.ensure_future(attack())
+        stalled = asyncio.ensure_future(request("attack", "/v1/chat/completions",
+                                                {**CHAT, "chat_template_kwargs": {"chat_template": STALL}}))
         await asyncio.sleep(0.3)  # the stalling render is under way
         completion, chat = await asyncio.gather(
-            honest("/v1/completions", {"model": "tiny", "prompt": CHAT_PROMPT, "max_tokens": 4, "temperature": 0.0}),
-            honest("/v1/chat/completions", CHAT))
+            request("completion", "/v1/completions",
+                    {"model": "tiny", "prompt": CHAT_PROMPT, "max_tokens": 2, "temperature": 0.0}),
+            request("chat", "/v1/chat/completions", {**CHAT, "max_tokens": 2}))
         assert completion.status_code == 200 and chat.status_code == 200, (completion.text, chat.text)
         assert "attack" not in finished  # both completed while the malicious render was still in flight
-        err = assert_vllm_error(await stalled, "messages")
-        assert "took longer than 1.5 s" in err["message"]
-        assert finished[-1] == "attack"
+        attack = await stalled
+        assert attack.status_code == 200 and finished[-1] == "attack"  # it rendered, in its own time
+
+
+async def test_a_rendering_over_the_time_limit_is_a_clear_400(impatient):
+    async with httpx.AsyncClient(base_url=impatient, timeout=60) as h:
+        r = await h.post("/v1/chat/completions", json={**CHAT, "chat_template": SHORT_STALL})
+        err = assert_vllm_error(r, "messages")
+        assert "took longer than 0.2 s" in err["message"]
 
 
 @pytest.mark.parametrize("where", ["kwargs", "top-level"])
