@@ -93,6 +93,18 @@ async def _serve(service: RewardService, host: str, port: int, token: str | None
         await runner.cleanup()
 
 
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def _termination_message(reason: str) -> None:
+    """Kubernetes shows this file's text as the container's termination reason (when it exists)."""
+    try:
+        with open(TERMINATION_LOG, "w") as fh:
+            fh.write(reason[:4096])
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rft reward``; returns the exit code (2 for a bad config)."""
     parser = argparse.ArgumentParser(prog="rft reward", description="serve the reward API (contract 3)")
@@ -107,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_reward_config(args.config)
         service = RewardService(build_composite(cfg), concurrency=cfg.concurrency)
     except (ConfigError, RuntimeError) as exc:
-        print(f"rft reward: {exc}", file=sys.stderr)
+        reason = f"rft reward: {exc}".replace("\n", " ")
+        print(reason, file=sys.stderr)
+        _termination_message(reason)
         return 2
     asyncio.run(_serve(service, args.host, args.port, token))
     return 0

@@ -86,9 +86,12 @@ class CoordinatorClient:
         """Lease up to ``max_tasks`` tasks."""
         return await self._call("POST", "/v1/lease", {"worker_id": worker_id, "max_tasks": max_tasks})
 
-    async def post_episodes(self, worker_id: str, episodes: Iterable[dict[str, Any]]) -> dict[str, Any]:
-        """Post episodes (JSON form); idempotent by episode id."""
-        return await self._call("POST", "/v1/episodes", {"worker_id": worker_id, "episodes": list(episodes)})
+    async def post_episodes(self, worker_id: str, episodes: Iterable[dict[str, Any]],
+                            lease_ids: Iterable[str]) -> dict[str, Any]:
+        """Post episodes (JSON form) of the leases ``lease_ids`` this worker holds; idempotent by
+        episode id."""
+        return await self._call("POST", "/v1/episodes", {"worker_id": worker_id, "lease_ids": list(lease_ids),
+                                                         "episodes": list(episodes)})
 
     async def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
         """Give leases back for immediate re-issue."""
