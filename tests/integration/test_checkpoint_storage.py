@@ -1,5 +1,5 @@
 """The checkpoint claim against a real API server and its garbage collector: retained when asked,
-adopted by a new job of the same name; shared ReadWriteOnce claims co-locate their pods."""
+adopted by a new job of the same name; ReadWriteMany for several trainer nodes."""
 from __future__ import annotations
 
 import pytest
