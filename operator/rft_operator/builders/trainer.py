@@ -6,10 +6,13 @@
   run cannot resume) fails the Job at once with reason ``PodFailurePolicy``, which the failure policy
   treats as terminal (any other failure is a restart, counted). ``FallbackToLogsOnError`` makes the
   last log lines the container's termination message (the reason the operator reports).
-- ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; rank = the pod's
-  ``JOB_COMPLETION_INDEX``. Rank 0 runs the coordinator on port 8100; the Service
-  ``<job>-trainer`` selects only the rank-0 pod, so ``http://<job>-trainer.<ns>.svc:8100`` is the
-  coordinator whatever the node count.
+- ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; node = the pod's
+  ``JOB_COMPLETION_INDEX``. Each pod starts ``trainer.processesPerNode`` processes; together the
+  ``nodes × processesPerNode`` processes are one torch.distributed process group (global rank =
+  node × processesPerNode + local rank). The headless Service ``<job>-trainer`` selects only pod 0
+  (``publishNotReadyAddresses``), so ``<job>-trainer.<ns>.svc`` is pod 0's address whatever the node
+  count: port 8100 is the coordinator (global rank 0 alone runs it), port 29500 the rendezvous
+  (``trainer.masterAddress`` and ``ports.rendezvous`` in the runtime contract).
 - The only pods with a ServiceAccount token: ``<job>-trainer``, allowed to get and patch
   ``<job>-progress`` and nothing else.
 - The checkpoint claim is mounted read-write at ``/checkpoints``; datasets are read here.
@@ -69,7 +72,8 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     container: Obj = {
         "name": ROLE, "image": tr.image or spec.runtime_image,
         "command": ["rft", "trainer", "--config", CONFIG_PATH],
-        "ports": [{"name": "coordinator", "containerPort": ctx.coordinator_port, "protocol": "TCP"}],
+        "ports": [{"name": "coordinator", "containerPort": ctx.coordinator_port, "protocol": "TCP"},
+                  {"name": "rendezvous", "containerPort": ctx.rendezvous_port, "protocol": "TCP"}],
         "env": env,
         "volumeMounts": [config_mount(), checkpoint_mount(read_only=False), *scratch_mounts(), *claim_mounts,
                          *cm_mounts],
@@ -103,6 +107,10 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
 
 
 def service_for(job: RFTJob, ctx: BuildContext) -> Obj:
-    """Headless Service for the coordinator (rank 0): ``http://<job>-trainer.<ns>.svc:8100``."""
-    return service(job, names.trainer(job.name), ROLE, ctx.coordinator_port, "coordinator", headless=True,
-                   extra_selector={names.LABEL_COMPLETION_INDEX: "0"})
+    """Headless Service of pod 0: the coordinator (``http://<job>-trainer.<ns>.svc:8100``) and the
+    torch.distributed rendezvous (``<job>-trainer.<ns>.svc:29500``)."""
+    svc = service(job, names.trainer(job.name), ROLE, ctx.coordinator_port, "coordinator", headless=True,
+                  extra_selector={names.LABEL_COMPLETION_INDEX: "0"})
+    svc["spec"]["ports"].append({"name": "rendezvous", "port": ctx.rendezvous_port,
+                                 "targetPort": ctx.rendezvous_port, "protocol": "TCP"})
+    return svc
