@@ -30,9 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(tmp_path: Path, model_dir: Path, world: int) -> str:
+def _config(tmp_path: Path, model_dir: Path, world: int, lora: bool = False) -> str:
     spec = validate_spec({
-        "model": {"base": str(model_dir)},
+        "model": {"base": str(model_dir), **({"lora": {"rank": 4}} if lora else {})},
         "dataset": {"train": {"builtin": "arithmetic", "size": 8}},
         "evaluator": {"builtin": "regex", "config": {"pattern": "[0-9]"}},
         "rollout": {"samplesPerPrompt": 2, "promptsPerStep": 5, "maxTokens": 6},
@@ -45,12 +45,13 @@ def _config(tmp_path: Path, model_dir: Path, world: int) -> str:
 
 
 def _train(tmp_path: Path, model_dir: Path, world: int, name: str, *, steps: list[int] = STEPS,
-           resume_from: Path | None = None, save_after: int | None = None) -> dict[str, torch.Tensor]:
+           resume_from: Path | None = None, save_after: int | None = None,
+           lora: bool = False) -> dict[str, torch.Tensor]:
     out = tmp_path / name
     out.mkdir()
     try:
         mp.spawn(run_rank, nprocs=world, join=True,
-                 args=(_config(tmp_path, model_dir, world), _free_port(), steps, str(out),
+                 args=(_config(tmp_path, model_dir, world, lora), _free_port(), steps, str(out),
                        str(resume_from) if resume_from else None, save_after))
     except mp.ProcessException:
         for log in sorted(out.glob("rank-*.log")):
@@ -88,3 +89,20 @@ def test_resume_at_another_world_size(tmp_path, tiny_model_dir, reference_run):
     ckpt = ws1_dir / "run" / "ckpt-1"
     assert (ckpt / "dcp").is_dir() and (ckpt / "weights.safetensors").is_file()
     _assert_same(_train(tmp_path, tiny_model_dir, 2, "resumed", steps=[2, 3], resume_from=ckpt), want)
+
+
+def test_lora_adapter_trains_the_same_at_world_size_2(tmp_path, tiny_model_dir):
+    """LoRA under FSDP2: only the adapter moves, the reference is the policy with the adapter disabled,
+    and two ranks end where one does."""
+    one = _train(tmp_path, tiny_model_dir, 1, "lora1", steps=[1, 2], lora=True)
+    two = _train(tmp_path, tiny_model_dir, 2, "lora2", steps=[1, 2], lora=True)
+    _assert_same(two, one)
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    adapter = [k for k in one if "lora_" in k]
+    assert adapter and any(float(one[k].abs().max()) > 0 for k in adapter if "lora_B" in k)  # lora_B starts at 0
+    for k, v in one.items():  # the base weights stay frozen
+        if "lora_" not in k:
+            name = k.replace("base_model.model.", "").replace(".base_layer", "")
+            torch.testing.assert_close(v, base[name], rtol=0, atol=0, msg=k)
