@@ -49,3 +49,18 @@ def test_global_rank_from_the_node_index_and_the_local_rank(tmp_path, monkeypatc
     assert context_for(cfg, local_rank=0, node=0).is_main
     with pytest.raises(ValueError, match="node 2 is outside trainer.nodes 2"):
         context_for(cfg, node=2)
+
+
+def test_a_trainer_of_several_processes_is_not_run_alone(tmp_path):
+    from rft_api.job import validate_spec
+    from rft_runtime.trainer.distributed import context_for
+    from rft_runtime.trainer.trainer import Trainer
+    from tests.runtime_config import local_config
+
+    spec = validate_spec({"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
+                          "evaluator": {"builtin": "math"}, "trainer": {"processesPerNode": 2}})
+    cfg = local_config("j", spec, inference=["http://127.0.0.1:9"], checkpoints=tmp_path, output=tmp_path)
+    with pytest.raises(ValueError, match="a trainer of 2 processes"):
+        Trainer(cfg)
+    with pytest.raises(ValueError, match="the Trainer is rank 0; rank 1 follows it"):
+        Trainer(cfg, dist=context_for(cfg, local_rank=1, node=0))

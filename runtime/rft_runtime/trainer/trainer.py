@@ -254,6 +254,9 @@ class Trainer:
     def __init__(self, cfg: RuntimeConfig, *, resume: bool = True, max_steps: int | None = None,
                  should_stop: Callable[[], bool] = lambda: False, require_resume: bool = False,
                  attempt: int | None = None, dist: DistContext | None = None) -> None:
+        if dist is None and cfg.spec.trainer.world_size() > 1:
+            raise ValueError(f"a trainer of {cfg.spec.trainer.world_size()} processes (trainer.nodes x "
+                             "processesPerNode) needs its DistContext: rft trainer and rft run start its ranks")
         self.dist = dist or DistContext()
         if not self.dist.is_main:
             raise ValueError(f"the Trainer is rank 0; rank {self.dist.rank} follows it (trainer.follow)")
