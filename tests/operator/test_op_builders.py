@@ -236,6 +236,12 @@ def test_trainer_process_group_in_the_runtime_contract() -> None:
     ctr = tj["spec"]["template"]["spec"]["containers"][0]
     assert ctr["resources"]["limits"]["nvidia.com/gpu"] == 4
     assert {"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"} in ctr["ports"]
+    # 4 processes per pod: NCCL's shared memory is a memory-backed /dev/shm (a one-process pod has none)
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in ctr["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in tj["spec"]["template"]["spec"]["volumes"]
+    one = children(make_job(trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 30}))
+    pod = one[("Job", names.trainer(job.name))]["spec"]["template"]["spec"]
+    assert all(v["name"] != "dshm" for v in pod["volumes"])
 
 
 def test_builtin_inference(tiny_job) -> None:

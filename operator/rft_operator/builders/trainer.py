@@ -12,7 +12,8 @@
   node × processesPerNode + local rank). The headless Service ``<job>-trainer`` selects only pod 0
   (``publishNotReadyAddresses``), so ``<job>-trainer.<ns>.svc`` is pod 0's address whatever the node
   count: port 8100 is the coordinator (global rank 0 alone runs it), port 29500 the rendezvous
-  (``trainer.masterAddress`` and ``ports.rendezvous`` in the runtime contract).
+  (``trainer.masterAddress`` and ``ports.rendezvous`` in the runtime contract). Pods of several
+  processes get a memory-backed ``/dev/shm`` (NCCL between the GPUs of a pod).
 - The only pods with a ServiceAccount token: ``<job>-trainer``, allowed to get and patch
   ``<job>-progress`` and nothing else.
 - The checkpoint claim is mounted read-write at ``/checkpoints``; datasets are read here.
@@ -60,6 +61,15 @@ def _dataset_configmaps(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
     return vols, mounts
 
 
+def _shared_memory(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
+    """A memory-backed ``/dev/shm`` when a pod runs several trainer processes (NCCL moves data between
+    the GPUs of one pod through shared memory; a container's default 64 MiB is too small)."""
+    if job.spec.trainer.processes() < 2:
+        return [], []
+    return ([{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+            [{"name": "dshm", "mountPath": "/dev/shm"}])
+
+
 def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     """The trainer Job of attempt ``ctx.trainer_attempt``."""
     spec, tr = job.spec, job.spec.trainer
@@ -67,6 +77,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     claim_vols, claim_mounts = claim_volumes(
         [spec.model.volume, ds.train.volume, ds.eval.volume if ds.eval else None], "data")
     cm_vols, cm_mounts = _dataset_configmaps(job)
+    shm_vols, shm_mounts = _shared_memory(job)
     attempt = str(ctx.trainer_attempt)
     env = base_env(job) + [env_var("RFT_TRAINER_ATTEMPT", attempt)] + user_env(tr.env)
     container: Obj = {
@@ -76,7 +87,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
                   {"name": "rendezvous", "containerPort": ctx.rendezvous_port, "protocol": "TCP"}],
         "env": env,
         "volumeMounts": [config_mount(), checkpoint_mount(read_only=False), *scratch_mounts(), *claim_mounts,
-                         *cm_mounts],
+                         *cm_mounts, *shm_mounts],
         "securityContext": container_security_context(read_only_root=True),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -84,7 +95,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     if res:
         container["resources"] = res
     pod = pod_spec([container], [config_volume(job), checkpoint_volume(job), *scratch_volumes(), *claim_vols,
-                                 *cm_vols],
+                                 *cm_vols, *shm_vols],
                    service_account=names.trainer(job.name), automount_token=True, restart_policy="Never",
                    extra={"subdomain": names.trainer(job.name)})
     annotations = {names.ANNOTATION_ATTEMPT: attempt}
