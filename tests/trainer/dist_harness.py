@@ -55,4 +55,5 @@ def run_rank(rank: int, config_json: str, port: int, steps: list[int], out: str,
     sd = worker.gather()
     if rank == 0:
         torch.save(sd, Path(out) / "weights.pt")
+    dist.barrier()
     dist.destroy_process_group()

@@ -93,6 +93,14 @@ def ensure_group(ctx: DistContext) -> None:
                                 rank=ctx.rank, world_size=ctx.world_size, timeout=timeout, **kw)
 
 
+def leave_group() -> None:
+    """Leave the process group together: a barrier (no rank tears its connections down while another
+    still uses them), then destroy it. Collective."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a (possibly peft-wrapped) Hugging Face model: its
     ``_no_split_modules`` classes."""

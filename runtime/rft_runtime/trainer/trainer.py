@@ -243,6 +243,7 @@ def follow(cfg: RuntimeConfig, dist: DistContext) -> None:
         if name not in _COMMANDS:
             raise RuntimeError(f"trainer rank {dist.rank}: unknown command {name!r} from rank 0")
         if name == "exit":
+            distributed.leave_group()
             return
         getattr(worker, name)(*args)
 
@@ -620,6 +621,8 @@ class Trainer:
         if getattr(self, "worker", None) is not None:
             self._command("exit")
             self.worker = None
+            if self.dist.world_size > 1:
+                distributed.leave_group()
         if self._inference_sync is not None:
             self._inference_sync.stop()
             self._inference_sync = None
