@@ -3,7 +3,7 @@
 Both sides send identical request bodies -- the client's own (`SamplingParams.request_fields`: a
 token-id prompt, n 1, a seed per sample, logprobs, return_token_ids, return_tokens_as_token_ids) -- to
 one builtin server started here, with the same concurrency limit: P prompts x n samples per batch.
-The client also checks the token contract, retries and builds `SampleOut`s; raw httpx only decodes
+The client also checks the token contract, retries and builds `Sample`s; raw httpx only decodes
 the JSON. Batches alternate (client, raw, raw, client, ...) over `--repeats` rounds; medians reported.
 
 `ratios.client_vs_raw`: samples/s through the client over samples/s through raw httpx (higher is

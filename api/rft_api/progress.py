@@ -12,7 +12,8 @@ trainer builds and writes it, the operator parses it). The format is documented 
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+import math
+from typing import Annotated, Any, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from pydantic.alias_generators import to_camel
@@ -57,6 +58,33 @@ class ProgressErrors(_Model):
     """Task leases that expired and were issued again (cumulative)."""
 
 
+class CurvePoint(_Model):
+    step: Count
+    """The training step."""
+    mean: Optional[float] = None
+    """Mean reward of the step's samples."""
+    std: Optional[float] = None
+    """Standard deviation of the step's rewards."""
+
+
+MAX_CURVE_POINTS = 500
+
+
+def reward_curve(rows: Sequence[Mapping[str, Any]], max_points: int = MAX_CURVE_POINTS) -> list[CurvePoint]:
+    """The reward curve of per-step metric rows (``step``, ``reward_mean``, ``reward_std``): every step
+    up to ``max_points``, else evenly spaced steps, always ending with the last one."""
+    pts = [CurvePoint(step=int(r["step"]), mean=_finite(r.get("reward_mean")), std=_finite(r.get("reward_std")))
+           for r in rows if isinstance(r.get("step"), int) and r["step"] >= 0]
+    if len(pts) <= max_points:
+        return pts
+    stride = (len(pts) - 1) / (max_points - 1)
+    return [pts[round(i * stride)] for i in range(max_points)]
+
+
+def _finite(v: Any) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
 class Progress(_Model):
     """One progress record (all counters cumulative over the whole job, across trainer restarts)."""
 
@@ -86,6 +114,11 @@ class Progress(_Model):
     """A short human-readable note (e.g. ``resumed from step 10``)."""
     update_time: Optional[Annotated[str, StringConstraints(max_length=64)]] = None
     """When the record was written (RFC 3339)."""
+    reward_curve: list[CurvePoint] = Field(default_factory=list, max_length=MAX_CURVE_POINTS)
+    """The reward mean (and spread) per step over the whole job, at most 500 evenly spaced steps
+    (``kubectl rft status`` and ``kubectl rft curve`` draw it)."""
+    domain_rewards: dict[str, float] = Field(default_factory=dict)
+    """Mean reward of the last step's samples per task domain."""
 
     def to_data(self) -> dict[str, str]:
         """The ConfigMap ``data`` that carries this record (what a writer patches)."""

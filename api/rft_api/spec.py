@@ -522,6 +522,10 @@ class CheckpointSpec(ApiModel):
     """Size of the checkpoint claim the operator creates."""
     storage_class_name: Optional[Name] = None
     """Storage class of the created claim."""
+    access_mode: Literal["Auto", "ReadWriteOnce", "ReadWriteMany"] = "Auto"
+    """How the checkpoint claim is shared by the pods that mount it (the trainer's and every inference replica's). ReadWriteOnce: one node mounts it, so those pods are scheduled onto one node together. ReadWriteMany: any node (the storage class must support it). Auto: ReadWriteMany when trainer.nodes > 1, else ReadWriteOnce. With existingClaim, declare the claim's mode (Auto is read as ReadWriteOnce)."""
+    retain_on_delete: bool = False
+    """Keep the checkpoint claim (and the trained model on it) when the RFTJob is deleted; a new RFTJob of the same name adopts it and resumes from its latest checkpoint."""
 
 
 class EvaluationSpec(ApiModel):
@@ -591,6 +595,19 @@ def _group_ok(s: "RFTJobSpec") -> bool:
     message="inference.weightSync lora needs model.lora",
     field=".inference.weightSync",
     check=lambda s: s.model.lora is not None or s.inference.weight_sync != "lora",
+), Rule(
+    cel="self.trainer.nodes <= 1 || self.checkpoint.accessMode != 'ReadWriteOnce'",
+    message="checkpoint.accessMode ReadWriteOnce cannot serve trainer.nodes > 1 (a ReadWriteOnce volume is "
+            "mounted by one node): use ReadWriteMany (or Auto)",
+    field=".checkpoint.accessMode",
+    check=lambda s: s.trainer.nodes <= 1 or s.checkpoint.access_mode != "ReadWriteOnce",
+), Rule(
+    cel="!has(self.checkpoint.existingClaim) || self.trainer.nodes <= 1 || self.checkpoint.accessMode == 'ReadWriteMany'",
+    message="trainer.nodes > 1 needs a ReadWriteMany checkpoint claim: with checkpoint.existingClaim, declare it "
+            "with checkpoint.accessMode: ReadWriteMany (a ReadWriteOnce claim cannot be shared by several nodes)",
+    field=".checkpoint.existingClaim",
+    check=lambda s: s.checkpoint.existing_claim is None or s.trainer.nodes <= 1
+    or s.checkpoint.access_mode == "ReadWriteMany",
 ))
 class RFTJobSpec(ApiModel):
     model: ModelSpec

@@ -45,6 +45,9 @@ class OperatorConfig:
     leader_identity: Optional[str] = None
     """This replica's identity in the Lease (default: pod or host name plus a random suffix)."""
     max_concurrent_reconciles: int = 8
+    kueue: bool = False
+    """The Kueue integration: jobs labelled ``kueue.x-k8s.io/queue-name`` are admitted through a Kueue
+    Workload (``policies.admission``); needs Kueue's CRDs installed."""
 
 
 class LeadershipLost(RuntimeError):
@@ -59,7 +62,7 @@ def _is_set(flag: Any) -> bool:
     return bool(getattr(flag, "done", lambda: False)())
 
 
-def make_settings(resync_seconds: float = 10.0) -> kopf.OperatorSettings:
+def make_settings(resync_seconds: float = 10.0, kueue: bool = False) -> kopf.OperatorSettings:
     """kopf settings: its bookkeeping in annotations (the structural schema would prune it from status;
     the ``on.event`` handlers write none), standalone (no kopf peering: the Lease elects the one active
     replica), only warnings posted as k8s Events, server-side label selectors on the watches, long
@@ -74,7 +77,7 @@ def make_settings(resync_seconds: float = 10.0) -> kopf.OperatorSettings:
     s.watching.client_timeout = 660
     s.execution.max_workers = 8
     s.watching.reconnect_backoff = 1.0
-    for key, selector in child_label_selectors().items():
+    for key, selector in child_label_selectors(kueue).items():
         s.watching.label_selectors[key] = selector
     return s
 
@@ -87,7 +90,7 @@ async def run(config: OperatorConfig, *, stop_flag: Any = None, ready_flag: Any 
     api.api_client.configuration.connection_pool_maxsize = config.max_concurrent_reconciles + 2
     metrics = Metrics()
     controller = Controller(api, metrics, namespaces=config.namespaces, resync_seconds=config.resync_seconds,
-                            max_concurrent=config.max_concurrent_reconciles)
+                            max_concurrent=config.max_concurrent_reconciles, kueue=config.kueue)
     elector = None
     if config.leader_election_namespace:
         elector = (LeaderElector(api, config.leader_election_namespace, identity=config.leader_identity)
@@ -168,7 +171,7 @@ async def _lead(config: OperatorConfig, controller: Controller, elector: Optiona
         side.append(loop.create_task(keep_lease()))
     try:
         await kopf.operator(
-            registry=build_registry(controller), settings=make_settings(config.resync_seconds),
+            registry=build_registry(controller), settings=make_settings(config.resync_seconds, config.kueue),
             standalone=True, clusterwide=not config.namespaces, namespaces=list(config.namespaces),
             stop_flag=stop, ready_flag=ready_flag,
             liveness_endpoint=(f"http://{config.metrics_addr}:{config.health_port}/healthz"

@@ -20,7 +20,7 @@ from typing import Optional
 from rft_api.constants import KIND
 
 from . import names
-from .kube import CHILD_KINDS, Kube, KubeError
+from .kube import Kube, KubeError, child_kinds
 from .metrics import Metrics
 from .reconcile import Outcome, reconcile
 from .store import Key, Store
@@ -37,8 +37,9 @@ class Controller:
 
     def __init__(self, api: Kube, metrics: Metrics, *, namespaces: tuple[str, ...] = (),
                  resync_seconds: float = 10.0,
-                 max_concurrent: int = 8, store: Optional[Store] = None):
+                 max_concurrent: int = 8, store: Optional[Store] = None, kueue: bool = False):
         self.api = api
+        self.kueue = kueue
         self.metrics = metrics
         self.namespaces = namespaces
         self.resync_seconds = resync_seconds
@@ -56,7 +57,7 @@ class Controller:
         for ns in (self.namespaces or (None,)):
             for obj in self.api.list(KIND, ns):
                 self.store.put_job(obj)
-            for kind in (*CHILD_KINDS, "Pod"):
+            for kind in (*child_kinds(self.kueue), "Pod"):
                 for obj in self.api.list(kind, ns, names.MANAGED_SELECTOR):
                     self.store.put(obj)
         self.metrics.set_phases(self._phases())
@@ -89,8 +90,8 @@ class Controller:
             return None
         t0 = time.perf_counter()
         try:
-            outcome = await asyncio.to_thread(reconcile, self.api, obj,
-                                              children=self.store.children(key), pods=self.store.pods(key))
+            outcome = await asyncio.to_thread(reconcile, self.api, obj, children=self.store.children(key),
+                                              pods=self.store.pods(key), kueue=self.kueue)
         except KubeError as e:
             self.metrics.reconciles.labels(result="error").inc()
             self.metrics.errors.labels(kind="transient" if e.transient else "unexpected").inc()

@@ -40,6 +40,15 @@ CHILD_WATCHES: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("rbac.authorization.k8s.io/v1", "rolebindings", MANAGED),
     ("v1", "pods", MANAGED),
 )
+# Watched with the Kueue integration on: the jobs' Workloads (their admission).
+KUEUE_WATCHES: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("kueue.x-k8s.io/v1beta2", "workloads", MANAGED),
+)
+
+
+def child_watches(kueue: bool) -> tuple[tuple[str, str, dict[str, str]], ...]:
+    """The watched kinds besides RFTJobs."""
+    return (*CHILD_WATCHES, *KUEUE_WATCHES) if kueue else CHILD_WATCHES
 
 
 def owner_name(body: Any) -> Optional[str]:
@@ -63,7 +72,7 @@ def connection_info(cfg: k8s_client.Configuration) -> kopf.ConnectionInfo:
 
 KIND_OF_PLURAL = {"deployments": "Deployment", "jobs": "Job", "configmaps": "ConfigMap", "services": "Service",
                   "serviceaccounts": "ServiceAccount", "persistentvolumeclaims": "PersistentVolumeClaim",
-                  "roles": "Role", "rolebindings": "RoleBinding", "pods": "Pod"}
+                  "roles": "Role", "rolebindings": "RoleBinding", "pods": "Pod", "workloads": "Workload"}
 
 
 def _plain(body: Any, kind: str, api_version: str) -> dict[str, Any]:
@@ -102,7 +111,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     # kopf types handlers with every keyword it passes; ours take the few they use plus **_
     kopf.on.event(f"{GROUP}/{VERSION}", PLURAL, id="rftjob-events", registry=registry)(on_job)  # type: ignore[arg-type]
 
-    for group_version, plural, labels in CHILD_WATCHES:
+    for group_version, plural, labels in child_watches(controller.kueue):
         kind = KIND_OF_PLURAL[plural]
 
         async def on_child(body: Any, type: Optional[str], _kind: str = kind, _gv: str = group_version,
@@ -119,6 +128,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     return registry
 
 
-def child_label_selectors() -> dict[tuple[str, str], str]:
+def child_label_selectors(kueue: bool = False) -> dict[tuple[str, str], str]:
     """Server-side label selectors for the child watches (``settings.watching.label_selectors``)."""
-    return {(gv, plural): ",".join(f"{k}={v}" for k, v in labels.items()) for gv, plural, labels in CHILD_WATCHES}
+    return {(gv, plural): ",".join(f"{k}={v}" for k, v in labels.items())
+            for gv, plural, labels in child_watches(kueue)}

@@ -49,11 +49,22 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
     Kind("rft.dev/v1alpha1", "RFTJob", "rftjobs"),
     Kind("coordination.k8s.io/v1", "Lease", "leases"),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False),
+    # Kueue (used only with the Kueue integration on: ``OperatorConfig.kueue``)
+    Kind("kueue.x-k8s.io/v1beta2", "Workload", "workloads"),
+    Kind("kueue.x-k8s.io/v1beta2", "ResourceFlavor", "resourceflavors", namespaced=False),
+    Kind("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass", "workloadpriorityclasses", namespaced=False),
 )}
 
 # Children kinds, in the order they are observed.
 CHILD_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "Service",
                "Deployment", "Job")
+# Children kinds of the Kueue integration (watched and listed only when it is on).
+KUEUE_CHILD_KINDS = ("Workload",)
+
+
+def child_kinds(kueue: bool) -> tuple[str, ...]:
+    """The kinds of a job's children the operator observes."""
+    return (*CHILD_KINDS, *KUEUE_CHILD_KINDS) if kueue else CHILD_KINDS
 
 
 class KubeError(Exception):

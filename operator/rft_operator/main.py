@@ -33,6 +33,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                          "its own namespace); default: no election (run a single replica)")
     ap.add_argument("--max-concurrent-reconciles", type=int, default=8,
                     help="reconciles running at once (default 8)")
+    ap.add_argument("--kueue", action="store_true",
+                    help="Kueue integration: admit jobs labelled kueue.x-k8s.io/queue-name through a Workload "
+                         "(needs Kueue's CRDs; the chart sets it with kueue.enabled)")
     ap.add_argument("--log-level", default=os.environ.get("RFT_OPERATOR_LOG_LEVEL", "INFO"), type=str.upper,
                     choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = ap.parse_args(argv)
@@ -53,7 +56,7 @@ def config_from_args(a: argparse.Namespace) -> OperatorConfig:
                           metrics_addr=a.metrics_addr, resync_seconds=a.resync_seconds,
                           health_port=None if a.health_port < 0 else a.health_port,
                           leader_election_namespace=a.leader_election_namespace or None,
-                          max_concurrent_reconciles=a.max_concurrent_reconciles)
+                          max_concurrent_reconciles=a.max_concurrent_reconciles, kueue=a.kueue)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

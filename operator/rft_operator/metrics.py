@@ -6,6 +6,7 @@ from typing import Any, Iterable, Optional
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from rft_api.constants import PHASES
+from rft_api.telemetry import job_registry
 
 DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -15,7 +16,7 @@ class Metrics:
     ``rft_operator_reconcile_duration_seconds``, ``rft_operator_jobs{phase}``."""
 
     def __init__(self, registry: Optional[CollectorRegistry] = None):
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or job_registry("operator")
         self.reconciles = Counter("rft_operator_reconciles", "Reconciles of RFTJobs, by result "
                                   "(ok, error, gone: the job no longer exists)", ["result"], registry=self.registry)
         self.errors = Counter("rft_operator_reconcile_errors", "Reconcile errors, by kind (transient: API "

@@ -29,6 +29,16 @@ ANNOTATION_CONFIG_HASH = "rft.dev/config-hash"
 ANNOTATION_TEMPLATE_HASH = "rft.dev/template-hash"
 # Hash of the whole child as last applied: an equal desired child is not applied again.
 ANNOTATION_APPLIED_HASH = "rft.dev/applied-hash"
+# Kueue: the LocalQueue an RFTJob is queued in, and its WorkloadPriorityClass (labels on the RFTJob, as
+# Kueue's own integrations read them), and the job uid Kueue's integrations put on their Workloads.
+LABEL_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+LABEL_PRIORITY_CLASS = "kueue.x-k8s.io/priority-class"
+LABEL_KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
+# A checkpoint claim kept when its RFTJob is deleted (checkpoint.retainOnDelete) carries no owner
+# reference; this annotation names the uid of the job it serves.
+ANNOTATION_RETAINED_FOR = "rft.dev/retained-for"
+# On the pods that share a ReadWriteOnce checkpoint claim: they are scheduled onto one node together.
+LABEL_SHARES_CHECKPOINTS = "rft.dev/shares-checkpoints"
 # Label the job controller puts on the pods of an Indexed Job.
 LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
@@ -73,6 +83,11 @@ def trainer(job: str) -> str:
 def checkpoints(job: str) -> str:
     """Checkpoint PersistentVolumeClaim (unless ``spec.checkpoint.existingClaim``)."""
     return f"{job}-checkpoints"
+
+
+def workload(job: str, uid: str) -> str:
+    """The Kueue Workload of a queued job (the uid's first characters tell a recreated job's apart)."""
+    return f"rftjob-{job}-{uid.replace('-', '')[:5]}".rstrip("-")
 
 
 def all_names(job: str) -> list[str]:

@@ -178,9 +178,10 @@ def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
             problems.append(PodProblem(role, meta["name"], cs.get("name", ""), waiting["reason"],
                                        (waiting.get("message") or "")[:512]))
         term = (cs.get("state") or {}).get("terminated") or {}
-        if term.get("exitCode") not in (None, 0) and term.get("message"):
-            messages.append(f"{meta['name']}/{cs.get('name', '')} exited {term['exitCode']}: "
-                            f"{term['message'].strip()[-1024:]}")
+        if term.get("exitCode") not in (None, 0) and (term.get("message") or term.get("reason") not in (None, "Error")):
+            why = f" ({term['reason']})" if term.get("reason") not in (None, "Error") else ""
+            tail = f": {term['message'].strip()[-1024:]}" if term.get("message") else ""
+            messages.append(f"{meta['name']}/{cs.get('name', '')} exited {term['exitCode']}{why}{tail}")
     return problems, messages
 
 

@@ -15,6 +15,11 @@ bound to them and nothing else). Notes:
 
 Leader election needs ``leases`` get/create/update in the operator's own namespace only: a Role
 (``LEADER_ELECTION_RULES``), not part of the ClusterRole.
+
+With the Kueue integration on (Helm value ``kueue.enabled``), ``KUEUE_RULES`` are added: the jobs'
+Workloads (created, deleted when a job's pod sets change, their status patched to release an evicted
+reservation and to mark them Finished, as Kueue's own integrations do), and read access to the
+ResourceFlavors an admission names and the WorkloadPriorityClasses jobs name.
 """
 from __future__ import annotations
 
@@ -33,6 +38,12 @@ OPERATOR_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+KUEUE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": CHILD_VERBS},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors", "workloadpriorityclasses"], "verbs": ["get"]},
 ]
 
 LEADER_ELECTION_RULES: list[dict[str, Any]] = [

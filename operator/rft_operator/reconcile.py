@@ -18,16 +18,19 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rft_api.constants import TERMINAL_PHASES
 from rft_api.job import InvalidSpec, RFTJob, parse_manifest
 from rft_api.status import RFTJobStatus
 
 from . import names
-from .builders import BuildContext, config_hash, desired_children, key_of, stamp
-from .builders import trainer as trainer_builder
+from .builders import BuildContext, config_hash, desired_children, key_of, stamp, workload_children
+from .builders.workload import Placement, workload_for
 from .events import JobEvent, event_object, transition_events
-from .kube import CHILD_KINDS, Kube, KubeError
-from .observe import observe
+from .kube import Kube, KubeError, child_kinds
+from .observe import Observed, observe
 from .plan import TrainerStep, make_plan
+from .policies import admission
+from .policies.admission import Hold
 from .policies.suspend import WORKLOAD_KINDS
 from .status import compute_status, status_dict, validation_failed_status
 from .timeutil import format_time
@@ -78,11 +81,17 @@ def controlled_by(obj: Obj, uid: Optional[str]) -> bool:
     return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
 
 
-def owned_children(api: Kube, job_obj: Obj) -> list[Obj]:
+def retained_for(obj: Obj, uid: Optional[str]) -> bool:
+    """Whether ``obj`` is the retained checkpoint claim of the RFTJob with ``uid`` (no owner reference)."""
+    return obj.get("kind") == "PersistentVolumeClaim" and bool(uid) and \
+        (obj["metadata"].get("annotations") or {}).get(names.ANNOTATION_RETAINED_FOR) == uid
+
+
+def owned_children(api: Kube, job_obj: Obj, kueue: bool = False) -> list[Obj]:
     """The job's children, listed: labelled as its, and controlled by this very RFTJob (uid)."""
     meta = job_obj["metadata"]
-    return [obj for kind in CHILD_KINDS for obj in api.list(kind, meta.get("namespace"), names.job_selector(meta["name"]))
-            if controlled_by(obj, meta.get("uid"))]
+    return [obj for kind in child_kinds(kueue) for obj in api.list(kind, meta.get("namespace"), names.job_selector(meta["name"]))
+            if controlled_by(obj, meta.get("uid")) or retained_for(obj, meta.get("uid"))]
 
 
 def job_pods(api: Kube, job_obj: Obj) -> list[Obj]:
@@ -95,14 +104,24 @@ def applied_hash(obj: Optional[Obj]) -> str:
     return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_APPLIED_HASH, "")
 
 
-def _write_status(api: Kube, job_obj: Obj, new: RFTJobStatus, outcome: Outcome) -> None:
+def restart_cause(observed: Observed) -> str:
+    """What the trainer's failed pods or Job reported (for the TrainerRestarted event)."""
+    t = observed.trainer
+    if observed.trainer_messages:
+        return "; ".join(observed.trainer_messages)[:512]
+    if t is not None and t.failed_condition:
+        return f"{t.reason}: {t.message}".strip(": ")[:512]
+    return ""
+
+
+def _write_status(api: Kube, job_obj: Obj, new: RFTJobStatus, outcome: Outcome, cause: str = "") -> None:
     prev = parse_status(job_obj.get("status"))
     if prev is not None and status_dict(prev) == status_dict(new) and job_obj.get("status") is not None:
         return
     meta = job_obj["metadata"]
     outcome.status_obj = api.replace_status("RFTJob", meta.get("namespace"), meta["name"], status_dict(new))
     outcome.status_written = True
-    outcome.events = transition_events(prev, new)
+    outcome.events = transition_events(prev, new, cause)
 
 
 def _emit(api: Kube, job_obj: Obj, outcome: Outcome, now: str) -> None:
@@ -158,14 +177,93 @@ def _delete_unwanted(api: Kube, namespace: str, observed: list[Obj], keep: set[t
         current.pop(key, None)
 
 
-def template_hash(job: RFTJob, attempt: int, cfg_hash: str) -> str:
-    """The template hash of the trainer Job of ``attempt`` (as :func:`desired_children` stamps it)."""
-    (obj,) = stamp([trainer_builder.job_for(job, BuildContext(trainer_attempt=attempt))], cfg_hash)
+def template_hash(job: RFTJob, ctx: BuildContext, cfg_hash: str) -> str:
+    """The template hash of the trainer Job of ``ctx.trainer_attempt`` (as :func:`desired_children` stamps it)."""
+    (obj,) = stamp(workload_children(job, ctx, deployments=False), cfg_hash)
     return obj["metadata"]["annotations"][names.ANNOTATION_TEMPLATE_HASH]
 
 
+@dataclass
+class Gate:
+    """What Kueue's admission allows a queued job (``policies.admission``); nothing for other jobs."""
+
+    hold: Optional[Hold] = None
+    workload: Optional[Obj] = None
+    """The desired Workload (None when the job is not queued, or its priority class is missing)."""
+    observed: Optional[Obj] = None
+    """The job's Workload as observed."""
+    placements: tuple[tuple[str, Placement], ...] = ()
+    requeue: bool = False
+    """The observed Workload holds an admission for other pod sets than the job's: the job is held
+    and, once its pods are gone, the Workload is deleted and a new one queued."""
+
+
+def _admission(api: Kube, job: RFTJob, observed_objs: list[Obj], kueue: bool) -> Gate:
+    queue = (job.metadata.get("labels") or {}).get(names.LABEL_QUEUE_NAME)
+    if not queue:
+        return Gate()
+    if not kueue:
+        return Gate(hold=Hold(admission.NOT_QUEUEABLE,
+                              f"metadata.labels[{names.LABEL_QUEUE_NAME}] is {queue!r}, but this operator runs "
+                              "without the Kueue integration (Helm value kueue.enabled): the job waits unadmitted"))
+    observed = next((o for o in observed_objs if o["kind"] == "Workload"), None)
+    priority = None
+    pclass = (job.metadata.get("labels") or {}).get(names.LABEL_PRIORITY_CLASS)
+    if pclass:
+        wpc = api.get("WorkloadPriorityClass", None, pclass)
+        if wpc is None:
+            return Gate(hold=Hold(admission.QUEUED, f"metadata.labels[{names.LABEL_PRIORITY_CLASS}]: "
+                                                    f"WorkloadPriorityClass {pclass!r} does not exist"),
+                        observed=observed)
+        priority = (pclass, int(wpc.get("value", 0)))
+    (desired,) = stamp([workload_for(job, workload_children(job, BuildContext()), priority)], "")
+    if observed is not None and applied_hash(observed) != applied_hash(desired) \
+            and (observed.get("status") or {}).get("admission"):
+        return Gate(hold=Hold(admission.QUEUED, "the job's pod sets changed after Kueue admitted them: the job "
+                                                "stops and is queued again with a new Workload"),
+                    workload=desired, observed=observed, requeue=True)
+    gate = Gate(hold=admission.hold(queue, observed), workload=desired, observed=observed)
+    if gate.hold is None:
+        flavors: dict[str, Obj] = {}
+        placements = []
+        for role, names_ in sorted(admission.assignments(observed).items()):
+            objs = []
+            for fname in names_:
+                if fname not in flavors:
+                    flavors[fname] = api.get("ResourceFlavor", None, fname) or {}
+                objs.append(flavors[fname])
+            placements.append((role, Placement.of_flavors(objs)))
+        gate.placements = tuple(placements)
+    return gate
+
+
+def _settle_workload(api: Kube, job: RFTJob, gate: Gate, phase: Optional[str], message: str,
+                     current: dict[tuple[str, str], Obj], pod_objs: list[Obj], now: dt.datetime,
+                     outcome: Outcome) -> None:
+    """Kueue's side of the job's state: release an evicted (or requeued) Workload's quota once the
+    role pods are gone; mark it Finished when the job is terminal."""
+    wl = gate.observed
+    if wl is None:
+        return
+    name = wl["metadata"]["name"]
+    pods_gone = not pod_objs and not any(k[0] in WORKLOAD_KINDS for k in current)
+    if phase in TERMINAL_PHASES:
+        patch = admission.finished_patch(wl, phase == "Succeeded", message, format_time(now))
+        if patch is not None:
+            api.patch("Workload", job.namespace, name, patch, subresource="status")
+    elif gate.requeue and pods_gone:
+        if api.delete("Workload", job.namespace, name, uid=wl["metadata"].get("uid")):
+            outcome.deleted.append(key_of(wl))
+            current.pop(key_of(wl), None)
+            outcome.requeue_after = REQUEUE_SOON_S
+    elif admission.must_release(wl) and pods_gone:
+        current[key_of(wl)] = api.patch("Workload", job.namespace, name,
+                                        admission.release_patch(wl, format_time(now)), subresource="status")
+
+
 def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
-              children: Optional[list[Obj]] = None, pods: Optional[list[Obj]] = None) -> Outcome:
+              children: Optional[list[Obj]] = None, pods: Optional[list[Obj]] = None,
+              kueue: bool = False) -> Outcome:
     """Bring one RFTJob's children and status in line with its spec (idempotent).
 
     ``children`` and ``pods``: the job's children and pods as the caller's watch cache holds them
@@ -179,8 +277,8 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     if meta.get("deletionTimestamp"):
         outcome.skipped = "being deleted: the garbage collector removes the children"
         return outcome
-    observed_objs = owned_children(api, job_obj) if children is None else \
-        [o for o in children if controlled_by(o, meta.get("uid"))]
+    observed_objs = owned_children(api, job_obj, kueue) if children is None else \
+        [o for o in children if controlled_by(o, meta.get("uid")) or retained_for(o, meta.get("uid"))]
     outcome.current = {key_of(o): o for o in observed_objs}
     try:
         job = parse_job(job_obj)
@@ -191,12 +289,16 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     observed = observe(job.name, [*observed_objs, *pod_objs], now)
     persisted_restarts = job.status.restarts if job.status else 0
     cfg_hash = config_hash(job, BuildContext(trainer_attempt=persisted_restarts))
-    first = compute_status(job, observed, cfg_hash)
-    trainer_hash = template_hash(job, persisted_restarts, cfg_hash)
-    plan = make_plan(job.spec.suspend, first.phase, observed, persisted_restarts, trainer_hash)
+    gate = _admission(api, job, observed_objs, kueue)
+    ctx = BuildContext(trainer_attempt=persisted_restarts, placements=gate.placements)
+    first = compute_status(job, observed, cfg_hash, gate.hold)
+    trainer_hash = template_hash(job, ctx, cfg_hash)
+    plan = make_plan(job.spec.suspend or gate.hold is not None, first.phase, observed, persisted_restarts, trainer_hash)
 
-    desired = desired_children(job, BuildContext(trainer_attempt=plan.attempt), deployments=plan.deployments,
+    desired = desired_children(job, ctx, deployments=plan.deployments,
                                trainer_job=plan.trainer == TrainerStep.APPLY) if plan.stateful else []
+    if gate.workload is not None and plan.stateful and not gate.requeue:
+        desired.insert(0, gate.workload)
     current = outcome.current
     _apply_all(api, desired, current, outcome)
     keep = {key_of(o) for o in desired}
@@ -204,13 +306,16 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
         keep |= {key_of(o) for o in observed_objs if o["kind"] not in WORKLOAD_KINDS}
     if plan.trainer == TrainerStep.KEEP:
         keep.add(("Job", names.trainer(job.name)))
+    if gate.observed is not None:
+        keep.add(key_of(gate.observed))  # a requeued Workload goes only once the pods are gone (below)
     _delete_unwanted(api, job.namespace, observed_objs, keep, current, outcome)
 
-    final = compute_status(job, observe(job.name, [*current.values(), *pod_objs], now), cfg_hash)
+    final = compute_status(job, observe(job.name, [*current.values(), *pod_objs], now), cfg_hash, gate.hold)
+    _settle_workload(api, job, gate, final.phase, final.message, current, pod_objs, now, outcome)
     if outcome.errors:
         final = final.model_copy(update={"message": f"{final.message}; not applied: {'; '.join(outcome.errors)}"[:4096]})
     outcome.phase = final.phase
-    _write_status(api, job_obj, final, outcome)
+    _write_status(api, job_obj, final, outcome, restart_cause(observed))
     if outcome.status_written:  # once per distinct error, not once per resync
         outcome.events += [JobEvent("Warning", "ApplyFailed", err) for err in outcome.errors]
     _emit(api, job_obj, outcome, format_time(now))

@@ -17,6 +17,7 @@ from rft_api.status import Condition, ErrorCounts, RFTJobStatus, RolesStatus, Ro
 
 from .observe import Observed, TrainerObs
 from .policies import checkpoint, failure, suspend
+from .policies.admission import Hold
 from .policies.phase import PhaseDecision, Signals, is_terminal, next_phase
 from .timeutil import format_time
 from .topology import desired_replicas
@@ -59,16 +60,19 @@ def _trainer_condition(t: Optional[TrainerObs], allowed: bool, restarting: bool,
     return "False", "Starting", f"{t.ready}/{t.desired} trainer pods ready (attempt {t.attempt})"
 
 
-def _removal_reason(spec_suspend: bool, phase: str) -> str:
+def _removal_reason(spec_suspend: bool, phase: str, hold: Optional[Hold] = None) -> str:
     if spec_suspend:
         return "the job is suspended"
+    if hold is not None:
+        return f"the job is held: {hold.message}"
     return f"the job is {phase}"
 
 
-def compute_status(job: RFTJob, observed: Observed, config_hash: str = "") -> RFTJobStatus:
+def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold: Optional[Hold] = None) -> RFTJobStatus:
     """The status to write for ``job`` (whose ``status`` is the previous one) after ``observed``;
     ``config_hash`` is that of the job's rendered config (``status.observedGeneration`` advances to
-    the spec's generation only once every workload runs it; ``""``: not compared)."""
+    the spec's generation only once every workload runs it; ``""``: not compared). ``hold``: Kueue has
+    not admitted the job (``policies.admission``): it is suspended as by ``spec.suspend``, for that reason."""
     spec = job.spec
     prev = job.status or RFTJobStatus()
     if job.status is not None and prev.phase == "ValidationFailed":
@@ -78,7 +82,9 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "") -> RF
     t = observed.trainer
 
     # suspend policy first: the Suspended condition (the deadline clock restarts on resume)
-    suspended = set_condition(prev.conditions, "Suspended", *_suspended_condition(spec.suspend, prev), generation, now)
+    held = spec.suspend or hold is not None
+    suspended = set_condition(prev.conditions, "Suspended", *_suspended_condition(spec.suspend, prev, hold),
+                              generation, now)
 
     # failure policy: restart budget, deadline, evaluator
     if is_terminal(prev.phase) and job.status is not None:
@@ -87,8 +93,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "") -> RF
         restarts, budget_failure = failure.next_restarts(t, prev.restarts, spec.restart_limit)
     restarting = restarts > prev.restarts or (t is not None and t.attempt < restarts)
     fail = (budget_failure
-            or (None if spec.suspend else failure.terminal_failure(observed, restarts))
-            or (None if spec.suspend else failure.deadline_failure(
+            or (None if held else failure.terminal_failure(observed, restarts))
+            or (None if held else failure.deadline_failure(
                 spec, suspend.clock_start(prev.start_time, suspended), observed.now))
             or failure.evaluator_failure(spec, observed.progress))
 
@@ -96,7 +102,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "") -> RF
     replicas = desired_replicas(spec)
     ready = {role: w.ready for role, w in observed.workloads.items()}
     signals = Signals(
-        suspend=spec.suspend, failure=fail,
+        suspend=held, failure=fail,
+        **({"suspend_reason": hold.reason, "suspend_message": hold.message} if hold and not spec.suspend else {}),
         trainer_succeeded=t is not None and t.complete and t.attempt >= restarts,
         trainer_running=t is not None and t.ready > 0 and not t.finished,
         inference_ready=replicas["inference"] > 0 and ready.get("inference", 0) >= replicas["inference"],
@@ -104,7 +111,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "") -> RF
     decision = next_phase(None if job.status is None else prev.phase, _reason_of(prev), prev.message, signals)
     phase = decision.phase
 
-    roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts)
+    roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts, hold)
     conditions = [suspended if ct == "Suspended" else set_condition(prev.conditions, ct, *values[ct], generation, now)
                   for ct in CONDITION_TYPES]
 
@@ -118,7 +125,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "") -> RF
     completed = prev.completion_time or (now if phase in ("Succeeded", "Failed") else None)
 
     # the spec's generation is observed once the pods that read its config have rolled
-    observed_generation = generation if (is_terminal(phase) or spec.suspend
+    observed_generation = generation if (is_terminal(phase) or held
                                          or observed.rolled_out(config_hash)) else prev.observed_generation
     return RFTJobStatus(
         phase=phase, message=message[:MAX_CONDITION_MESSAGE], observed_generation=observed_generation,
@@ -140,11 +147,12 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "") -> RF
 
 def _roles_and_conditions(spec: RFTJobSpec, phase: str, decision: PhaseDecision, replicas: dict[str, int],
                           ready: dict[str, int], t: Optional[TrainerObs], restarting: bool, restarts: int,
-                          ) -> tuple[RolesStatus, dict[str, tuple[str, str, str]]]:
+                          hold: Optional[Hold] = None) -> tuple[RolesStatus, dict[str, tuple[str, str, str]]]:
     """Ready/desired per role and the (status, reason, message) of every condition but Suspended."""
-    deploy_ok = suspend.deployments_allowed(spec.suspend, phase)
-    trainer_ok = suspend.trainer_allowed(spec.suspend, phase) and not (is_terminal(phase) and t is None)
-    why = _removal_reason(spec.suspend, phase)
+    held = spec.suspend or hold is not None
+    deploy_ok = suspend.deployments_allowed(held, phase)
+    trainer_ok = suspend.trainer_allowed(held, phase) and not (is_terminal(phase) and t is None)
+    why = _removal_reason(spec.suspend, phase, hold)
 
     def role(name: str) -> RoleStatus:
         return RoleStatus(ready=ready.get(name, 0), desired=replicas[name] if deploy_ok else 0)
@@ -175,9 +183,11 @@ def _reason_of(prev: RFTJobStatus) -> str:
     return prev.phase
 
 
-def _suspended_condition(spec_suspend: bool, prev: RFTJobStatus) -> tuple[str, str, str]:
+def _suspended_condition(spec_suspend: bool, prev: RFTJobStatus, hold: Optional[Hold] = None) -> tuple[str, str, str]:
     if spec_suspend:
         return "True", "Suspended", "spec.suspend is true"
+    if hold is not None:
+        return "True", hold.reason, hold.message
     old = next((c for c in prev.conditions if c.type == "Suspended"), None)
     if old is not None and (old.status == "True" or old.reason == suspend.RESUMED):
         return "False", suspend.RESUMED, "resumed from suspension"

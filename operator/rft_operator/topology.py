@@ -26,6 +26,19 @@ def reward_required(spec: RFTJobSpec) -> bool:
     return ev.remote or any(e.builtin in REMOTE_BUILTINS for e in ev.entries())
 
 
+def checkpoint_sharing(spec: RFTJobSpec) -> tuple[str, bool]:
+    """``(access mode of the checkpoint claim, co-locate)``: the pods that mount the claim (every
+    trainer pod and inference replica) share it through ReadWriteMany, or, on a ReadWriteOnce claim,
+    are scheduled onto one node together (``co-locate``, needed only when more than one pod mounts
+    it). ``Auto`` is ReadWriteMany for several trainer nodes, else ReadWriteOnce."""
+    cp = spec.checkpoint
+    mode = cp.access_mode
+    if mode == "Auto":
+        mode = "ReadWriteMany" if spec.trainer.nodes > 1 and cp.existing_claim is None else "ReadWriteOnce"
+    mounts = spec.trainer.nodes + spec.inference.replicas
+    return mode, mode == "ReadWriteOnce" and mounts > 1
+
+
 def desired_replicas(spec: RFTJobSpec) -> dict[str, int]:
     """Replicas per role when the job's workloads run (``trainer`` counts pods, i.e. nodes)."""
     return {

@@ -5,8 +5,13 @@
 * ``<dir>/metrics.jsonl`` — one JSON object per line with ``step`` first (flushed and fsynced);
 * TensorBoard — ``<dir>/tensorboard/`` scalars, tagged with the keys unchanged (``time/update``
   groups under ``time`` in the TensorBoard UI);
-* Prometheus — gauge ``rft_trainer_<key>`` (non-alphanumerics become ``_``), registered on the
-  sink's own :class:`~prometheus_client.CollectorRegistry`.
+* Prometheus — a gauge on the sink's own registry, labelled ``job``, ``namespace``, ``role``
+  (:mod:`rft_api.telemetry`). Keys of a family become one gauge with a label
+  (:func:`prometheus_series`): ``time/<phase>`` → ``rft_trainer_step_phase_seconds{phase}``,
+  ``reward/<evaluator>`` → ``rft_trainer_evaluator_reward{evaluator}``, ``errors/<kind>`` →
+  ``rft_trainer_episode_errors{kind}``, ``domain/<domain>/<stat>`` →
+  ``rft_trainer_domain_reward_<stat>{domain}``; any other key is ``rft_trainer_<key>``
+  (non-alphanumerics become ``_``).
 
 On resume, :meth:`MetricsSink.truncate_after` drops lines of steps that are redone, and the
 TensorBoard writer purges events after the resumed step, so each step appears once.
@@ -23,13 +28,35 @@ from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry, Gauge
 
+from rft_api.telemetry import job_registry
+
 METRICS_FILE = "metrics.jsonl"
 _PROM_NAME = re.compile(r"[^a-zA-Z0-9_]")
 
 
+# Families of keys exported as one labelled gauge: prefix → (gauge name, label).
+FAMILIES = {
+    "time": ("rft_trainer_step_phase_seconds", "phase"),
+    "reward": ("rft_trainer_evaluator_reward", "evaluator"),
+    "errors": ("rft_trainer_episode_errors", "kind"),
+}
+
+
 def prometheus_name(key: str) -> str:
-    """The gauge name of a metric key: ``rft_trainer_`` + key with non-alphanumerics as ``_``."""
+    """The gauge name of an unlabelled metric key: ``rft_trainer_`` + key with non-alphanumerics as ``_``."""
     return "rft_trainer_" + _PROM_NAME.sub("_", key).strip("_")
+
+
+def prometheus_series(key: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """``(gauge name, label names, label values)`` of a metric key (see the module docstring)."""
+    head, _, rest = key.partition("/")
+    if rest and head in FAMILIES:
+        name, label = FAMILIES[head]
+        return name, (label,), (rest,)
+    if head == "domain" and rest.count("/") == 1:
+        domain, stat = rest.split("/")
+        return prometheus_name(f"domain_reward_{stat}"), ("domain",), (domain,)
+    return prometheus_name(key), (), ()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -52,7 +79,7 @@ class MetricsSink:
     def __init__(self, directory: str | Path | None, *, tensorboard: bool = True,
                  registry: CollectorRegistry | None = None, purge_step: int | None = None) -> None:
         self.directory = Path(directory) if directory is not None else None
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or job_registry("trainer")
         self._gauges: dict[str, Gauge] = {}
         self._tb = None
         if self.directory is not None:
@@ -85,12 +112,14 @@ class MetricsSink:
         return len(rows) - len(keep)
 
     def gauge(self, key: str) -> Gauge:
-        """The Prometheus gauge of ``key`` (created on first use)."""
-        g = self._gauges.get(key)
+        """The Prometheus gauge (with its labels applied) of ``key`` (created on first use)."""
+        name, labels, values = prometheus_series(key)
+        g = self._gauges.get(name)
         if g is None:
-            g = Gauge(prometheus_name(key), f"trainer metric {key}", registry=self.registry)
-            self._gauges[key] = g
-        return g
+            doc = f"trainer metrics {key.rsplit('/', 1)[0]}/<{labels[0]}>" if labels else f"trainer metric {key}"
+            g = Gauge(name, doc, labels, registry=self.registry)
+            self._gauges[name] = g
+        return g.labels(*values) if labels else g
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
         """Record one step's metrics; non-numeric and non-finite values are left out of

@@ -1,4 +1,4 @@
-"""Rollout data types (rLLM's Episode / Trajectory / Step).
+"""Rollout data types: one sampled completion (:class:`Sample`) and rLLM's Episode / Trajectory / Step.
 
 Token contract (contract 1 in docs/architecture.md), as enforced by :class:`Step`:
 
@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 __all__ = [
+    "Sample",
     "Step",
     "Trajectory",
     "Episode",
@@ -51,6 +53,143 @@ class _JsonModel(BaseModel):
     def from_json(cls, data: str | bytes):  # type: ignore[no-untyped-def]
         """Parse JSON produced by :meth:`to_json`; validates every invariant."""
         return cls.model_validate_json(data)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sample
+
+
+class _Mappable:
+    """Lets evaluators written for dicts read a dataclass: ``sample["text"]``, ``sample.get(...)``."""
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+def _content_text(content: Any) -> str:
+    """The text of a chat message's content (a string or a list of ``{"type": "text"}`` parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _int_list(value: Any, name: str) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"sample: field {name!r} must be a list of integer token ids")
+    return list(value)
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+@dataclass
+class Sample(_Mappable):
+    """One sampled completion, the same object from the engine to the reward.
+
+    The rollout processor builds it from the engine's response (``rft_runtime.rollout.sampling.
+    engine_sample`` checks the token contract: ``logprobs`` aligned with ``completion_ids``, finish
+    reason ``stop``/``length``); the recorder keeps it with its place in the conversation; the
+    evaluator's ``score(sample, item)`` receives a copy with the conversation filled in
+    (``messages``, ``text`` of the final reply, ``id`` the episode id, ``output`` what the bundle's
+    ``rollout`` returned); the reward role receives its JSON form (:meth:`to_wire`).
+
+    ``text`` is for display and scoring; it is never re-tokenised. ``truncated`` is True when the
+    engine stopped at ``max_tokens`` (finish reason ``length``).
+    """
+
+    text: str = ""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    truncated: bool = False
+    id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[float] = field(default_factory=list)
+    """The engine's processed logprob of each completion token (empty outside the rollout role)."""
+    policy_version: int | None = None
+    """The policy version the engine reported for this sample (else the one the lease granted)."""
+    seed: int | None = None
+    stop_reason: int | str | None = None
+    server: str = ""
+    """The inference endpoint that produced it."""
+    output: Any = None
+    """What the bundle's ``rollout`` returned (for its own ``score``); not sent to the reward role."""
+
+    @property
+    def prompt_text(self) -> str:
+        """The last user message before the final assistant turn ('' when there is none)."""
+        msgs = self.messages[:-1] if self.messages and self.messages[-1].get("role") == "assistant" else self.messages
+        for m in reversed(msgs):
+            if m.get("role") == "user":
+                return _content_text(m.get("content"))
+        return ""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON form the reward role reads (contract 3): the fields an evaluator scores on."""
+        return {"id": self.id, "text": self.text, "messages": [dict(m) for m in self.messages],
+                "prompt_ids": list(self.prompt_ids), "completion_ids": list(self.completion_ids),
+                "finish_reason": self.finish_reason, "truncated": bool(self.truncated),
+                "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_any(cls, obj: Any) -> "Sample":
+        """A Sample from a Sample, a dict (the wire form) or any object with the same field names.
+
+        ``text`` defaults to the final assistant message of ``messages``; ``response_ids`` is accepted
+        for ``completion_ids``. Raises ValueError naming the bad field.
+        """
+        if isinstance(obj, Sample):
+            return obj
+        if isinstance(obj, str):
+            return cls(text=obj, messages=[{"role": "assistant", "content": obj}])
+        messages = _field(obj, "messages") or []
+        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise ValueError("sample: field 'messages' must be a list of chat messages (objects)")
+        messages = [dict(m) for m in messages]
+        text = _field(obj, "text")
+        if text is None:
+            last = messages[-1] if messages else None
+            text = _content_text(last.get("content")) if last and last.get("role") == "assistant" else ""
+        if not isinstance(text, str):
+            raise ValueError("sample: field 'text' must be a string")
+        if not messages:
+            messages = [{"role": "assistant", "content": text}]
+        completion = _field(obj, "completion_ids")
+        if completion is None:
+            completion = _field(obj, "response_ids")
+        finish = _field(obj, "finish_reason")
+        if finish is not None and not isinstance(finish, str):
+            raise ValueError("sample: field 'finish_reason' must be a string or null")
+        metadata = _field(obj, "metadata") or {}
+        if not isinstance(metadata, Mapping):
+            raise ValueError("sample: field 'metadata' must be an object")
+        sid = _field(obj, "id")
+        return cls(
+            text=text,
+            messages=messages,
+            prompt_ids=_int_list(_field(obj, "prompt_ids"), "prompt_ids"),
+            completion_ids=_int_list(completion, "completion_ids"),
+            finish_reason=finish,
+            truncated=bool(_field(obj, "truncated", False)),
+            id=None if sid is None else str(sid),
+            metadata=dict(metadata),
+        )
 
 
 # ----------------------------------------------------------------------------------------------

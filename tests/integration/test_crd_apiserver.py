@@ -115,8 +115,8 @@ def test_chart_renders_and_validates_on_server(crd_installed, namespace):
     rendered = subprocess.run([crd_installed.binary("helm"), "template", "rft", str(ROOT / "charts" / "rft-operator"), "-n", namespace,
                                "--include-crds"], capture_output=True, text=True, check=True).stdout
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(rendered) if d)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "Role",
-                     "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition", "Deployment", "Role",
+                     "RoleBinding", "Service", "ServiceAccount"]  # the ConfigMap: the Grafana dashboard
     kubectl(crd_installed, "apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=rendered)
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from rft_api.job import validate_spec
+from tests import metrics_text
 from tests.runtime_config import local_config
 
 
@@ -71,13 +72,14 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         rollout = start(["rollout", "--config", str(tmp_path / "config.json"), "--worker-id", "r0"], "rollout")
         rft.wait(lambda: len(rft.rows(tmp_path / "out")) >= 1, 600, "the first step", trainer)
         metrics = httpx.get(f"http://127.0.0.1:{p_coord}/metrics").text  # the trainer's Prometheus endpoint
-        assert "rft_trainer_reward_mean" in metrics and "rft_trainer_time_update" in metrics
+        assert metrics_text.samples(metrics, "rft_trainer_reward_mean", role="trainer")
+        assert metrics_text.samples(metrics, "rft_trainer_step_phase_seconds", phase="update")
         assert trainer.wait(600) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
         assert rollout.wait(60) == 0, (tmp_path / "rollout.log").read_text()[-3000:]
         if remote:
             scored = httpx.get(reward_url + "/metrics").text
-            line = next(x for x in scored.splitlines() if x.startswith("rft_reward_samples_total"))
-            assert float(line.split()[-1]) >= 3 * 8 * 8  # every sample went through the reward role
+            # every sample went through the reward role
+            assert metrics_text.value(scored, "rft_reward_samples_total", role="reward") >= 3 * 8 * 8
     finally:
         for p in procs:
             if p.poll() is None:

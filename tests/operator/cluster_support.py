@@ -162,10 +162,11 @@ class OperatorThread:
     """The operator in-process, in a background thread; ``stop()`` sets kopf's stop flag."""
 
     def __init__(self, kubeconfig: Path, namespace: str, resync_seconds: float = 1.0,
-                 leader_election: bool = False):
+                 leader_election: bool = False, kueue: bool = False):
         self.config = OperatorConfig(kubeconfig=str(kubeconfig), namespaces=(namespace,), metrics_port=0,
                                      metrics_addr="127.0.0.1", resync_seconds=resync_seconds,
-                                     leader_election_namespace=namespace if leader_election else None)
+                                     leader_election_namespace=namespace if leader_election else None,
+                                     kueue=kueue)
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()
         self.error: Optional[BaseException] = None

@@ -87,7 +87,10 @@ def test_pods_are_locked_down(which: str) -> None:
             if c["image"] == job.spec.runtime_image:
                 assert sc["readOnlyRootFilesystem"] is True
                 assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
-        assert tmpl["metadata"]["labels"] == names.labels(job.name, o["metadata"]["labels"][names.LABEL_ROLE])
+        labels = dict(tmpl["metadata"]["labels"])
+        # pods sharing a ReadWriteOnce checkpoint claim carry the label their co-location affinity selects
+        assert labels.pop(names.LABEL_SHARES_CHECKPOINTS, job.name) == job.name
+        assert labels == names.labels(job.name, o["metadata"]["labels"][names.LABEL_ROLE])
 
 
 def test_trainer_rbac_allows_only_get_and_patch_of_the_progress_configmap(tiny_job) -> None:
@@ -182,6 +185,31 @@ def test_existing_claim_replaces_the_pvc() -> None:
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "shared-ckpt"}} in trainer["volumes"]
 
 
+def test_checkpoint_claim_sharing_follows_the_access_mode() -> None:
+    # one trainer + one inference replica on a ReadWriteOnce claim (Auto): scheduled onto one node together
+    job = ALL_JOBS["tiny"]()
+    c = children(job)
+    assert c[("PersistentVolumeClaim", names.checkpoints(job.name))]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    for key in (("Job", names.trainer(job.name)), ("Deployment", names.inference(job.name))):
+        tmpl = c[key]["spec"]["template"]
+        [term] = tmpl["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"].items() <= tmpl["metadata"]["labels"].items()
+    assert "affinity" not in c[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]
+    # several trainer nodes (Auto): ReadWriteMany, no co-location
+    job = make_job(trainer={**manifest()["spec"]["trainer"], "nodes": 2})
+    c = children(job)
+    assert c[("PersistentVolumeClaim", names.checkpoints(job.name))]["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert "affinity" not in c[("Job", names.trainer(job.name))]["spec"]["template"]["spec"]
+
+
+def test_retained_claim_has_no_owner_and_names_its_job() -> None:
+    job = make_job(checkpoint={"retainOnDelete": True})
+    pvc = children(job)[("PersistentVolumeClaim", names.checkpoints(job.name))]
+    assert "ownerReferences" not in pvc["metadata"]
+    assert pvc["metadata"]["annotations"][names.ANNOTATION_RETAINED_FOR] == job.metadata["uid"]
+
+
 def test_pvc_from_spec() -> None:
     job = ALL_JOBS["vllm-lora"]()
     pvc = children(job)[("PersistentVolumeClaim", names.checkpoints(job.name))]
@@ -208,7 +236,8 @@ def test_trainer_job(tiny_job) -> None:
     assert env["RFT_TRAINER_ATTEMPT"]["value"] == "2"
     # every variable a role gets is read by it (or by its libraries); the rest is in the runtime config
     assert set(env) == {"POD_IP", "RFT_BIND_HOST", "RFT_TRAINER_ATTEMPT", "HOME", "XDG_CACHE_HOME", "HF_HOME",
-                        "HF_HUB_OFFLINE"}
+                        "HF_HUB_OFFLINE", "RFT_METRIC_JOB", "RFT_METRIC_NAMESPACE", "RFT_METRIC_ROLE"}
+    assert env["RFT_METRIC_ROLE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['rft.dev/role']"
     assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR} in c["volumeMounts"]
 
 

@@ -71,8 +71,8 @@ def test_a_pod_that_cannot_start_fails_the_job_naming_the_image() -> None:
 
 def test_an_edit_of_the_trainer_spec_recreates_the_same_attempt() -> None:
     before, after = make_job(), make_job(trainer={"algorithm": "grpo", "learningRate": 2e-3, "maxSteps": 40})
-    old_hash = template_hash(before, 0, config_hash(before, BuildContext()))
-    new_hash = template_hash(after, 0, config_hash(after, BuildContext()))
+    old_hash = template_hash(before, BuildContext(), config_hash(before, BuildContext()))
+    new_hash = template_hash(after, BuildContext(), config_hash(after, BuildContext()))
     assert old_hash != new_hash
     running = observe_job({**_job_obj([], active=1), "metadata": {
         "name": "tiny-arith-trainer", "annotations": {names.ANNOTATION_ATTEMPT: "0",

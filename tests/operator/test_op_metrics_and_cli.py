@@ -7,6 +7,7 @@ import pytest
 from rft_operator.app import make_settings
 from rft_operator.main import config_from_args, parse_args
 from rft_operator.metrics import Metrics
+from tests import metrics_text
 
 
 def test_metrics_are_served() -> None:
@@ -20,13 +21,14 @@ def test_metrics_are_served() -> None:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
         m.close()
-    assert 'rft_operator_reconciles_total{result="ok"} 3.0' in text
-    assert 'rft_operator_reconcile_errors_total{kind="transient"} 1.0' in text
-    assert "rft_operator_reconcile_duration_seconds_count 1.0" in text
-    assert 'rft_operator_jobs{phase="Running"} 2.0' in text
-    assert 'rft_operator_jobs{phase="Succeeded"} 1.0' in text
-    assert 'rft_operator_jobs{phase="Pending"} 1.0' in text
-    assert 'rft_operator_jobs{phase="Failed"} 0.0' in text
+    own = {"job": "local", "namespace": "local", "role": "operator"}  # on every series (rft_api.telemetry)
+    assert metrics_text.value(text, "rft_operator_reconciles_total", result="ok", **own) == 3.0
+    assert metrics_text.value(text, "rft_operator_reconcile_errors_total", kind="transient", **own) == 1.0
+    assert metrics_text.value(text, "rft_operator_reconcile_duration_seconds_count", **own) == 1.0
+    assert metrics_text.value(text, "rft_operator_jobs", phase="Running", **own) == 2.0
+    assert metrics_text.value(text, "rft_operator_jobs", phase="Succeeded", **own) == 1.0
+    assert metrics_text.value(text, "rft_operator_jobs", phase="Pending", **own) == 1.0
+    assert metrics_text.value(text, "rft_operator_jobs", phase="Failed", **own) == 0.0
 
 
 def test_two_metrics_instances_do_not_collide() -> None:

@@ -28,7 +28,9 @@ def test_full_record_round_trips() -> None:
         "evalScore": 0.6, "samplesScored": 2560,
         "errors": {"timeouts": 1, "runtimeErrors": 2, "parseErrors": 3, "droppedEpisodes": 4, "reissuedLeases": 5},
         "checkpoints": [{"step": 10, "path": "/checkpoints/step-10", "time": "2025-01-01T00:00:00Z"}],
-        "done": False, "message": "resumed from step 10", "updateTime": "2025-01-01T00:01:00Z"}
+        "done": False, "message": "resumed from step 10", "updateTime": "2025-01-01T00:01:00Z",
+        "rewardCurve": [{"step": 19, "mean": 0.7, "std": 0.25}, {"step": 20, "mean": 0.75, "std": 0.2}],
+        "domainRewards": {"math": 0.8, "code": 0.7}}
     p = parse_text(json.dumps(record))
     assert json.loads(p.to_data()["progress.json"]) == record
     assert parse(p.to_data()) == p
@@ -47,6 +49,8 @@ def test_full_record_round_trips() -> None:
     ('{"checkpoints": [{"step": 1}]}', "checkpoints[0].path:"),
     ('{"checkpoints": {"step": 1}}', "checkpoints:"),
     ('{"done": "yes"}', "done:"),
+    ('{"rewardCurve": [{"step": 1, "mean": Infinity}]}', "rewardCurve[0].mean:"),
+    ('{"domainRewards": {"math": "high"}}', "domainRewards.math:"),
 ])
 def test_garbage_is_refused_naming_the_field(text: str, where: str) -> None:
     with pytest.raises(ProgressError) as e:
@@ -65,3 +69,15 @@ def test_every_field_is_documented() -> None:
         assert f"`{field.alias}`" in doc, f"docs/progress.md does not document {field.alias}"
     for field in Progress.model_fields["errors"].annotation.model_fields.values():
         assert f"`{field.alias}`" in doc, f"docs/progress.md does not document errors.{field.alias}"
+
+
+def test_reward_curve_keeps_every_step_up_to_its_bound_then_thins_evenly() -> None:
+    from rft_api.progress import MAX_CURVE_POINTS, reward_curve
+
+    rows = [{"step": s, "reward_mean": s / 1200, "reward_std": None} for s in range(1, 1201)]
+    assert [p.step for p in reward_curve(rows[:MAX_CURVE_POINTS])] == list(range(1, MAX_CURVE_POINTS + 1))
+    pts = reward_curve(rows)
+    steps = [p.step for p in pts]
+    assert len(pts) == MAX_CURVE_POINTS and steps[0] == 1 and steps[-1] == 1200 and steps == sorted(set(steps))
+    assert max(b - a for a, b in zip(steps, steps[1:])) <= 3  # evenly spaced
+    assert reward_curve([{"step": 1, "reward_mean": float("nan")}])[0].mean is None

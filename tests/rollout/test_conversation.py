@@ -6,15 +6,17 @@ import copy
 
 import pytest
 
-from rft_runtime.rollout import ChatTemplateError, ChatTokenizer, SampleOut, TokenContractError, TokenConversation
+from rft_runtime.rollout import ChatTemplateError, ChatTokenizer, TokenContractError, TokenConversation, engine_sample
+from rft_runtime.types import Sample
 
 from .conftest import load_fixture
 
 USER = [{"role": "user", "content": "what is 2 + 3?"}]
 
 
-def sample_for(conv: TokenConversation, ids: list[int], finish: str = "stop") -> SampleOut:
-    return SampleOut(conv.prompt_ids(), ids, [-0.5] * len(ids), finish, 0)
+def sample_for(conv: TokenConversation, ids: list[int], finish: str = "stop") -> Sample:
+    return engine_sample(prompt_ids=conv.prompt_ids(), completion_ids=ids, logprobs=[-0.5] * len(ids),
+                         finish_reason=finish, policy_version=0)
 
 
 def test_first_prompt_matches_vllm_tokenize_fixture(chat_tokenizer):
@@ -86,12 +88,14 @@ def test_conversation_guards(chat_tokenizer):
     conv = TokenConversation.start(chat_tokenizer, USER)
     with pytest.raises(TokenContractError, match="sample the assistant turn first"):
         conv.add_messages([{"role": "tool", "content": "x"}])
-    wrong = SampleOut(conv.ids[:-1], [5], [-1.0], "stop", 0)
+    wrong = engine_sample(prompt_ids=conv.ids[:-1], completion_ids=[5], logprobs=[-1.0], finish_reason="stop",
+                          policy_version=0)
     with pytest.raises(TokenContractError, match="not this conversation"):
         conv.add_assistant(wrong)
     conv.add_assistant(sample_for(conv, [70, 2]))
     with pytest.raises(TokenContractError, match="two assistant turns"):
-        conv.add_assistant(SampleOut(conv.ids, [5], [-1.0], "stop", 0))
+        conv.add_assistant(engine_sample(prompt_ids=conv.ids, completion_ids=[5], logprobs=[-1.0],
+                                         finish_reason="stop", policy_version=0))
     with pytest.raises(TokenContractError, match="add a message"):
         conv.prompt_ids()
     fork = conv.fork()

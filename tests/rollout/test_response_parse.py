@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rft_runtime.rollout import SampleAborted, SampleOut, SamplingParams, TokenContractError
+from rft_runtime.rollout import SampleAborted, SamplingParams, TokenContractError, engine_sample
 from rft_runtime.rollout.response import parse_completions
 
 from .conftest import load_fixture
@@ -127,9 +127,10 @@ def test_policy_version_body_then_header_then_caller():
 
 def test_sample_out_checks_lengths():
     with pytest.raises(TokenContractError, match="2 completion ids but 1 logprobs"):
-        SampleOut([1], [5, 6], [-1.0], "stop", None)
+        engine_sample(prompt_ids=[1], completion_ids=[5, 6], logprobs=[-1.0], finish_reason="stop", policy_version=None)
     with pytest.raises(TokenContractError, match="finish_reason"):
-        SampleOut([1], [5], [-1.0], "tool_calls", None)
+        engine_sample(prompt_ids=[1], completion_ids=[5], logprobs=[-1.0], finish_reason="tool_calls",
+                      policy_version=None)
 
 
 @pytest.mark.parametrize(

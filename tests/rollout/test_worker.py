@@ -16,7 +16,6 @@ from rft_runtime.rollout import (
     InferenceHTTPError,
     InferenceUnavailableError,
     RetryPolicy,
-    RolloutSample,
     RolloutWorker,
     SamplingParams,
     episode_json,
@@ -34,7 +33,7 @@ def worker(url, chat_tokenizer, **kw):
 
 
 async def test_default_single_turn_path(real_server, chat_tokenizer):
-    seen: list[RolloutSample] = []
+    seen: list[Sample] = []
 
     async def scorer(sample, item):
         seen.append(sample)
@@ -56,8 +55,12 @@ async def test_default_single_turn_path(real_server, chat_tokenizer):
         assert ep.metadata == {"domain": "math", "policy_version": 9}
         assert ep.metrics["num_samples"] == 1.0
         assert Episode.model_validate_json(json.dumps(episode_json(ep))) == ep  # JSON round trip
-    assert sorted(s.episode_id for s in seen) == [e.id for e in eps]
-    assert Sample.from_any(seen[0]).completion_ids == seen[0].completion_ids  # the rewards' view reads it
+    assert sorted(s.id for s in seen) == [e.id for e in eps]
+    # One sample type from the engine to the reward: the scorer gets the engine's own sample, with the
+    # engine's logprobs and reported version, and the rewards' view is that same object.
+    assert all(type(s) is Sample and len(s.logprobs) == len(s.completion_ids) > 0 for s in seen)
+    assert all(s.policy_version in (3, 5) and s.text == s.messages[-1]["content"] for s in seen)
+    assert Sample.from_any(seen[0]) is seen[0]
     assert len({tuple(e.trajectories[0].steps[0].response_ids) for e in eps}) > 1
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import re
 
 import httpx
 
+from tests import metrics_text
 from tests.serve.support import CHAT_PROMPT
 
 PROMPTS = [CHAT_PROMPT, [269, 272], [5, 17, 99, 230, 4, 8], CHAT_PROMPT[:9], [100 + i for i in range(40)]]
@@ -36,8 +36,7 @@ async def _concurrently(url: str, bodies: list[dict], stagger: float = 0.0) -> l
 
 def _batch_hist(url: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics").text
-    return {m.group(1): float(m.group(2))
-            for m in re.finditer(r'^rft_serve_batch_size_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
+    return {labels["le"]: v for labels, v in metrics_text.samples(text, "rft_serve_batch_size_bucket")}
 
 
 async def test_batched_results_equal_unbatched(server):

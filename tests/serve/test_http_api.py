@@ -14,6 +14,7 @@ import pytest
 
 from rft_runtime.serve.engine import Engine
 from rft_runtime.serve.model import load_model
+from tests import metrics_text
 from tests.serve.support import CHAT_PROMPT, TINY, ServerThread, fixture
 
 
@@ -123,9 +124,9 @@ def test_metrics_count_requests_and_tokens(server):
                  "rft_serve_request_latency_seconds_bucket", "rft_serve_prompt_tokens_total",
                  "rft_serve_num_sequences_running", "rft_serve_policy_version"):
         assert name in text, name
-    line = next(x for x in text.splitlines() if x.startswith("rft_serve_generation_tokens_total"))
-    assert float(line.split()[-1]) >= 4
-    assert 'rft_serve_requests_total{route="/v1/completions",status="200"}' in text
+    assert metrics_text.value(text, "rft_serve_generation_tokens_total") >= 4
+    assert metrics_text.value(text, "rft_serve_requests_total", route="/v1/completions", status="200") >= 1
+    assert {"job", "namespace", "role"} <= set(metrics_text.samples(text, "rft_serve_policy_version")[0][0])
 
 
 def test_health_probes_the_engine():

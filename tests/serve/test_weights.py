@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from rft_runtime.serve.weights import merge_lora, read_safetensors_dir
+from tests import metrics_text
 from tests.serve.support import CHAT_PROMPT, TINY, recompute_logprobs, start_server
 
 ATOL = 1e-4
@@ -118,8 +119,8 @@ def test_updates_change_weights_and_bump_versions(wserver, dirs, ref_model):
     assert _max_err(merged, c9["choices"][0]) <= ATOL
     assert httpx.get(f"{url}/get_policy_version").json() == {"policy_version": 9}
     metrics = httpx.get(f"{url}/metrics").text
-    assert 'rft_serve_weight_updates_total{result="ok"} 4.0' in metrics
-    assert "rft_serve_policy_version 9.0" in metrics
+    assert metrics_text.value(metrics, "rft_serve_weight_updates_total", result="ok") == 4.0
+    assert metrics_text.value(metrics, "rft_serve_policy_version", role="inference") == 9.0
 
 
 def test_bad_updates_are_refused_and_change_nothing(wserver, dirs, tmp_path):

@@ -119,6 +119,10 @@ def test_resume_continues_and_completes_at_the_final_checkpoint(tmp_path, tiny_m
     assert trainer.resumed_from == 3 and trainer.finished and rows == []
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
     assert progress["done"] and progress["step"] == 3
+    # the reward curve spans the whole job, across attempts, as metrics.jsonl does
+    rows = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    assert [(p["step"], p.get("mean")) for p in progress["rewardCurve"]] == [(r["step"], r["reward_mean"]) for r in rows]
+    assert set(progress["domainRewards"]) == {"math"}  # the builtin arithmetic tasks are of domain "math"
     # a dataset edited under the job cannot be resumed: a terminal error naming it (exit 2 in a pod)
     edited = _spec(tiny_model_dir, dataset={"train": {"builtin": "arithmetic", "size": 17}})
     with pytest.raises(ResumeError, match="dataset="):

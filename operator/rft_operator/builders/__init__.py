@@ -20,8 +20,8 @@ from typing import Any
 from rft_api.job import RFTJob
 
 from .. import names
-from ..topology import reward_required
-from . import config, inference, rbac, reward, rollout, storage, trainer
+from ..topology import checkpoint_sharing, reward_required
+from . import config, inference, rbac, reward, rollout, storage, trainer, workload
 from .common import BuildContext
 
 Obj = dict[str, Any]
@@ -74,7 +74,8 @@ def stateful_children(job: RFTJob, ctx: BuildContext) -> list[Obj]:
 
 
 def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True, trainer_job: bool = True) -> list[Obj]:
-    """The role workloads: Deployments (inference, reward, rollout) and the trainer Job."""
+    """The role workloads: Deployments (inference, reward, rollout) and the trainer Job, each placed as a
+    Kueue admission says (``ctx.placements``)."""
     out = []
     if deployments:
         out.append(inference.deployment_for(job, ctx))
@@ -83,7 +84,10 @@ def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = Tru
         out.append(rollout.deployment_for(job, ctx))
     if trainer_job:
         out.append(trainer.job_for(job, ctx))
-    return out
+    if checkpoint_sharing(job.spec)[1]:
+        out = [storage.colocate(job, o) for o in out]
+    placements = dict(ctx.placements)
+    return [workload.place(o, placements) for o in out] if placements else out
 
 
 def desired_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True, trainer_job: bool = True) -> list[Obj]:

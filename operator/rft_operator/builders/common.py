@@ -32,6 +32,8 @@ class BuildContext:
     reward_port: int = 8200
     rendezvous_port: int = 29500
     """The trainer's torch.distributed rendezvous port (on pod 0, through the headless Service)."""
+    placements: tuple[tuple[str, Any], ...] = ()
+    """Role → :class:`~rft_operator.builders.workload.Placement` from a Kueue admission (none otherwise)."""
 
 
 def owner_reference(job: RFTJob) -> Obj:
@@ -96,9 +98,13 @@ BIND_HOST = "$(POD_IP)"
 
 def base_env(job: RFTJob) -> list[Obj]:
     """Environment every container gets: its own address (servers listen there), a writable home and
-    caches, and no hub downloads. Everything else a role needs is in the runtime config."""
+    caches, no hub downloads, and the labels of its metrics (``rft_api.telemetry``: job, namespace and
+    role, from the pod's own labels). Everything else a role needs is in the runtime config."""
     return [
         field_env("POD_IP", "status.podIP"),
+        field_env("RFT_METRIC_JOB", f"metadata.labels['{names.LABEL_INSTANCE}']"),
+        field_env("RFT_METRIC_NAMESPACE", "metadata.namespace"),
+        field_env("RFT_METRIC_ROLE", f"metadata.labels['{names.LABEL_ROLE}']"),
         env_var("RFT_BIND_HOST", BIND_HOST),
         env_var("HOME", TMP_DIR),
         env_var("XDG_CACHE_HOME", f"{CACHE_DIR}/xdg"),

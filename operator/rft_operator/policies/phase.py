@@ -12,7 +12,8 @@
 - Running: the trainer has a ready pod and inference is ready. A running job stays Running while a
   role is degraded or the trainer restarts (the conditions say which); it leaves Running only for a
   terminal phase or Suspended.
-- Suspended: ``spec.suspend`` is true.
+- Suspended: ``spec.suspend`` is true, or Kueue has not admitted (or has evicted) a queued job
+  (``policies.admission``).
 - Succeeded / Failed / ValidationFailed are terminal: once reached, nothing changes the phase.
 
 Precedence in one evaluation: terminal stays terminal > ValidationFailed > Failed > Succeeded >
@@ -33,6 +34,8 @@ class Signals:
     """Everything the phase machine looks at, already reduced to facts."""
 
     suspend: bool = False
+    suspend_reason: str = "Suspended"
+    suspend_message: str = "spec.suspend is true: role workloads are removed"
     invalid: Optional[str] = None
     failure: Optional[Failure] = None
     trainer_succeeded: bool = False
@@ -64,7 +67,7 @@ def next_phase(prev: Optional[str], prev_reason: str, prev_message: str, s: Sign
     if s.trainer_succeeded:
         return PhaseDecision("Succeeded", "TrainerCompleted", "the trainer completed every step")
     if s.suspend:
-        return PhaseDecision("Suspended", "Suspended", "spec.suspend is true: role workloads are removed")
+        return PhaseDecision("Suspended", s.suspend_reason, s.suspend_message)
     if prev == "Running":
         if s.restarting:
             return PhaseDecision("Running", "TrainerRestarting", "the trainer failed and is restarting from the latest checkpoint")

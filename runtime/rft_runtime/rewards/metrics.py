@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from rft_api.telemetry import job_registry
+
 from .types import ERROR_KINDS, ScoreResult
 
 __all__ = ["RewardMetrics"]
@@ -15,7 +17,7 @@ class RewardMetrics:
     ``rft_reward_value`` (distribution of combined rewards)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or job_registry("reward")
         self.samples = Counter("rft_reward_samples", "Samples scored", registry=self.registry)
         self.errors = Counter("rft_reward_errors", "Samples with an error flag, by kind and evaluator",
                               ["kind", "evaluator"], registry=self.registry)

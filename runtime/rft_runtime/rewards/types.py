@@ -12,122 +12,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from rft_runtime.types import Sample, _field, _Mappable
+
 __all__ = [
     "ErrorKind", "ERROR_KINDS", "Sample", "Item", "ScoreResult", "EvaluatorError", "normalise_result",
 ]
 
 ErrorKind = Literal["timeout", "runtime_error", "parse_error"]
 ERROR_KINDS: tuple[str, ...] = ("timeout", "runtime_error", "parse_error")
-
-
-class _Mappable:
-    """Lets evaluators written for dicts read a dataclass: ``sample["text"]``, ``sample.get(...)``."""
-
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key, default)
-
-
-def _content_text(content: Any) -> str:
-    """The text of a chat message's content (a string or a list of ``{"type": "text"}`` parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return str(content)
-
-
-def _int_list(value: Any, name: str) -> list[int]:
-    if value is None:
-        return []
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise ValueError(f"sample: field {name!r} must be a list of integer token ids")
-    return list(value)
-
-
-def _field(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
-@dataclass
-class Sample(_Mappable):
-    """One sampled completion.
-
-    ``text`` is the completion text; ``messages`` the whole conversation including the final
-    assistant message; ``prompt_ids``/``completion_ids`` the exact token ids; ``finish_reason`` and
-    ``truncated`` as the inference engine reported them.
-    """
-
-    text: str = ""
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    prompt_ids: list[int] = field(default_factory=list)
-    completion_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    truncated: bool = False
-    id: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def prompt_text(self) -> str:
-        """The last user message before the final assistant turn ('' when there is none)."""
-        msgs = self.messages[:-1] if self.messages and self.messages[-1].get("role") == "assistant" else self.messages
-        for m in reversed(msgs):
-            if m.get("role") == "user":
-                return _content_text(m.get("content"))
-        return ""
-
-    @classmethod
-    def from_any(cls, obj: Any) -> "Sample":
-        """A Sample from a Sample, a dict or any object with the same field names.
-
-        ``text`` defaults to the final assistant message of ``messages``; ``response_ids`` is accepted
-        for ``completion_ids``. Raises ValueError naming the bad field.
-        """
-        if isinstance(obj, Sample):
-            return obj
-        if isinstance(obj, str):
-            return cls(text=obj, messages=[{"role": "assistant", "content": obj}])
-        messages = _field(obj, "messages") or []
-        if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
-            raise ValueError("sample: field 'messages' must be a list of chat messages (objects)")
-        messages = [dict(m) for m in messages]
-        text = _field(obj, "text")
-        if text is None:
-            last = messages[-1] if messages else None
-            text = _content_text(last.get("content")) if last and last.get("role") == "assistant" else ""
-        if not isinstance(text, str):
-            raise ValueError("sample: field 'text' must be a string")
-        if not messages:
-            messages = [{"role": "assistant", "content": text}]
-        completion = _field(obj, "completion_ids")
-        if completion is None:
-            completion = _field(obj, "response_ids")
-        finish = _field(obj, "finish_reason")
-        if finish is not None and not isinstance(finish, str):
-            raise ValueError("sample: field 'finish_reason' must be a string or null")
-        metadata = _field(obj, "metadata") or {}
-        if not isinstance(metadata, Mapping):
-            raise ValueError("sample: field 'metadata' must be an object")
-        sid = _field(obj, "id")
-        return cls(
-            text=text,
-            messages=messages,
-            prompt_ids=_int_list(_field(obj, "prompt_ids"), "prompt_ids"),
-            completion_ids=_int_list(completion, "completion_ids"),
-            finish_reason=finish,
-            truncated=bool(_field(obj, "truncated", False)),
-            id=None if sid is None else str(sid),
-            metadata=dict(metadata),
-        )
 
 
 @dataclass

@@ -22,17 +22,17 @@ from .errors import (
     SampleAborted,
     TokenContractError,
 )
-from .outcome import RolloutSample
+from .outcome import score_view
 from .recorder import DEFAULT_TRAJECTORY, RecordedSample, RecordedTrajectory, RolloutRecorder
 from .retry import RetryPolicy
-from .sampling import SampleOut, SamplingParams
+from .sampling import SamplingParams, engine_sample
 from .worker import RolloutWorker, Scorer
 
 __all__ = [
     "BundleError", "ChatClient", "ChatTemplateError", "ChatTokenizer", "DEFAULT_TRAJECTORY",
     "EvaluatorBundle", "InferenceClient", "InferenceHTTPError", "InferenceUnavailableError",
     "RecordedSample", "RecordedTrajectory", "RetryPolicy", "RolloutError", "RolloutInfraError",
-    "RolloutRecorder", "RolloutSample", "RolloutWorker", "SampleAborted", "SampleOut", "SamplingParams",
+    "RolloutRecorder", "RolloutWorker", "SampleAborted", "SamplingParams",
     "Scorer", "SyncChatClient", "TokenContractError", "TokenConversation", "TurnSpan",
-    "build_episode", "episode_id", "episode_json", "load_bundle",
+    "build_episode", "engine_sample", "episode_id", "episode_json", "load_bundle", "score_view",
 ]

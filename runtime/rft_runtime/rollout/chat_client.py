@@ -28,6 +28,7 @@ import time
 import uuid
 from typing import Any, Mapping, Sequence
 
+from ..types import Sample
 from .chat_template import ChatTokenizer
 from .client import InferenceClient
 from .conversation import TokenConversation
@@ -42,7 +43,7 @@ from .openai_types import (
     TopLogprob,
 )
 from .recorder import DEFAULT_TRAJECTORY, RecordedSample, RolloutRecorder, message_dict
-from .sampling import SampleOut, SamplingParams
+from .sampling import SamplingParams
 from .tool_calls import ToolParser, parse_hermes_tool_calls
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class ChatClient:
     def _record(
         self,
         i: int,
-        sample: SampleOut,
+        sample: Sample,
         conversation: TokenConversation,
         messages: Sequence[Any],
         parent: RecordedSample | None,
@@ -235,7 +236,7 @@ class ChatClient:
             token_ids=list(sample.completion_ids),
         )
 
-    def _logprobs(self, sample: SampleOut) -> ChoiceLogprobs:
+    def _logprobs(self, sample: Sample) -> ChoiceLogprobs:
         out = []
         for tid, lp in zip(sample.completion_ids, sample.logprobs):
             tok = self.tokenizer.tokenizer.convert_ids_to_tokens(tid)

@@ -29,11 +29,12 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from ..adapters import adapter_name
+from ..types import Sample
 from .concurrency import run_all
 from .errors import InferenceHTTPError, InferenceUnavailableError, SampleAborted, TokenContractError
 from .response import parse_completions
 from .retry import RetryPolicy, is_retryable_status, parse_retry_after
-from .sampling import SampleOut, SamplingParams, check_ids
+from .sampling import SamplingParams, check_ids
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class InferenceClient:
         *,
         policy_version: int | None = None,
         seeds: Sequence[int] | None = None,
-    ) -> list[SampleOut]:
+    ) -> list[Sample]:
         """Sample `n` completions of `prompt_ids`; returns them in seed order.
 
         `policy_version` is recorded on samples whose engine does not report one. `seeds` overrides
@@ -125,12 +126,12 @@ class InferenceClient:
 
     async def complete_one(
         self, prompt_ids: list[int], sampling: SamplingParams, *, seed: int | None, policy_version: int | None
-    ) -> SampleOut:
-        """One single-sample request (retried alone) → one `SampleOut`."""
+    ) -> Sample:
+        """One single-sample request (retried alone) → one `Sample`."""
         model = self.model_for(policy_version)
         body = {"model": model, "prompt": prompt_ids, "n": 1, **sampling.request_fields(seed)}
 
-        def parse(resp_body: Any, headers: Mapping[str, str], url: str) -> SampleOut:
+        def parse(resp_body: Any, headers: Mapping[str, str], url: str) -> Sample:
             if self.adapter_versions and isinstance(resp_body, dict) and resp_body.get("model") != model:
                 raise TokenContractError(f"{url}: asked for model {model!r}, the answer names {resp_body.get('model')!r}")
             return parse_completions(

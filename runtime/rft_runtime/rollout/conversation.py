@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from ..types import Sample
 from .chat_template import ChatTokenizer
 from .errors import TokenContractError
-from .sampling import SampleOut
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class TokenConversation:
             raise TokenContractError("the last turn is an assistant turn; add a message before sampling again")
         return list(self.ids)
 
-    def add_assistant(self, sample: SampleOut, message: Mapping[str, Any] | None = None) -> None:
+    def add_assistant(self, sample: Sample, message: Mapping[str, Any] | None = None) -> None:
         """Append a sampled turn. `sample.prompt_ids` must be exactly the conversation so far."""
         if not self.awaiting_assistant:
             raise TokenContractError("two assistant turns in a row: add the environment's message first")

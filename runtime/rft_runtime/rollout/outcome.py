@@ -6,65 +6,30 @@ Also the sample view handed to `score(sample, item)` and the interpretation of w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from rft_runtime.rewards.types import normalise_result
-from rft_runtime.types import ErrorFlags, TerminationReason
+from rft_runtime.types import ErrorFlags, Sample, TerminationReason
 
 from .recorder import RecordedSample, RecordedTrajectory
 
 RESULT_KEYS = frozenset({"reward", "metrics", "metadata", "output"})
 
 
-@dataclass(frozen=True)
-class RolloutSample:
-    """What `score(sample, item)` receives: the rollout's last reply and its conversation.
-
-    Field names match `rft_runtime.rewards.Sample` (`Sample.from_any(sample)` reads it, and
-    `sample["text"]` / `sample.get("text")` work as on a dict), plus `output`: what `rollout`
-    returned for the scorer.
-    """
-
-    episode_id: str
-    text: str
-    messages: list[dict[str, Any]]
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    finish_reason: str
-    truncated: bool
-    output: Any = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def id(self) -> str:
-        """The episode id (the rewards `Sample.id`)."""
-        return self.episode_id
-
-    @classmethod
-    def of(cls, eid: str, last: RecordedSample, output: Any) -> "RolloutSample":
-        """The view of recorded sample `last` (the rollout's final reply)."""
-        return cls(
-            episode_id=eid,
-            text=last.message.get("content") or "",
-            messages=[dict(m) for m in last.conversation.messages],
-            prompt_ids=list(last.sample.prompt_ids),
-            completion_ids=list(last.sample.completion_ids),
-            finish_reason=last.sample.finish_reason,
-            truncated=last.sample.truncated,
-            output=output,
-        )
-
-    def __getitem__(self, key: str) -> Any:
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Dict-style access for evaluators written for dict samples."""
-        return getattr(self, key, default)
+def score_view(eid: str, last: RecordedSample, output: Any) -> Sample:
+    """What ``score(sample, item)`` receives: the engine's :class:`~rft_runtime.types.Sample` of the
+    rollout's last reply with its conversation filled in (``messages``, ``text`` of the reply), ``id``
+    the episode id and ``output`` what the bundle's ``rollout`` returned."""
+    return dataclasses.replace(
+        last.sample,
+        id=eid,
+        text=last.message.get("content") or "",
+        messages=[dict(m) for m in last.conversation.messages],
+        output=output,
+    )
 
 
 @dataclass

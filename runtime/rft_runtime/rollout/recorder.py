@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from ..types import Sample
 from .conversation import TokenConversation
 from .errors import TokenContractError
-from .sampling import SampleOut
 
 DEFAULT_TRAJECTORY = "default"
 
@@ -67,7 +67,7 @@ class RecordedSample:
     """One sample with its place: `conversation` is the history after this sample's turn."""
 
     index: int
-    sample: SampleOut
+    sample: Sample
     conversation: TokenConversation
     message: dict[str, Any]
     parent: int | None
@@ -128,7 +128,7 @@ class RolloutRecorder:
 
     def record(
         self,
-        sample: SampleOut,
+        sample: Sample,
         conversation: TokenConversation,
         *,
         message: dict[str, Any],

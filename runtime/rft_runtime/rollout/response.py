@@ -1,11 +1,12 @@
-"""Parse a vLLM `/v1/completions` response into `SampleOut`s, enforcing the token contract."""
+"""Parse a vLLM `/v1/completions` response into `Sample`s, enforcing the token contract."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..types import Sample
 from .errors import SampleAborted, TokenContractError
-from .sampling import SampleOut, check_ids
+from .sampling import check_ids, engine_sample
 
 TOKEN_ID_PREFIX = "token_id:"
 POLICY_VERSION_HEADER = "x-policy-version"
@@ -22,7 +23,7 @@ def parse_completions(
     policy_version: int | None,
     server: str,
     require_prompt_echo: bool = True,
-) -> list[SampleOut]:
+) -> list[Sample]:
     """Turn one response body into `n` samples ordered by choice index.
 
     Raises `TokenContractError` on any violation (missing token ids, a logprob count that differs from
@@ -71,8 +72,8 @@ def parse_choice(
     policy_version: int | None,
     server: str,
     require_prompt_echo: bool = True,
-) -> SampleOut:
-    """One choice → `SampleOut`, with every token-contract check of `parse_completions`."""
+) -> Sample:
+    """One choice → `Sample`, with every token-contract check of `parse_completions`."""
     idx = choice.get("index", 0)
     where = f"{server}: choice {idx}"
     finish = choice.get("finish_reason")
@@ -86,7 +87,7 @@ def parse_choice(
     if finish not in ("stop", "length"):
         raise TokenContractError(f"{where}: unexpected finish_reason {finish!r}")
     text = choice.get("text")
-    return SampleOut(
+    return engine_sample(
         prompt_ids=list(prompt_ids),
         completion_ids=ids,
         logprobs=logprobs,

@@ -1,4 +1,4 @@
-"""Sampling parameters sent to the engine, and one sampled completion with its token contract."""
+"""Sampling parameters sent to the engine, and the token-contract check of one sampled completion."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..types import Sample
 from .errors import TokenContractError
 
 FINISH_REASONS = ("stop", "length")
@@ -79,42 +80,37 @@ class SamplingParams:
         return body
 
 
-@dataclass(frozen=True)
-class SampleOut:
-    """One sampled completion: the token contract (docs/architecture.md) for a single sample.
-
-    `logprobs[i]` is the engine's (processed, after temperature) logprob of `completion_ids[i]`.
-    `policy_version` is the version the engine reported, else the one the caller passed.
-    `text` is for display only; it is never re-tokenised.
-    """
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    policy_version: int | None
-    text: str = ""
-    seed: int | None = None
-    stop_reason: int | str | None = None
-    server: str = ""
-
-    def __post_init__(self) -> None:
-        check_ids("prompt_ids", self.prompt_ids)
-        check_ids("completion_ids", self.completion_ids)
-        if len(self.logprobs) != len(self.completion_ids):
-            raise TokenContractError(
-                f"sample has {len(self.completion_ids)} completion ids but {len(self.logprobs)} logprobs"
-            )
-        for i, lp in enumerate(self.logprobs):
-            if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-4:
-                raise TokenContractError(f"logprobs[{i}] = {lp!r} is not a finite log-probability")
-        if self.finish_reason not in FINISH_REASONS:
-            raise TokenContractError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
-
-    @property
-    def truncated(self) -> bool:
-        """True when generation stopped at `max_tokens` (finish_reason "length")."""
-        return self.finish_reason == "length"
+def engine_sample(
+    *,
+    prompt_ids: list[int],
+    completion_ids: list[int],
+    logprobs: list[float],
+    finish_reason: str,
+    policy_version: int | None,
+    text: str = "",
+    seed: int | None = None,
+    stop_reason: int | str | None = None,
+    server: str = "",
+) -> Sample:
+    """The :class:`~rft_runtime.types.Sample` of one engine choice, with the token contract checked
+    (docs/architecture.md, contract 1): ids are token ids, ``logprobs[i]`` is the engine's processed
+    logprob of ``completion_ids[i]`` (finite, ≤ 0), the finish reason is ``stop`` or ``length``.
+    Raises :class:`TokenContractError` naming what is wrong."""
+    check_ids("prompt_ids", prompt_ids)
+    check_ids("completion_ids", completion_ids)
+    if len(logprobs) != len(completion_ids):
+        raise TokenContractError(f"sample has {len(completion_ids)} completion ids but {len(logprobs)} logprobs")
+    for i, lp in enumerate(logprobs):
+        if isinstance(lp, bool) or not isinstance(lp, (int, float)) or not math.isfinite(lp) or lp > 1e-4:
+            raise TokenContractError(f"logprobs[{i}] = {lp!r} is not a finite log-probability")
+    if finish_reason not in FINISH_REASONS:
+        raise TokenContractError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
+    return Sample(
+        text=text, prompt_ids=list(prompt_ids), completion_ids=list(completion_ids),
+        logprobs=[float(lp) for lp in logprobs], finish_reason=finish_reason,
+        truncated=finish_reason == "length", policy_version=policy_version, seed=seed,
+        stop_reason=stop_reason, server=server,
+    )
 
 
 def check_ids(name: str, ids: Any) -> None:

@@ -23,12 +23,6 @@ def _task_dict(task: Any) -> dict[str, Any]:
     return task.to_dict() if hasattr(task, "to_dict") else dict(task)
 
 
-def _sample_dict(sample: Any) -> dict[str, Any]:
-    return {"id": sample.id, "text": sample.text, "messages": list(sample.messages),
-            "prompt_ids": list(sample.prompt_ids), "completion_ids": list(sample.completion_ids),
-            "finish_reason": sample.finish_reason, "truncated": bool(sample.truncated)}
-
-
 class InProcessScorer:
     """Scores with a :class:`~rft_runtime.rewards.service.RewardService` built from the job's
     runtime config (the same evaluator entries the reward role would run)."""
@@ -55,7 +49,8 @@ class RemoteScorer:
 
     async def __call__(self, sample: Any, task: Any) -> Any:
         t0 = time.perf_counter()
-        body = {"samples": [{"id": sample.id, "sample": _sample_dict(sample), "item": _task_dict(task)}]}
+        sample = Sample.from_any(sample)
+        body = {"samples": [{"id": sample.id, "sample": sample.to_wire(), "item": _task_dict(task)}]}
         resp = await self._http.post(self.url + "/v1/score", json=body)
         if resp.status_code != 200:
             raise RuntimeError(f"reward service {self.url}: HTTP {resp.status_code}: {resp.text[:300]}")

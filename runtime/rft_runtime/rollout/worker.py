@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping
 from rft_runtime.data.task import Task
 from rft_runtime.types import Episode
 
+from ..types import Sample
 from .bundle import EvaluatorBundle
 from .chat_client import ChatClient, SyncChatClient
 from .chat_template import ChatTokenizer
@@ -35,11 +36,11 @@ from .client import InferenceClient
 from .concurrency import run_all
 from .episodes import build_episode, episode_id
 from .errors import InferenceHTTPError, MaxTurnsReached, PromptTooLong, RolloutInfraError
-from .outcome import RolloutSample, RunOutcome
+from .outcome import RunOutcome, score_view
 from .recorder import DEFAULT_TRAJECTORY, RolloutRecorder
 from .sampling import SamplingParams
 
-Scorer = Callable[[RolloutSample, Task], Any]
+Scorer = Callable[[Sample, Task], Any]
 """`score(sample, item)`, sync or async, returning a float, None, a bool, a dict with `reward`, or a
 `rft_runtime.rewards.ScoreResult`."""
 
@@ -184,7 +185,7 @@ class RolloutWorker:
         if fn is None:
             return
         try:
-            value = fn(RolloutSample.of(eid, last, o.output), task)
+            value = fn(score_view(eid, last, o.output), task)
             if inspect.isawaitable(value):
                 value = await value
         except Exception as e:

@@ -45,6 +45,8 @@ class TrainSequence:
     error: str | None = None
     error_flags: dict[str, bool] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    domain: str = "default"
+    """The task's domain (the episode's ``metadata.domain``), for per-domain reward statistics."""
 
     @property
     def model_tokens(self) -> int:
@@ -72,7 +74,7 @@ def sequences_from_episode(episode: Episode, task_key: str | None = None) -> lis
             version=m.policy_version, truncated=m.truncated, episode_id=episode.id,
             error=episode.errors.message if episode.errors.any else None,
             error_flags={k: bool(getattr(episode.errors, k)) for k in ERROR_FLAGS},
-            metrics=dict(episode.metrics),
+            metrics=dict(episode.metrics), domain=str(episode.metadata.get("domain") or "default"),
         ))
     return out
 

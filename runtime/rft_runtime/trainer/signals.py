@@ -72,7 +72,8 @@ def reward_metrics(seqs: Sequence[TrainSequence], evaluators: Sequence[str] = ()
     """Reward statistics over every sequence generated in the step (``reward_mean``,
     ``reward_std``, ``reward_min``, ``reward_max``, ``reward_none_frac``) and per evaluator
     (``reward/<name>``: the mean of each evaluator's own reward, from the episode metrics the
-    reward composite writes under the evaluator's name)."""
+    reward composite writes under the evaluator's name) and per task domain (``domain/<d>/mean``,
+    ``domain/<d>/std``)."""
     vals = [s.reward for s in seqs if s.reward is not None]
     out = _stats("reward", vals)
     out["reward_none_frac"] = 1.0 - len(vals) / max(len(seqs), 1)
@@ -88,6 +89,13 @@ def reward_metrics(seqs: Sequence[TrainSequence], evaluators: Sequence[str] = ()
                 per_eval.setdefault(name, []).append(float(v))
     for name, vs in per_eval.items():
         out[f"reward/{name}"] = sum(vs) / len(vs)
+    per_domain: dict[str, list[float]] = {}
+    for s in seqs:
+        if s.reward is not None:
+            per_domain.setdefault(s.domain, []).append(s.reward)
+    for domain, vs in sorted(per_domain.items()):
+        stats = _stats("x", vs)
+        out[f"domain/{domain}/mean"], out[f"domain/{domain}/std"] = stats["x_mean"], stats["x_std"]
     return out
 
 

@@ -44,14 +44,14 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
-from rft_api.progress import Progress, ProgressCheckpoint, ProgressErrors
+from rft_api.progress import Progress, ProgressCheckpoint, ProgressErrors, reward_curve
 from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
 from ..algos import DynamicSampler, tis_weights
 from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, Group
 from ..coordinator.server import CoordinatorServer
 from ..data import DataCursor, Task
-from ..metrics_sink import MetricsSink
+from ..metrics_sink import MetricsSink, read_metrics
 from ..model.loading import load_tokenizer, resolve_model_dir
 from ..progress import ConfigMapProgressSink, FileProgressSink, clip_message, finite, now_rfc3339
 from ..rewards.config import evaluator_names
@@ -297,6 +297,8 @@ class Trainer:
         next_seq = self._restore() if self.resume else 0
         self.metrics = MetricsSink(cfg.paths.metrics_dir, purge_step=(self.step_count + 1) if self.resumed_from else None)
         self.metrics.truncate_after(self.step_count)
+        # the whole job's per-step rows (earlier attempts' too) for the progress record's reward curve
+        self._curve_rows = read_metrics(self.metrics.jsonl_path) if self.metrics.jsonl_path is not None else []
         self._start_coordinator(next_seq)
         inf = spec.inference
         self.publisher = WeightPublisher(Path(cfg.paths.checkpoints) / "weights", cfg.endpoints.inference,
@@ -491,6 +493,7 @@ class Trainer:
                                           times.seconds))
         row = self.metrics.log(step_no, metrics)
         self.history.append(row)
+        self._curve_rows.append(row)
         self._report()
         return row
 
@@ -576,7 +579,8 @@ class Trainer:
     def _report(self, message: str = "", done: bool = False) -> None:
         if self.progress_sink is None:
             return
-        last = self.history[-1] if self.history else {}
+        rows = getattr(self, "_curve_rows", None) or self.history  # the whole job's rows (earlier attempts too)
+        last = rows[-1] if rows else {}
         counters = self.coordinator.counters() if hasattr(self, "coordinator") else {}
         base = self._coord_base
         rec = Progress(
@@ -595,6 +599,9 @@ class Trainer:
             checkpoints=[ProgressCheckpoint(step=c.step, path=str(c.path), time=c.time)
                          for c in self.checkpoints.committed()],
             done=done, message=clip_message(message), update_time=now_rfc3339(),
+            reward_curve=reward_curve(rows),
+            domain_rewards={k.split("/")[1]: v for k, v in last.items()
+                            if k.startswith("domain/") and k.endswith("/mean") and finite(v) is not None},
         )
         try:
             self.progress_sink.write(rec)

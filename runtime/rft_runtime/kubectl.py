@@ -1,0 +1,232 @@
+"""``kubectl rft``: a kubectl plugin for RFTJobs (the console script ``kubectl-rft``).
+
+::
+
+    kubectl rft status JOB            phase, step/total, reward trend (sparkline), last checkpoint,
+                                      per-domain rewards, roles ready/desired
+    kubectl rft logs JOB --role R     the logs of the job's pods in role R (inference, rollout,
+                                      reward, trainer); -f follows one pod
+    kubectl rft suspend JOB           spec.suspend: true (role pods removed, checkpoint kept)
+    kubectl rft resume JOB            spec.suspend: false (the trainer resumes from its checkpoint)
+    kubectl rft curve JOB -o F.png    the reward curve from the job's progress record
+
+Credentials and the default namespace come from the kubeconfig (``$KUBECONFIG`` or
+``~/.kube/config``, its current context), as for kubectl; ``-n`` and ``--kubeconfig`` override them.
+It reads the RFTJob, its progress ConfigMap and its pods, and writes only ``spec.suspend``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from rft_api.constants import API_VERSION, KIND
+from rft_api.progress import PROGRESS_KEY, Progress, ProgressError, parse_text
+
+GROUP, VERSION = API_VERSION.split("/")
+PLURAL = "rftjobs"
+ROLES = ("inference", "rollout", "reward", "trainer")
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+class PluginError(Exception):
+    """A failure to report in one line (exit 1)."""
+
+
+def sparkline(values: Sequence[Optional[float]], width: int = 40) -> str:
+    """The values as a line of block characters (the last ``width`` of them; gaps as spaces)."""
+    vals = list(values)[-width:]
+    finite = [v for v in vals if v is not None and math.isfinite(v)]
+    if not finite:
+        return ""
+    lo, hi = min(finite), max(finite)
+    span = hi - lo
+    out = []
+    for v in vals:
+        if v is None or not math.isfinite(v):
+            out.append(" ")
+        else:
+            out.append(SPARK[int(round((v - lo) / span * (len(SPARK) - 1))) if span > 0 else len(SPARK) // 2])
+    return "".join(out)
+
+
+def _fmt(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def format_status(job: dict[str, Any], progress: Optional[Progress]) -> str:
+    """The lines ``kubectl rft status`` prints."""
+    meta, spec, st = job["metadata"], job.get("spec") or {}, job.get("status") or {}
+    total = st.get("totalSteps") or (spec.get("trainer") or {}).get("maxSteps")
+    lines = [f"{meta['namespace']}/{meta['name']}: {st.get('phase', 'Pending')} — {st.get('message', '')}".rstrip(" —"),
+             f"step        {st.get('step', 0)}/{total if total is not None else '?'}"
+             f"   policy version {st.get('policyVersion', 0)}   restarts {st.get('restarts', 0)}"]
+    mean, std = st.get("rewardMean"), st.get("rewardStd")
+    reward = f"reward      {_fmt(mean)}" + (f" ± {std:.3f}" if std is not None else "")
+    if progress is not None and progress.reward_curve:
+        curve = [p.mean for p in progress.reward_curve]
+        first = next((v for v in curve if v is not None), None)
+        reward += f"   {sparkline(curve)}   (step {progress.reward_curve[0].step}: {_fmt(first)})"
+    lines.append(reward)
+    if st.get("evalScore") is not None:
+        lines.append(f"eval score  {_fmt(st['evalScore'])}")
+    if progress is not None and progress.domain_rewards:
+        lines.append("by domain   " + "   ".join(f"{d} {_fmt(v)}" for d, v in sorted(progress.domain_rewards.items())))
+    ckpt = st.get("lastCheckpoint")
+    lines.append(f"checkpoint  step {ckpt['step']} at {ckpt['path']}" if ckpt else "checkpoint  none yet")
+    roles = st.get("roles") or {}
+    lines.append("roles       " + "   ".join(f"{r} {(roles.get(r) or {}).get('ready', 0)}/{(roles.get(r) or {}).get('desired', 0)}"
+                                            for r in ROLES))
+    errors = st.get("errors") or {}
+    if any(errors.values()):
+        lines.append("errors      " + "   ".join(f"{k} {v}" for k, v in sorted(errors.items()) if v))
+    return "\n".join(lines)
+
+
+class Client:
+    """The few API calls the plugin makes (the official Kubernetes client)."""
+
+    def __init__(self, kubeconfig: Optional[str], namespace: Optional[str]) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_kube_config(config_file=kubeconfig)
+            _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        except Exception as e:  # no kubeconfig: explain, as kubectl would
+            raise PluginError(f"cannot load the kubeconfig: {e}") from None
+        self.namespace = namespace or (active.get("context") or {}).get("namespace") or "default"
+        self.core = client.CoreV1Api()
+        self.custom = client.CustomObjectsApi()
+
+    def _api_error(self, e: Exception, what: str) -> PluginError:
+        status = getattr(e, "status", None)
+        if status == 404:
+            return PluginError(f"{what} not found in namespace {self.namespace}")
+        return PluginError(f"{what}: {getattr(e, 'reason', '') or e}")
+
+    def job(self, name: str) -> dict[str, Any]:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        except Exception as e:
+            raise self._api_error(e, f"{KIND} {name}") from None
+
+    def progress(self, name: str) -> Optional[Progress]:
+        try:
+            cm = self.core.read_namespaced_config_map(f"{name}-progress", self.namespace)
+        except Exception as e:
+            if getattr(e, "status", None) == 404:
+                return None
+            raise self._api_error(e, f"ConfigMap {name}-progress") from None
+        text = (cm.data or {}).get(PROGRESS_KEY)
+        if not text:
+            return None
+        try:
+            return parse_text(text)
+        except ProgressError:
+            return None
+
+    def set_suspend(self, name: str, suspend: bool) -> None:
+        self.job(name)
+        try:
+            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
+                                                       {"spec": {"suspend": suspend}})
+        except Exception as e:
+            raise self._api_error(e, f"{KIND} {name}") from None
+
+    def pods(self, name: str, role: str) -> list[Any]:
+        sel = f"app.kubernetes.io/instance={name},rft.dev/role={role}"
+        return sorted(self.core.list_namespaced_pod(self.namespace, label_selector=sel).items,
+                      key=lambda p: p.metadata.name)
+
+    def log(self, pod: str, container: str, tail: Optional[int], follow: bool) -> Any:
+        kw: dict[str, Any] = {"container": container, "follow": follow, "_preload_content": not follow}
+        if tail is not None:
+            kw["tail_lines"] = tail
+        try:
+            return self.core.read_namespaced_pod_log(pod, self.namespace, **kw)
+        except Exception as e:
+            raise self._api_error(e, f"logs of pod {pod}") from None
+
+
+def _status(c: Client, a: argparse.Namespace) -> int:
+    print(format_status(c.job(a.job), c.progress(a.job)))
+    return 0
+
+
+def _suspend(c: Client, a: argparse.Namespace) -> int:
+    c.set_suspend(a.job, a.command == "suspend")
+    print(f"{KIND.lower()} {c.namespace}/{a.job} {'suspended' if a.command == 'suspend' else 'resumed'}")
+    return 0
+
+
+def _logs(c: Client, a: argparse.Namespace) -> int:
+    c.job(a.job)
+    pods = [p for p in c.pods(a.job, a.role) if a.pod is None or p.metadata.name == a.pod]
+    if not pods:
+        raise PluginError(f"{a.job} has no {a.role} pod{' named ' + a.pod if a.pod else ''} in namespace {c.namespace}")
+    if a.follow and len(pods) > 1:
+        raise PluginError(f"--follow reads one pod; {a.job} has {len(pods)} {a.role} pods: choose one with --pod "
+                          + ", ".join(p.metadata.name for p in pods))
+    for p in pods:
+        container = p.spec.containers[0].name
+        if a.follow:
+            for chunk in c.log(p.metadata.name, container, a.tail, True).stream():
+                sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+            continue
+        text = c.log(p.metadata.name, container, a.tail, False)
+        for line in (text or "").splitlines():
+            print(f"[{p.metadata.name}] {line}" if len(pods) > 1 else line)
+    return 0
+
+
+def _curve(c: Client, a: argparse.Namespace) -> int:
+    progress = c.progress(a.job)
+    if progress is None or not progress.reward_curve:
+        raise PluginError(f"{a.job} has no reward curve yet (no step has completed)")
+    from rft_runtime.local.report import plot_reward_curve
+
+    rows = [{"step": p.step, "reward_mean": p.mean} for p in progress.reward_curve]
+    out = plot_reward_curve(rows, a.output, title=f"{c.namespace}/{a.job}")
+    print(f"wrote {out} ({len(rows)} steps)")
+    return 0
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="kubectl rft", description="Inspect and control RFTJobs.")
+    ap.add_argument("-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)")
+    ap.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for name, help_ in (("status", "phase, progress, reward trend, checkpoint"), ("suspend", "set spec.suspend"),
+                        ("resume", "clear spec.suspend")):
+        sub.add_parser(name, help=help_).add_argument("job")
+    lg = sub.add_parser("logs", help="logs of the job's pods in one role")
+    lg.add_argument("job")
+    lg.add_argument("--role", required=True, choices=ROLES)
+    lg.add_argument("--pod", default=None, help="only this pod of the role")
+    lg.add_argument("-f", "--follow", action="store_true")
+    lg.add_argument("--tail", type=int, default=None, help="lines from the end of each pod's log")
+    cv = sub.add_parser("curve", help="write the reward curve as a PNG")
+    cv.add_argument("job")
+    cv.add_argument("-o", "--output", required=True, type=Path)
+    return ap.parse_args(argv)
+
+
+COMMANDS = {"status": _status, "suspend": _suspend, "resume": _suspend, "logs": _logs, "curve": _curve}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Console script ``kubectl-rft``."""
+    a = parse_args(argv)
+    try:
+        return COMMANDS[a.command](Client(a.kubeconfig, a.namespace), a)
+    except PluginError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

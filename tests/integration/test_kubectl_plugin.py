@@ -1,0 +1,86 @@
+"""``kubectl rft`` against the local cluster: found by kubectl as a plugin (``kubectl-rft`` on PATH),
+reading a job the operator reconciles and the progress record a trainer writes."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rft_api.progress import CurvePoint, Progress, ProgressCheckpoint
+from rft_operator import names
+from tests.operator.cluster_support import (  # noqa: F401
+    api,
+    crd,
+    create_job,
+    get_job,
+    job_manifest,
+    make_role_ready,
+    operator,
+    wait_for,
+    wait_phase,
+)
+
+pytestmark = pytest.mark.cluster
+PLUGIN = shutil.which("kubectl-rft", path=str(Path(sys.executable).parent))
+
+
+def kubectl_rft(cluster, namespace: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``kubectl rft ...`` through kubectl's plugin discovery (the venv's bin on PATH)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+           "KUBECONFIG": str(cluster.kubeconfig)}
+    r = subprocess.run([cluster.binary("kubectl"), "rft", "-n", namespace, *args], capture_output=True, text=True,
+                       env=env, timeout=60)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def write_progress(api, namespace: str, job: str, progress: Progress) -> None:
+    """What the trainer does: patch its progress ConfigMap."""
+    api.patch("ConfigMap", namespace, names.progress(job), {"data": progress.to_data()})
+
+
+def test_status_suspend_resume_and_curve(cluster, api, operator, namespace, tmp_path) -> None:
+    assert PLUGIN, "kubectl-rft is not installed in the venv (pip install -e .)"
+    create_job(api, namespace, job_manifest("arith"))
+    for role in ("inference", "rollout", "trainer"):
+        make_role_ready(api, namespace, "arith", role)
+    wait_phase(api, namespace, "arith", "Running")
+    curve = [CurvePoint(step=s, mean=0.2 + 0.05 * s, std=0.1) for s in range(1, 9)]
+    write_progress(api, namespace, "arith", Progress(
+        step=8, total_steps=30, policy_version=8, reward_mean=0.6, reward_std=0.1, samples_scored=512,
+        checkpoints=[ProgressCheckpoint(step=8, path="step-8")], reward_curve=curve,
+        domain_rewards={"math": 0.6, "code": 0.4}))
+    wait_for("status step 8", lambda: (get_job(api, namespace, "arith").get("status") or {}).get("step") == 8)
+
+    out = kubectl_rft(cluster, namespace, "status", "arith").stdout
+    assert f"{namespace}/arith: Running" in out and "step        8/30" in out
+    assert "reward      0.600 ± 0.100" in out and "▁" in out and "█" in out  # the rising trend, as a sparkline
+    assert "by domain   code 0.400   math 0.600" in out and "checkpoint  step 8 at step-8" in out
+    assert "roles       inference 1/1" in out
+
+    kubectl_rft(cluster, namespace, "suspend", "arith")
+    assert get_job(api, namespace, "arith")["spec"]["suspend"] is True
+    wait_phase(api, namespace, "arith", "Suspended")
+    kubectl_rft(cluster, namespace, "resume", "arith")
+    assert get_job(api, namespace, "arith")["spec"]["suspend"] is False
+    wait_for("resumed", lambda: (get_job(api, namespace, "arith").get("status") or {}).get("phase") != "Suspended")
+
+    png = tmp_path / "curve.png"
+    assert "8 steps" in kubectl_rft(cluster, namespace, "curve", "arith", "-o", str(png)).stdout
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") > 100  # a real image
+
+
+def test_errors_name_what_is_missing(cluster, api, crd, namespace) -> None:
+    r = kubectl_rft(cluster, namespace, "status", "nope", check=False)
+    assert r.returncode == 1 and "RFTJob nope not found in namespace" in r.stderr
+    create_job(api, namespace, job_manifest("fresh"))
+    r = kubectl_rft(cluster, namespace, "curve", "fresh", "-o", "/dev/null", check=False)
+    assert r.returncode == 1 and "no reward curve yet" in r.stderr
+    r = kubectl_rft(cluster, namespace, "logs", "fresh", "--role", "reward", check=False)
+    assert r.returncode == 1 and "has no reward pod" in r.stderr
