@@ -26,6 +26,12 @@ import torch.distributed as dist
 NODE_ENV = "JOB_COMPLETION_INDEX"
 """The node (pod) index: set by Kubernetes in every pod of an Indexed Job."""
 
+GROUP_TIMEOUT_S = 7 * 24 * 3600.0
+"""How long a collective may wait. Ranks other than 0 wait in a broadcast for as long as rank 0
+collects a step's episodes (no bound: the stall timeout only bounds the time between two episodes),
+so this is not how a dead rank is noticed: gloo sees its connections close, and a failed trainer pod
+fails the Job, whose pods the operator replaces as a group."""
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -37,7 +43,7 @@ class DistContext:
     master_address: str = "127.0.0.1"
     port: int = 0
     """The rendezvous port (0 with a world size of 1: an in-process store, no port)."""
-    timeout_s: float = 3600.0
+    timeout_s: float = GROUP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -70,8 +76,7 @@ def context_for(cfg: Any, local_rank: int = 0, node: int | None = None, port: in
         raise ValueError(f"trainer node {node} is outside trainer.nodes {t.nodes}")
     return DistContext(rank=node * procs + local_rank, world_size=t.world_size(), local_rank=local_rank,
                        master_address=cfg.trainer.master_address,
-                       port=cfg.ports.rendezvous if port is None else port,
-                       timeout_s=cfg.trainer.stall_timeout_seconds + 600.0)
+                       port=cfg.ports.rendezvous if port is None else port)
 
 
 def ensure_group(ctx: DistContext) -> None:
