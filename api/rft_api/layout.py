@@ -26,6 +26,12 @@ TMP_DIR = "/tmp"
 
 BUILTIN_PREFIX = "builtin:"
 
+# The job's data-plane credential: every container of a job's pods gets it in this env var, from key
+# ``token`` of Secret ``<job>-token`` (secretKeyRef; the operator creates the Secret once per job). The
+# servers require it as ``Authorization: Bearer <token>``; the clients send it.
+JOB_TOKEN_ENV = "RFT_JOB_TOKEN"
+JOB_TOKEN_SECRET_KEY = "token"
+
 
 def is_builtin_model(base: str) -> bool:
     """``builtin:<name>``: a model the runtime builds offline (no volume)."""

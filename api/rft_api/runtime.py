@@ -9,10 +9,15 @@ mount), which env vars carry secrets (names only, never values) and where progre
 
 Servers listen on the port given here at ``$RFT_BIND_HOST`` (the pod's own address on a cluster;
 ``0.0.0.0`` when unset).
+
+The job's data-plane credential is not in the config (it is a secret): every role reads it from
+``$RFT_JOB_TOKEN`` (:data:`rft_api.layout.JOB_TOKEN_ENV`, filled from Secret ``<job>-token``) with
+:func:`job_token`.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 from urllib.parse import urlsplit
@@ -28,6 +33,7 @@ from .spec import EvaluatorEntry, RFTJobSpec
 
 RUNTIME_CONFIG_KIND = "RFTRuntimeConfig"
 BIND_HOST_ENV = "RFT_BIND_HOST"
+JOB_TOKEN_ENV = layout.JOB_TOKEN_ENV
 
 Url = Annotated[str, StringConstraints(min_length=1, max_length=2048)]
 
@@ -285,6 +291,12 @@ def spec_paths(spec: RFTJobSpec, *, checkpoints: str, model_cache: Optional[str]
                               eval=layout.dataset_path("eval", spec.dataset.eval, dataset_dir)),
         evaluator_files=evaluator_files(spec, evaluator_dir),
     )
+
+
+def job_token(environ: Optional[dict[str, str]] = None) -> Optional[str]:
+    """The job's data-plane token from ``$RFT_JOB_TOKEN`` (None when unset or blank)."""
+    value = (os.environ if environ is None else environ).get(JOB_TOKEN_ENV, "").strip()
+    return value or None
 
 
 def coordinator_port(url: str) -> int:

@@ -6,6 +6,7 @@ concern and are enforced both as CEL in the CRD and in Python.
 """
 from __future__ import annotations
 
+import ipaddress
 from typing import Annotated, Literal, Optional
 
 from pydantic import ConfigDict, Field, StringConstraints
@@ -28,6 +29,7 @@ from .constants import (
 from .rules import Rule, RuleChecked, rules
 
 VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]
+DEFAULT_REQUESTS = {"cpu": "250m", "memory": "512Mi"}
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 KeyName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
@@ -539,6 +541,53 @@ class EvaluationSpec(ApiModel):
     """Sampling temperature for evaluation."""
 
 
+# ---------------------------------------------------------------- network
+Cidr = Annotated[str, StringConstraints(min_length=3, max_length=64, pattern=r"^[0-9a-fA-F:.]+/[0-9]{1,3}$")]
+
+
+class EgressPort(ApiModel):
+    port: int = Field(ge=1, le=65535)
+    """Destination port."""
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    """Transport protocol."""
+
+
+def _is_network(v: str) -> bool:
+    try:
+        ipaddress.ip_network(v, strict=True)
+    except ValueError:
+        return False
+    return True
+
+
+@rules(Rule(
+    cel="isCIDR(self.cidr) && cidr(self.cidr) == cidr(self.cidr).masked()",
+    message="network.rolloutEgress[].cidr must be a network in CIDR notation with its host bits zero "
+            "(e.g. 203.0.113.0/24, or 203.0.113.10/32 for one address)",
+    field=".cidr",
+    check=lambda r: _is_network(r.cidr),
+))
+class EgressRule(ApiModel):
+    cidr: Cidr
+    """Destination network in CIDR notation, its host bits zero (e.g. 203.0.113.10/32 for one address)."""
+    ports: list[EgressPort] = Field(min_length=1, max_length=16)
+    """Destination ports (at least one: an allow-list names its ports)."""
+
+
+@rules(Rule(
+    cel="self.policies || size(self.rolloutEgress) == 0",
+    message="network.rolloutEgress needs network.policies: without the job's NetworkPolicies nothing limits egress "
+            "(drop rolloutEgress, or enable policies)",
+    field=".rolloutEgress",
+    check=lambda n: n.policies or not n.rollout_egress,
+))
+class NetworkSpec(ApiModel):
+    policies: bool = True
+    """Create the job's NetworkPolicies: inference, reward and coordinator accept connections only from the job's own pods, and rollout pods reach only the job's services, DNS and rolloutEgress. Set false only where the cluster's network plugin does not enforce NetworkPolicies (there they would isolate nothing); the job token still guards every data-plane route."""
+    rollout_egress: list[EgressRule] = Field(default_factory=list, max_length=64)
+    """Destinations rollout pods may reach besides the job's services and DNS (an external LLM judge or tool API scored in the rollout pods, say). Everything else is refused."""
+
+
 # ---------------------------------------------------------------- the job
 def _group_ok(s: "RFTJobSpec") -> bool:
     return s.trainer.algorithm not in GROUP_RELATIVE_ALGORITHMS or s.rollout.samples_per_prompt >= 2
@@ -626,6 +675,8 @@ class RFTJobSpec(ApiModel):
     """Checkpoints and their storage."""
     evaluation: Optional[EvaluationSpec] = None
     """Periodic evaluation on held-out tasks."""
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    """The job's network isolation (NetworkPolicies)."""
     suspend: bool = False
     """Suspend: role workloads are removed, the checkpoint volume stays; false resumes from the latest checkpoint."""
     active_deadline_seconds: Optional[int] = Field(None, ge=1, le=31_536_000)
@@ -634,5 +685,7 @@ class RFTJobSpec(ApiModel):
     """Trainer restarts allowed (each resumes from the latest checkpoint) before the job fails."""
     runtime_image: Image = DEFAULT_RUNTIME_IMAGE
     """Image for the roles that do not name their own."""
+    default_resources: Resources = Field(default_factory=lambda: Resources(requests=dict(DEFAULT_REQUESTS)))
+    """Completes the resources of every container of the job's pods: each request here that a container names neither as a request nor as a limit (Kubernetes takes a missing request from its limit), and each limit here it does not name. Rollout and reward pods and init containers have no resources of their own; inference and trainer keep theirs. Every pod then has requests, so a namespace with a ResourceQuota admits it."""
     service_account_name: Optional[Name] = None
     """Extra ServiceAccount for rollout and reward pods (they get none with API access by default)."""

@@ -105,7 +105,9 @@ class Controller:
         finally:
             self.metrics.duration.observe(time.perf_counter() - t0)
         self._failures.pop(key, None)
-        self.store.settle(key, [outcome.current[k] for k in outcome.applied if k in outcome.current], outcome.deleted)
+        learnt = [outcome.token] if outcome.token is not None else []
+        self.store.settle(key, [outcome.current[k] for k in outcome.applied if k in outcome.current] + learnt,
+                          outcome.deleted)
         if outcome.status_obj is not None:
             self.store.put_job(outcome.status_obj)
         self.metrics.reconciles.labels(result="ok").inc()

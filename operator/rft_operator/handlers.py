@@ -4,7 +4,8 @@ the job it concerns.
 - events of ``rftjobs.rft.dev`` (kopf's ``on.event``: no bookkeeping written to the RFTJob, no
   finalizer; a failed reconcile is retried by the controller with backoff);
 - events of the children (Deployments, Jobs, ConfigMaps, Services, ServiceAccounts, Roles,
-  RoleBindings, PersistentVolumeClaims) and of the workloads' pods, all label-filtered server-side
+  RoleBindings, PersistentVolumeClaims, NetworkPolicies; not the token Secret: the operator may not
+  list or watch Secrets) and of the workloads' pods, all label-filtered server-side
   (``app.kubernetes.io/managed-by=rft-operator``): the cache is updated and the owner reconciled;
 - login: the operator's own kubeconfig / in-cluster credentials.
 
@@ -38,6 +39,7 @@ CHILD_WATCHES: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("v1", "persistentvolumeclaims", MANAGED),
     ("rbac.authorization.k8s.io/v1", "roles", MANAGED),
     ("rbac.authorization.k8s.io/v1", "rolebindings", MANAGED),
+    ("networking.k8s.io/v1", "networkpolicies", MANAGED),
     ("v1", "pods", MANAGED),
 )
 # Watched with the Kueue integration on: the jobs' Workloads (their admission).
@@ -72,7 +74,8 @@ def connection_info(cfg: k8s_client.Configuration) -> kopf.ConnectionInfo:
 
 KIND_OF_PLURAL = {"deployments": "Deployment", "jobs": "Job", "configmaps": "ConfigMap", "services": "Service",
                   "serviceaccounts": "ServiceAccount", "persistentvolumeclaims": "PersistentVolumeClaim",
-                  "roles": "Role", "rolebindings": "RoleBinding", "pods": "Pod", "workloads": "Workload"}
+                  "roles": "Role", "rolebindings": "RoleBinding", "networkpolicies": "NetworkPolicy", "pods": "Pod",
+                  "workloads": "Workload"}
 
 
 def _plain(body: Any, kind: str, api_version: str) -> dict[str, Any]:

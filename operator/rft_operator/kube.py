@@ -46,6 +46,8 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
     Kind("batch/v1", "Job", "jobs"),
     Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    Kind("v1", "Secret", "secrets"),
     Kind("rft.dev/v1alpha1", "RFTJob", "rftjobs"),
     Kind("coordination.k8s.io/v1", "Lease", "leases"),
     Kind("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False),
@@ -57,7 +59,9 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
 
 # Children kinds, in the order they are observed.
 CHILD_KINDS = ("ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "Service",
-               "Deployment", "Job")
+               "NetworkPolicy", "Deployment", "Job")
+# The token Secret is a child too, but neither listed nor watched (the operator may only get and
+# create Secrets): the reconcile checks it by name (``reconcile.ensure_token``).
 # Children kinds of the Kueue integration (watched and listed only when it is on).
 KUEUE_CHILD_KINDS = ("Workload",)
 

@@ -45,7 +45,7 @@ LABEL_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 # Server-side label selector of everything the operator creates (children) and its pods.
 MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 
-ROLES = ("config", "progress", "inference", "reward", "rollout", "trainer", "checkpoints")
+ROLES = ("config", "progress", "inference", "reward", "rollout", "trainer", "checkpoints", "token", "network")
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -80,6 +80,11 @@ def trainer(job: str) -> str:
     return f"{job}-trainer"
 
 
+def token(job: str) -> str:
+    """Secret holding the job's data-plane token (key ``token``; created once, never rotated)."""
+    return f"{job}-token"
+
+
 def checkpoints(job: str) -> str:
     """Checkpoint PersistentVolumeClaim (unless ``spec.checkpoint.existingClaim``)."""
     return f"{job}-checkpoints"
@@ -93,7 +98,7 @@ def workload(job: str, uid: str) -> str:
 def all_names(job: str) -> list[str]:
     """Every child name of a job (used by the name-length test)."""
     return [config(job), progress(job), inference(job), reward(job), rollout(job), trainer(job),
-            checkpoints(job)]
+            checkpoints(job), token(job)]
 
 
 def labels(job: str, role: str) -> dict[str, str]:

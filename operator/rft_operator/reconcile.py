@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -24,6 +25,7 @@ from rft_api.status import RFTJobStatus
 
 from . import names
 from .builders import BuildContext, config_hash, desired_children, key_of, stamp, workload_children
+from .builders import secret as secret_builder
 from .builders.workload import Placement, workload_for
 from .events import JobEvent, event_object, transition_events
 from .kube import Kube, KubeError, child_kinds
@@ -58,6 +60,10 @@ class Outcome:
     absent)."""
     status_obj: Optional[Obj] = None
     """The RFTJob as the status write returned it (None when not written)."""
+    token: Optional[Obj] = None
+    """The job's token Secret when this pass learnt of it (read or created), without its data: the
+    caller's cache keeps it so later passes neither read nor create it again."""
+    token_created: bool = False
 
 
 def parse_status(raw: Optional[Obj]) -> Optional[RFTJobStatus]:
@@ -175,6 +181,50 @@ def _delete_unwanted(api: Kube, namespace: str, observed: list[Obj], keep: set[t
         if api.delete(obj["kind"], namespace, key[1], propagation=propagation, uid=obj["metadata"].get("uid")):
             outcome.deleted.append(key)
         current.pop(key, None)
+
+
+TOKEN_BYTES = 32
+
+
+def _without_data(obj: Obj) -> Obj:
+    meta = obj.get("metadata") or {}
+    keep = ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "creationTimestamp")
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {k: meta[k] for k in keep if k in meta}}
+
+
+def ensure_token(api: Kube, job: RFTJob, current: dict[tuple[str, str], Obj], outcome: Outcome) -> bool:
+    """Make sure Secret ``<job>-token`` exists and is this job's; create it (once, with a fresh random
+    token) when it does not. Known from the caller's cache: no request. Returns whether the job has
+    its token (else ``outcome.errors`` says why). The token's value is never logged nor put in an
+    error: errors carry the API server's status and reason only."""
+    key = ("Secret", names.token(job.name))
+    if key in current:
+        return True
+    try:
+        found = api.get("Secret", job.namespace, key[1])
+        if found is None:
+            try:
+                found = api.create(secret_builder.token_secret(job, secrets.token_urlsafe(TOKEN_BYTES)))
+                outcome.token_created = True
+            except KubeError as e:
+                if not e.conflict:  # created by a concurrent pass: read it below
+                    raise
+                found = api.get("Secret", job.namespace, key[1])
+    except KubeError as e:
+        if e.transient:
+            raise
+        outcome.errors.append(f"Secret/{key[1]}: {e.status} {e.reason}")
+        return False
+    if found is None:  # deleted between create and get: the next pass creates it
+        outcome.errors.append(f"Secret/{key[1]}: not found after create")
+        return False
+    if not controlled_by(found, job.metadata.get("uid")):
+        outcome.errors.append(f"Secret/{key[1]} exists and is not controlled by this RFTJob: its pods would take "
+                              "their data-plane token from it, so no workload is created; delete it and the "
+                              "operator creates the job's own")
+        return False
+    current[key] = outcome.token = _without_data(found)
+    return True
 
 
 def template_hash(job: RFTJob, ctx: BuildContext, cfg_hash: str) -> str:
@@ -300,8 +350,15 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     if gate.workload is not None and plan.stateful and not gate.requeue:
         desired.insert(0, gate.workload)
     current = outcome.current
+    token_ok = True
+    if plan.stateful:  # before the workloads: their pods read the token from it
+        token_ok = ensure_token(api, job, current, outcome)
+    if not token_ok:  # no new workload whose pods would read a token that is not the job's
+        desired = [o for o in desired if o["kind"] not in WORKLOAD_KINDS]
     _apply_all(api, desired, current, outcome)
-    keep = {key_of(o) for o in desired}
+    keep = {key_of(o) for o in desired} | {("Secret", names.token(job.name))}
+    if not token_ok:
+        keep |= {key_of(o) for o in observed_objs if o["kind"] in WORKLOAD_KINDS}
     if not plan.stateful:
         keep |= {key_of(o) for o in observed_objs if o["kind"] not in WORKLOAD_KINDS}
     if plan.trainer == TrainerStep.KEEP:

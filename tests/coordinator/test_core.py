@@ -65,10 +65,11 @@ def test_expired_lease_is_reissued_and_counted(coord, clock, episode, tasks):
     second = coord.lease("w2", 1)["tasks"][0]
     assert second["task_key"] == key and second["lease_id"] != first["lease_id"]
     assert coord.counters["leases_expired"] == 1 and coord.counters["tasks_reissued"] == 1
-    # The first worker's late episodes still count; the second worker's copies are duplicates.
-    coord.post_episodes("w1", [episode(key, 0), episode(key, 1)])
+    # The first worker's late episodes are refused (its lease expired); the new holder's count.
+    late = coord.post_episodes("w1", [episode(key, 0), episode(key, 1)])
+    assert len(late["refused"]) == 2 and coord.counters["episodes_refused_lease"] == 2
     res = coord.post_episodes("w2", [episode(key, 0), episode(key, 1)])
-    assert len(res["duplicate"]) == 2
+    assert len(res["accepted"]) == 2
     assert coord.is_complete(key)
 
 

@@ -33,9 +33,10 @@ async def test_lease_post_status_roundtrip(served, episode, tasks):
         out = await c.lease("w1", 5)
         assert [t["task_key"] for t in out["tasks"]] == keys
         eps = [episode(k, i) for k in keys for i in range(2)]
-        res = await c.post_episodes("w1", eps)
+        held = [t["lease_id"] for t in out["tasks"]]
+        res = await c.post_episodes("w1", eps, held)
         assert len(res["accepted"]) == 4
-        res = await c.post_episodes("w1", eps[:1])  # a retried post
+        res = await c.post_episodes("w1", eps[:1], held)  # a retried post
         assert res["duplicate"] == [eps[0]["id"]]
         st = await c.status()
         assert st["tasks"]["complete"] == 2
@@ -85,7 +86,8 @@ def test_collect_blocks_until_a_worker_posts(served, episode, tasks):
         async def run() -> None:
             async with CoordinatorClient(server.url) as c:
                 lease = await c.lease("w", 1)
-                await c.post_episodes("w", [episode(t["task_key"], i) for t in lease["tasks"] for i in range(2)])
+                await c.post_episodes("w", [episode(t["task_key"], i) for t in lease["tasks"] for i in range(2)],
+                                      [t["lease_id"] for t in lease["tasks"]])
         asyncio.run(run())
 
     th = threading.Thread(target=worker)

@@ -222,14 +222,22 @@ def test_chart_with_kueue_grants_exactly_the_kueue_rules_and_passes_the_flag(clu
     import subprocess
 
     from rft_operator.main import parse_args
-    from rft_operator.permissions import KUEUE_RULES, OPERATOR_RULES
+    from rft_operator.permissions import KUEUE_CLUSTER_RULES, KUEUE_RULES, OPERATOR_RULES
 
     chart = Path(__file__).resolve().parents[2] / "charts" / "rft-operator"
     rendered = subprocess.run([cluster.binary("helm"), "template", "rft", str(chart), "-n", "ops",
                                "--set", "kueue.enabled=true"], capture_output=True, text=True, check=True).stdout
     docs = [d for d in yaml.safe_load_all(rendered) if d]
-    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
-    assert role["rules"] == OPERATOR_RULES + KUEUE_RULES
+    roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] == "ClusterRole"}
+    assert roles == {"rft-rft-operator": OPERATOR_RULES + KUEUE_RULES, "rft-rft-operator-kueue": KUEUE_CLUSTER_RULES}
+    # namespaced operator: the Workload rules in each watched namespace, the cluster-scoped reads still cluster-wide
+    rendered = subprocess.run([cluster.binary("helm"), "template", "rft", str(chart), "-n", "ops", "--set",
+                               "kueue.enabled=true", "--set", "watchNamespaces={team-a}"],
+                              capture_output=True, text=True, check=True).stdout
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    assert [d["rules"] for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "team-a"] == \
+        [OPERATOR_RULES + KUEUE_RULES]
+    assert [d["rules"] for d in docs if d["kind"] == "ClusterRole"] == [KUEUE_CLUSTER_RULES]
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--kueue" in args and parse_args(args).kueue

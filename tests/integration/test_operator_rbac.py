@@ -59,7 +59,7 @@ def test_operator_runs_with_its_declared_permissions_only(cluster, api, namespac
         for method, path in (("GET", f"/api/v1/namespaces/{namespace}/secrets"),
                              ("POST", f"/api/v1/namespaces/{namespace}/pods"),
                              ("DELETE", f"/api/v1/namespaces/{namespace}/pods/x")):
-            with pytest.raises(KubeError) as e:  # not an admin: no Secrets, pods read only
+            with pytest.raises(KubeError) as e:  # not an admin: no Secret listing, pods read only
                 restricted.request(method, path, body={} if method == "POST" else None)
             assert e.value.status == 403
     finally:
@@ -69,7 +69,7 @@ def test_operator_runs_with_its_declared_permissions_only(cluster, api, namespac
     try:
         doc = job_manifest(JOB)
         create_job(api, namespace, doc)
-        wait_for("children", lambda: len(children(api, namespace, JOB)) == 11)
+        wait_for("children", lambda: len(children(api, namespace, JOB)) == 14)  # 11 + 3 NetworkPolicies
         wait_phase(api, namespace, JOB, "Provisioning")
         api.patch("RFTJob", namespace, JOB, {"spec": {"suspend": True}})
         wait_phase(api, namespace, JOB, "Suspended")

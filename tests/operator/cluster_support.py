@@ -94,8 +94,8 @@ def wait_phase(api: Kube, namespace: str, name: str, phase: str, timeout: float 
 
 
 def children(api: Kube, namespace: str, job: str, kinds: tuple[str, ...] = (
-        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "Service", "Deployment",
-        "Job")) -> dict[tuple[str, str], dict]:
+        "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "Service", "NetworkPolicy",
+        "Deployment", "Job")) -> dict[tuple[str, str], dict]:
     out = {}
     for kind in kinds:
         for o in api.list(kind, namespace, names.job_selector(job)):

@@ -62,7 +62,9 @@ def test_workload_pod_sets_carry_counts_and_requests_only() -> None:
     sets = {ps["name"]: ps for ps in w["spec"]["podSets"]}
     assert set(sets) >= {"inference", "rollout", "trainer"} and sets["trainer"]["count"] == job.spec.trainer.nodes
     c = sets["inference"]["template"]["spec"]["containers"][0]
-    assert sets["trainer"]["template"]["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "2"}
+    # the role's own requests, completed by spec.defaultResources: every pod set has requests for Kueue to count
+    assert sets["trainer"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "2"
+    assert all(c["resources"]["requests"] for ps in sets.values() for c in ps["template"]["spec"]["containers"])
     assert set(c) <= {"name", "image", "resources"}  # no env, args, probes: editing them does not requeue
     assert w["spec"]["queueName"] == "team-a" and w["spec"]["priority"] == 7
     assert w["metadata"]["labels"][names.LABEL_KUEUE_JOB_UID] == job.metadata["uid"]

@@ -131,7 +131,9 @@ def test_llm_judge_key_goes_to_reward_pods_only() -> None:
     reward_env = c[("Deployment", names.reward(job.name))]["spec"]["template"]["spec"]["containers"][0]["env"]
     rollout_env = c[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert expected in reward_env
-    assert not any("secretKeyRef" in e.get("valueFrom", {}) for e in rollout_env)
+    # the only Secret rollout pods see is their own job's data-plane token
+    refs = [e["valueFrom"]["secretKeyRef"] for e in rollout_env if "secretKeyRef" in e.get("valueFrom", {})]
+    assert refs == [{"name": names.token(job.name), "key": "token"}]
     config = json.loads(c[("ConfigMap", names.config(job.name))]["data"]["config.json"])
     assert config["secretEnv"] == [{"index": 0, "env": "RFT_EVALUATOR_0_API_KEY"}]
     assert config["scoring"] == "reward"
@@ -235,8 +237,8 @@ def test_trainer_job(tiny_job) -> None:
     assert env["RFT_BIND_HOST"]["value"] == "$(POD_IP)"
     assert env["RFT_TRAINER_ATTEMPT"]["value"] == "2"
     # every variable a role gets is read by it (or by its libraries); the rest is in the runtime config
-    assert set(env) == {"POD_IP", "RFT_BIND_HOST", "RFT_TRAINER_ATTEMPT", "HOME", "XDG_CACHE_HOME", "HF_HOME",
-                        "HF_HUB_OFFLINE", "RFT_METRIC_JOB", "RFT_METRIC_NAMESPACE", "RFT_METRIC_ROLE"}
+    assert set(env) == {"POD_IP", "RFT_BIND_HOST", "RFT_JOB_TOKEN", "RFT_TRAINER_ATTEMPT", "HOME", "XDG_CACHE_HOME",
+                        "HF_HOME", "HF_HUB_OFFLINE", "RFT_METRIC_JOB", "RFT_METRIC_NAMESPACE", "RFT_METRIC_ROLE"}
     assert env["RFT_METRIC_ROLE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['rft.dev/role']"
     assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR} in c["volumeMounts"]
 
@@ -397,3 +399,30 @@ def test_rollout_pods_mount_a_model_on_a_volume() -> None:
     pod = rollout.deployment_for(job, BuildContext())["spec"]["template"]["spec"]
     assert {"name": "model-0", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
     assert {"name": "model-0", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+
+
+@pytest.mark.parametrize("which", sorted(ALL_JOBS))
+def test_every_container_has_cpu_and_memory_requests(which: str) -> None:
+    """A namespace with a ResourceQuota on requests admits only pods whose every container has them
+    (a request taken from a limit counts: Kubernetes defaults it)."""
+    job = ALL_JOBS[which]()
+    seen = 0
+    for _, template in pod_templates(desired_children(job, BuildContext())):
+        spec = template["spec"]
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            res = c["resources"]
+            for k in ("cpu", "memory"):
+                assert k in res.get("requests", {}) or k in res.get("limits", {}), (which, c["name"], k)
+            seen += 1
+    assert seen >= 3
+
+
+def test_default_resources_fill_only_what_a_container_leaves_open() -> None:
+    job = make_job(trainer={"resources": {"limits": {"memory": "8Gi"}, "requests": {"nvidia.com/gpu": 1}}},
+                   defaultResources={"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "4"}})
+    c = children(job)
+    trainer = c[("Job", names.trainer(job.name))]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    # memory's request comes from its limit (not the default), the GPU request stays, cpu is defaulted
+    assert trainer == {"limits": {"cpu": "4", "memory": "8Gi"}, "requests": {"cpu": "1", "nvidia.com/gpu": 1}}
+    rollout = c[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert rollout == {"limits": {"cpu": "4"}, "requests": {"cpu": "1", "memory": "1Gi"}}

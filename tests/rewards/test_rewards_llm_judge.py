@@ -57,7 +57,7 @@ async def test_custom_template_regex_and_raw_score(chat_server: ChatServer) -> N
     assert result.reward == pytest.approx(0.35)  # no scoreMax with a custom template: the raw score
     msgs = chat_server.requests[0]["json"]["messages"]
     assert msgs[0] == {"role": "system", "content": "be strict"}
-    assert msgs[1]["content"] == "Topic algebra / answer / stop"
+    assert msgs[1]["content"] == "Topic algebra / <answer>\nanswer\n</answer> / stop"  # the answer quoted as data
 
 
 async def test_retries_429_and_5xx_then_succeeds(chat_server: ChatServer) -> None:

@@ -17,7 +17,7 @@ from rft_runtime.rewards import ConfigError, Item, Sample, ScoreResult
 from rft_runtime.rewards.builtins import CodeSandboxEvaluator
 from rft_runtime.rewards.builtins.code_sandbox import extract_code, parse_tests
 from rft_runtime.rewards.sandbox import DEFAULT_DENIED_PATHS, SandboxUnavailableError, probe
-from rft_runtime.rewards.sandbox.policy import SandboxPolicy
+from rft_runtime.rewards.sandbox.policy import DEFAULT_READABLE_PATHS, SandboxPolicy
 
 from .conftest import processes_of_uid
 
@@ -130,12 +130,16 @@ async def test_infinite_loop(sandbox: CodeSandboxEvaluator) -> None:
 
 
 async def test_write_outside_workdir(sandbox: CodeSandboxEvaluator, open_dir: Path) -> None:
-    target = open_dir / "escaped.txt"  # file permissions would allow it: only the read-only mount stops it
+    target = open_dir / "escaped.txt"  # file permissions would allow it: the private root has no /tmp of ours
     code = f"with open({str(target)!r}, 'w') as fh:\n    fh.write('escaped')\n"
     result = await sandbox.score(Sample(text=code), ADD_TESTS)
-    assert "Read-only file system" in result.reason, result.reason
+    assert "No such file or directory" in result.reason, result.reason
     assert not target.exists()
     await assert_contained(sandbox, result, ("runtime_error",))
+    # what the view does show (the interpreter's /usr) is read-only
+    result = await sandbox.score(Sample(text="open('/usr/rft-escape', 'w')\n"), ADD_TESTS)
+    assert "Read-only file system" in result.reason, result.reason
+    assert not os.path.exists("/usr/rft-escape")
 
 
 async def test_writes_inside_workdir_work(sandbox: CodeSandboxEvaluator) -> None:
@@ -155,15 +159,14 @@ async def test_reading_secrets_is_denied(open_dir: Path) -> None:
     private.write_text("KEY-xyz789")
     os.chmod(private, 0o600)  # not listed: the separate uid cannot read it
     ev = make(deniedPaths=[str(secrets)])
-    assert str(secrets) in ev.isolation["denied"]
-    for path in (token, private):
+    for path in (token, private):  # not in the private root at all (only system paths are)
         code = f"print(open({str(path)!r}).read())\n"
         result = await ev.score(Sample(text=code), ADD_TESTS)
-        assert "Permission denied" in result.reason, result.reason
+        assert "No such file or directory" in result.reason, result.reason
         assert "TOKEN-abc123" not in result.reason and "KEY-xyz789" not in result.reason
         await assert_contained(ev, result, ("runtime_error",))
     listing = await ev.score(Sample(text=f"import os\nprint(os.listdir({str(secrets)!r}))\n"), ADD_TESTS)
-    assert listing.error == "runtime_error" and "Permission denied" in listing.reason
+    assert listing.error == "runtime_error" and "No such file or directory" in listing.reason
 
 
 async def test_opening_a_socket_to_a_local_listener_fails(sandbox: CodeSandboxEvaluator) -> None:
@@ -227,7 +230,7 @@ def run_launcher(workdir: Path, code: str, run_as: int | None = None, **cfg: obj
         LAUNCHER = str(copy)
     config = {"workdir": str(workdir), "argv": ["/usr/bin/python3", "-I", "-c", code], "sandbox_uid": SANDBOX_UID,
               "sandbox_gid": SANDBOX_UID, "limits": {"cpu": 5, "nproc": 16}, "mode": "auto", "denied_paths": [],
-              **cfg}
+              "readable_paths": list(DEFAULT_READABLE_PATHS), **cfg}
     driver.write_text(
         "import json, os, subprocess, sys\n"
         "r, w = os.pipe()\n"
@@ -268,8 +271,8 @@ def test_unprivileged_worker_gets_a_user_namespace(open_dir: Path) -> None:
         pytest.skip(f"unprivileged user namespaces are not allowed here: {setup}")
     assert setup["mode"] == "userns" and setup["net_ns"] and setup["mount_ns"] and setup["uid"] == 65534, setup
     assert outcome["rc"] == 0, outcome
-    assert "'secret': 'PermissionError'" in outcome["out"]
-    assert "'write': 'Read-only file system'" in outcome["out"]
+    assert "'secret': 'FileNotFoundError'" in outcome["out"]  # the worker's own files are not in the view
+    assert "'write': 'No such file or directory'" in outcome["out"]
     assert "'net': 'Network is unreachable'" in outcome["out"]
     assert not outside.exists()
 
@@ -280,27 +283,22 @@ def test_remount_fallback_for_kernels_without_mount_setattr(open_dir: Path, mode
     workdir = open_dir / "work"
     workdir.mkdir()
     os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
-    secret = open_dir / "secret"
-    secret.write_text("s3cret")
-    os.chmod(secret, 0o644)
-    outside = open_dir / "escape.txt"
-    code = PROBE_CODE.format(secret=str(secret), outside=str(outside)) + "\nopen('inside.txt', 'w').write('ok')"
-    setup, outcome = run_launcher(workdir, code, mode=mode, readonly_method="remount", denied_paths=[str(secret)])
+    code = (PROBE_CODE.format(secret="/usr/lib/os-release", outside="/usr/rft-escape")
+            + "\nopen('inside.txt', 'w').write('ok'); print(open('inside.txt').read())")
+    setup, outcome = run_launcher(workdir, code, mode=mode, readonly_method="remount",
+                                  denied_paths=["/usr/lib/os-release"])
     assert setup["kind"] == "setup" and setup["readonly_root"] == "remount" and setup["mode"] == mode, setup
     assert outcome["rc"] == 0, outcome
     assert "'write': 'Read-only file system'" in outcome["out"] and "'secret': 'PermissionError'" in outcome["out"]
-    assert (workdir / "inside.txt").read_text() == "ok"  # the workdir stays writable
-    assert not outside.exists()
+    assert outcome["out"].strip().endswith("ok")  # the private /work stays writable
+    assert not (workdir / "inside.txt").exists()  # and nothing reaches the outside workdir
+    assert not os.path.exists("/usr/rft-escape")
 
 
 def test_refusal_when_no_namespace_can_be_made(monkeypatch: pytest.MonkeyPatch) -> None:
     # Simulates a kernel/seccomp profile that refuses namespaces: the probe's launcher outcome.
-    real = probe._probe_blocking
-
     def no_namespaces(policy: SandboxPolicy):  # type: ignore[no-untyped-def]
-        if policy.mode != "none":
-            return None, "namespaces: OSError: cannot create namespaces (userns: EPERM; root: not root)"
-        return real(policy)
+        return None, "namespaces: OSError: cannot create namespaces (userns: EPERM; root: not root)"
 
     monkeypatch.setattr(probe, "_probe_blocking", no_namespaces)
     monkeypatch.setattr(probe, "_cache", {})
@@ -308,18 +306,16 @@ def test_refusal_when_no_namespace_can_be_made(monkeypatch: pytest.MonkeyPatch) 
         make(timeoutSeconds=3)
     # The refusal names what to fix, never running untrusted code without isolation.
     assert "allowNetworkFallback" not in str(refused.value) and "without namespaces" not in str(refused.value)
-    ev = make(timeoutSeconds=3.5, allowNetworkFallback=True)
-    assert ev.policy.mode == "none" and ev.isolation["net_ns"] is False and "EPERM" in ev.isolation["fallback_reason"]
+    assert "EPERM" in str(refused.value)
 
 
-async def test_explicit_unisolated_mode_needs_the_fallback_flag() -> None:
-    with pytest.raises(ConfigError, match="isolation.*allowNetworkFallback"):
+def test_unisolated_modes_were_removed() -> None:
+    with pytest.raises(ConfigError, match="'isolation' 'none' was removed"):
         make(isolation="none")
-    ev = make(isolation="none", allowNetworkFallback=True)
-    assert ev.isolation["net_ns"] is False and ev.isolation["mode"] == "none"
-    # still: rlimits, empty environment, the sandbox uid (as root), and the worker survives
-    result = await ev.score(Sample(text="a = []\nwhile True:\n    a.append(bytearray(2**24))\n"), ADD_TESTS)
-    await assert_contained(ev, result, ("runtime_error",))
+    with pytest.raises(ConfigError, match="'allowNetworkFallback' was removed"):
+        make(allowNetworkFallback=True)
+    with pytest.raises(ConfigError, match="'allowNetworkFallback' was removed"):
+        make(allowNetworkFallback=False)
 
 
 def test_code_extraction_and_test_parsing() -> None:

@@ -1,5 +1,8 @@
 """Child builders: one module per child kind, each a pure function ``(job, ctx) -> dict``.
 
+The job's token Secret (``secret.token_secret``) is not among the desired children: its content is
+random, so the reconcile creates it once (``reconcile.ensure_token``) and never applies it again.
+
 :func:`desired_children` lists what a job should have, in apply order (identity and state first,
 then Services, then workloads), given which workloads the reconcile plan allows, stamped with
 hashes (see :func:`stamp`):
@@ -21,13 +24,13 @@ from rft_api.job import RFTJob
 
 from .. import names
 from ..topology import checkpoint_sharing, reward_required
-from . import config, inference, rbac, reward, rollout, storage, trainer, workload
-from .common import BuildContext
+from . import config, inference, network, rbac, reward, rollout, storage, trainer, workload
+from .common import BuildContext, resources
 
 Obj = dict[str, Any]
 
 __all__ = ["BuildContext", "desired_children", "stateful_children", "workload_children", "key_of", "config_hash",
-           "content_hash", "stamp"]
+           "content_hash", "stamp", "with_default_resources"]
 HASH_LEN = 16
 
 
@@ -44,6 +47,33 @@ def config_hash(job: RFTJob, ctx: BuildContext) -> str:
 
 def _annotate(meta: Obj, key: str, value: str) -> None:
     meta.setdefault("annotations", {})[key] = value
+
+
+def with_default_resources(job: RFTJob, children: list[Obj]) -> list[Obj]:
+    """Complete every container (and init container) of every pod template with the job's
+    ``spec.defaultResources`` (in place; returns ``children``): each default request the container
+    names neither in its requests nor in its limits (Kubernetes takes a request from the limit), and
+    each default limit it does not name. Every pod then has requests, so a namespace with a
+    ResourceQuota admits it."""
+    default = resources(job.spec.default_resources)
+    for obj in children:
+        pod = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+        for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+            res = c.get("resources") or {}
+            requests, limits = dict(res.get("requests") or {}), dict(res.get("limits") or {})
+            for k, v in (default.get("requests") or {}).items():
+                if k not in requests and k not in limits:
+                    requests[k] = v
+            for k, v in (default.get("limits") or {}).items():
+                limits.setdefault(k, v)
+            res = {}
+            if limits:
+                res["limits"] = dict(sorted(limits.items()))
+            if requests:
+                res["requests"] = dict(sorted(requests.items()))
+            if res:
+                c["resources"] = res
+    return children
 
 
 def stamp(children: list[Obj], cfg_hash: str) -> list[Obj]:
@@ -70,11 +100,13 @@ def stateful_children(job: RFTJob, ctx: BuildContext) -> list[Obj]:
     if reward_required(job.spec):
         out.append(reward.service_for(job, ctx))
     out.append(trainer.service_for(job, ctx))
+    out += network.policies(job, ctx)
     return out
 
 
 def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True, trainer_job: bool = True) -> list[Obj]:
-    """The role workloads: Deployments (inference, reward, rollout) and the trainer Job, each placed as a
+    """The role workloads: Deployments (inference, reward, rollout) and the trainer Job, with the job's
+    default resources, co-located when they share a ReadWriteOnce checkpoint claim, and placed as a
     Kueue admission says (``ctx.placements``)."""
     out = []
     if deployments:
@@ -87,13 +119,16 @@ def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = Tru
     if checkpoint_sharing(job.spec)[1]:
         out = [storage.colocate(job, o) for o in out]
     placements = dict(ctx.placements)
-    return [workload.place(o, placements) for o in out] if placements else out
+    if placements:
+        out = [workload.place(o, placements) for o in out]
+    return with_default_resources(job, out)
 
 
 def desired_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True, trainer_job: bool = True) -> list[Obj]:
     """Everything the job should have, in apply order, stamped with their hashes."""
-    return stamp(stateful_children(job, ctx) + workload_children(job, ctx, deployments=deployments,
-                                                                 trainer_job=trainer_job), config_hash(job, ctx))
+    children = stateful_children(job, ctx) + workload_children(job, ctx, deployments=deployments,
+                                                               trainer_job=trainer_job)
+    return stamp(children, config_hash(job, ctx))
 
 
 def key_of(obj: Obj) -> tuple[str, str]:

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Optional
 
 from rft_api.constants import API_VERSION, KIND
 from rft_api.job import RFTJob
-from rft_api.layout import CACHE_DIR, CHECKPOINT_DIR, CONFIG_DIR, TMP_DIR
+from rft_api.layout import CACHE_DIR, CHECKPOINT_DIR, CONFIG_DIR, JOB_TOKEN_ENV, JOB_TOKEN_SECRET_KEY, TMP_DIR
 from rft_api.spec import EnvVar, Resources, VolumeRef
 
 from .. import names
@@ -96,12 +96,20 @@ def field_env(name: str, field_path: str) -> Obj:
 BIND_HOST = "$(POD_IP)"
 
 
+def token_env(job: RFTJob, name: str = JOB_TOKEN_ENV) -> Obj:
+    """The job's data-plane token (Secret ``<job>-token``) as env var ``name``, by reference."""
+    return secret_env(name, names.token(job.name), JOB_TOKEN_SECRET_KEY)
+
+
 def base_env(job: RFTJob) -> list[Obj]:
-    """Environment every container gets: its own address (servers listen there), a writable home and
-    caches, no hub downloads, and the labels of its metrics (``rft_api.telemetry``: job, namespace and
-    role, from the pod's own labels). Everything else a role needs is in the runtime config."""
+    """Environment every container gets: its own address (servers listen there), the job's data-plane
+    token (``$RFT_JOB_TOKEN``, from the job's Secret: servers require it, clients send it), a writable
+    home and caches, no hub downloads, and the labels of its metrics (``rft_api.telemetry``: job,
+    namespace and role, from the pod's own labels). Everything else a role needs is in the runtime
+    config."""
     return [
         field_env("POD_IP", "status.podIP"),
+        token_env(job),
         field_env("RFT_METRIC_JOB", f"metadata.labels['{names.LABEL_INSTANCE}']"),
         field_env("RFT_METRIC_NAMESPACE", "metadata.namespace"),
         field_env("RFT_METRIC_ROLE", f"metadata.labels['{names.LABEL_ROLE}']"),

@@ -11,7 +11,8 @@ read-only at ``/checkpoints`` to load the weights the trainer publishes there.
   (rank rounded up to one vLLM accepts; as many adapters as policy versions are served at once) and
   runtime adapter loading (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``): the trainer loads each policy
   version as adapter ``<job>-v<version>`` (see ``rft_runtime.adapters``). weightSync=disk is refused
-  by validation for vLLM.
+  by validation for vLLM. The job token reaches vLLM as ``VLLM_API_KEY`` (its ``--api-key``, read
+  from the environment so the token is on no command line): every ``/v1`` route requires it.
 
 vLLM needs a model directory: for a ``builtin:`` model an init container running the
 runtime image exports it (``rft model export``) into the pod's cache. Its root filesystem stays
@@ -44,6 +45,7 @@ from .common import (
     scratch_mounts,
     scratch_volumes,
     service,
+    token_env,
     user_env,
 )
 
@@ -51,6 +53,7 @@ Obj = dict[str, Any]
 ROLE = "inference"
 STARTUP_PERIOD_S = 5
 STARTUP_FAILURES = 120  # up to 10 minutes to load a model
+VLLM_API_KEY_ENV = "VLLM_API_KEY"  # what vLLM reads when --api-key is not given
 
 
 def image(job: RFTJob) -> str:
@@ -98,9 +101,14 @@ def vllm_lora_rank(rank: int) -> int:
 
 def _engine_env(job: RFTJob) -> list[Obj]:
     inf = job.spec.inference
-    if inf.engine == "vllm" and inf.weight_sync == "lora":
-        return [env_var("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")]
-    return []
+    out = []
+    if inf.engine == "vllm":
+        # vLLM's --api-key, from the environment: the job token guards its /v1 routes (generation,
+        # models, adapter loading) and never appears on a command line (ps, /proc/<pid>/cmdline)
+        out.append(token_env(job, VLLM_API_KEY_ENV))
+        if inf.weight_sync == "lora":
+            out.append(env_var("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"))
+    return out
 
 
 def _init_containers(job: RFTJob, mounts: list[Obj]) -> list[Obj]:

@@ -7,7 +7,7 @@
 The rollout side (client, scoring, the rollout loop) lives in :mod:`rft_runtime.rollout`.
 """
 
-from .core import COUNTER_NAMES, Coordinator, CoordinatorConfig, CoordinatorError, Group
+from .core import COUNTER_NAMES, Coordinator, CoordinatorConfig, CoordinatorError, EpisodeLimits, Group
 from .service import CollectTimeout, CoordinatorService
 
 __all__ = [
@@ -17,5 +17,6 @@ __all__ = [
     "CoordinatorConfig",
     "CoordinatorError",
     "CoordinatorService",
+    "EpisodeLimits",
     "Group",
 ]

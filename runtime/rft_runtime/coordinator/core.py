@@ -10,7 +10,7 @@ Lifecycle of one submitted task (a prompt to be sampled ``n`` times)::
   ``task_id``, so episode ids (``"{task_key}:{rollout_idx}"``) are unique over the whole run.
 * Posting is idempotent by episode id: a second copy is counted in ``episodes_duplicate`` and
   ignored. An expired lease is re-issued (front of the queue); episodes of the old lease that
-  arrive later still count when not duplicates.
+  arrive later are refused (only the live lease's holder posts).
 * Staleness: an episode is produced by the policy version of its oldest step. It is accepted when
   ``current - version <= max_staleness`` (0 = on-policy: only the current version). A group that
   became too stale while waiting is dropped at :meth:`Coordinator.take` and its task re-queued.
@@ -18,6 +18,13 @@ Lifecycle of one submitted task (a prompt to be sampled ``n`` times)::
 
 * Episodes are checked against the shared type (:class:`rft_runtime.types.Episode`: the token
   contract) before they are accepted; a violation is ``invalid`` with the problem named.
+* Trust boundary (docs/security-runtime.md): an episode is accepted only from the worker holding
+  the task's live lease (``refused`` otherwise: no lease, another worker's, an expired or released
+  one; over HTTP the post must also name the lease id, an unguessable token only the holder got),
+  with finite rewards, token ids inside the vocabulary and lengths inside the limits
+  (:class:`EpisodeLimits`), and the same first-step prompt ids as the other episodes of its group
+  (the coordinator never sees the tokenizer, so it binds the group to one rendered prompt rather
+  than to ids it could recompute). Nothing that fails these reaches the trainer.
 
 The clock is injected (``clock()`` returns seconds) so lease expiry is tested without sleeping.
 """
@@ -25,6 +32,8 @@ The clock is injected (``clock()`` returns seconds) so lease expiry is tested wi
 from __future__ import annotations
 
 import itertools
+import math
+import secrets
 import time
 import uuid
 from collections import OrderedDict, deque
@@ -53,16 +62,85 @@ COUNTER_NAMES = (
     "episodes_dropped_stale",
     "episodes_dropped_unknown",
     "episodes_dropped_invalid",
+    "episodes_refused_lease",
     "groups_completed",
     "groups_dropped_stale",
     "groups_taken",
 )
 
+MAX_LEASE_TASKS = 64  # default cap of tasks granted by one lease call
 SEEN_IDS_KEPT = 200_000  # ids of taken episodes remembered to count late duplicates (bounded memory)
+
+
+BYTES_PER_TOKEN = 512  # JSON of one token in an episode: id, logprob, mask, its text in messages, generously
+MAX_BODY_BYTES = 64 * 1024 * 1024  # the ceiling whatever the limits (and the bound when they are unknown)
+
+
+def max_body_bytes(cfg: "CoordinatorConfig") -> int:
+    """The largest episode post the coordinator reads: a worker posts one task's ``n`` episodes at
+    a time, each at most the model's context (or prompt + response limits) in tokens; 1 MiB of
+    slack, never above :data:`MAX_BODY_BYTES`."""
+    lim = cfg.limits
+    resp = lim.max_response_tokens or cfg.sampling.get("max_tokens")
+    tokens = lim.max_model_len or (lim.max_prompt_tokens + resp if lim.max_prompt_tokens and isinstance(resp, int)
+                                   else None)
+    if tokens is None:
+        return MAX_BODY_BYTES
+    return min(MAX_BODY_BYTES, (1 << 20) + cfg.n * tokens * BYTES_PER_TOKEN)
 
 
 class CoordinatorError(RuntimeError):
     """Misuse of the coordinator by its owner (e.g. taking a group that is not complete)."""
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """What a posted episode may contain (None = not checked).
+
+    Attributes:
+        vocab_size: every prompt and response token id must be ``< vocab_size``.
+        max_prompt_tokens: the first step's prompt length (``rollout.maxPromptTokens``).
+        max_response_tokens: a step's response length; by default the lease's ``sampling.max_tokens``.
+        max_model_len: prompt + response of any step (the model's context).
+    """
+
+    vocab_size: int | None = None
+    max_prompt_tokens: int | None = None
+    max_response_tokens: int | None = None
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_prompt_tokens", "max_response_tokens", "max_model_len"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"coordinator: field 'limits.{name}' must be an integer >= 1, got {v!r}")
+
+    def check(self, ep: Episode, sampling: Mapping[str, Any]) -> str | None:
+        """The first problem of ``ep`` (a message naming the field), or None."""
+        max_resp = self.max_response_tokens
+        if max_resp is None and isinstance(sampling.get("max_tokens"), int):
+            max_resp = int(sampling["max_tokens"])
+        for t, traj in enumerate(ep.trajectories):
+            if traj.reward is not None and not math.isfinite(traj.reward):
+                return f"trajectories.{t}.reward is {traj.reward!r}: rewards must be finite"
+            for i, step in enumerate(traj.steps):
+                where = f"trajectories.{t}.steps.{i}"
+                if step.reward is not None and not math.isfinite(step.reward):
+                    return f"{where}.reward is {step.reward!r}: rewards must be finite"
+                if self.vocab_size is not None:
+                    for name, ids in (("prompt_ids", step.prompt_ids), ("response_ids", step.response_ids)):
+                        bad = next((x for x in ids if x >= self.vocab_size), None)
+                        if bad is not None:
+                            return f"{where}.{name} holds token id {bad}, outside the vocabulary (size {self.vocab_size})"
+                if i == 0 and self.max_prompt_tokens is not None and len(step.prompt_ids) > self.max_prompt_tokens:
+                    return (f"{where}.prompt_ids has {len(step.prompt_ids)} tokens, more than maxPromptTokens "
+                            f"{self.max_prompt_tokens}")
+                if max_resp is not None and len(step.response_ids) > max_resp:
+                    return f"{where}.response_ids has {len(step.response_ids)} tokens, more than max_tokens {max_resp}"
+                total = len(step.prompt_ids) + len(step.response_ids)
+                if self.max_model_len is not None and total > self.max_model_len:
+                    return f"{where} has {total} tokens, more than the model's context {self.max_model_len}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -74,12 +152,16 @@ class CoordinatorConfig:
         lease_timeout_s: a lease not completed within this time is re-issued.
         max_staleness: 0 = on-policy; S > 0 accepts episodes at most S versions old.
         sampling: default sampling parameters handed out with each lease (vLLM field names).
+        limits: what an episode may contain (:class:`EpisodeLimits`).
+        max_lease_tasks: one lease call grants at most this many tasks (a larger ask is capped).
     """
 
     n: int
     lease_timeout_s: float
     max_staleness: int = 0
     sampling: Mapping[str, Any] = field(default_factory=dict)
+    limits: EpisodeLimits = field(default_factory=EpisodeLimits)
+    max_lease_tasks: int = MAX_LEASE_TASKS
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -88,6 +170,8 @@ class CoordinatorConfig:
             raise ValueError(f"coordinator: field 'lease_timeout_s' must be > 0, got {self.lease_timeout_s!r}")
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ValueError(f"coordinator: field 'max_staleness' must be an integer >= 0, got {self.max_staleness!r}")
+        if isinstance(self.max_lease_tasks, bool) or not isinstance(self.max_lease_tasks, int) or self.max_lease_tasks < 1:
+            raise ValueError(f"coordinator: field 'max_lease_tasks' must be an integer >= 1, got {self.max_lease_tasks!r}")
 
 
 @dataclass
@@ -107,6 +191,7 @@ class TaskRecord:
     leased_version: int | None = None
     times_leased: int = 0
     episodes: dict[int, Episode] = field(default_factory=dict)
+    prompts: dict[str, list[int]] = field(default_factory=dict)  # trajectory name → first-step prompt ids
 
     def grant(self, version: int) -> dict[str, Any]:
         """The lease's wire form (see :meth:`Coordinator.lease`)."""
@@ -151,10 +236,11 @@ class Coordinator:
         self._clock = clock
         self._next_seq = int(seq_start)
         self._lease_seq = itertools.count(1)
-        self._nonce = nonce or uuid.uuid4().hex[:8]
+        self._nonce = nonce or uuid.uuid4().hex[:8]  # kept in lease ids for logs; the secret part follows
         self._tasks: dict[str, TaskRecord] = {}
         self._queue: deque[str] = deque()
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._stale_leases: set[str] = set()  # task keys whose lease turned out stale during one post
         self.done = False
         self.counters: dict[str, int] = {k: 0 for k in COUNTER_NAMES}
 
@@ -265,19 +351,22 @@ class Coordinator:
 
         Returns ``{"done", "policy_version", "tasks": [grant...], "lease_timeout_s"}``; each grant
         has ``lease_id, task_key, task, n, seed, sampling, policy_version, purpose,
-        deadline_in_s``. Expired leases are re-issued first.
+        deadline_in_s``. Expired leases are re-issued first. At most ``cfg.max_lease_tasks`` tasks
+        are granted per call whatever ``max_tasks`` asks. A lease id is unguessable: posting
+        episodes over HTTP requires it as the proof of holding the lease.
         """
         if not isinstance(worker_id, str) or not worker_id:
             raise ValueError("lease: field 'worker_id' must be a non-empty string")
         if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
             raise ValueError(f"lease: field 'max_tasks' must be an integer >= 1, got {max_tasks!r}")
         self.expire()
+        max_tasks = min(max_tasks, self.cfg.max_lease_tasks)
         grants: list[dict[str, Any]] = []
         now = self._clock()
         while not self.done and self._queue and len(grants) < max_tasks:
             rec = self._tasks[self._queue.popleft()]
             rec.state = "leased"
-            rec.lease_id = f"{self._nonce}-{next(self._lease_seq)}"
+            rec.lease_id = f"{self._nonce}-{next(self._lease_seq)}-{secrets.token_hex(16)}"
             rec.worker_id = worker_id
             rec.deadline = now + self.cfg.lease_timeout_s
             rec.leased_version = self._version
@@ -295,14 +384,23 @@ class Coordinator:
             "tasks": grants,
         }
 
-    def post_episodes(self, worker_id: str, episodes: Iterable[Any]) -> dict[str, Any]:
+    def post_episodes(self, worker_id: str, episodes: Iterable[Any],
+                      lease_ids: Iterable[str] | None = None) -> dict[str, Any]:
         """Accept episodes; returns per-outcome counts and the ids in each outcome.
 
         Outcomes: ``accepted``, ``duplicate`` (id seen before), ``stale`` (too old a policy),
         ``unknown`` (no such task: cancelled, already trained on, or from another trainer run),
-        ``invalid`` (bad fields or a rollout index outside ``0..n-1``; with ``errors``).
+        ``refused`` (the poster does not hold the task's live lease: never leased, leased by
+        another worker, expired or released; with ``errors``), ``invalid`` (bad fields, a rollout
+        index outside ``0..n-1``, a non-finite reward, a token id outside the vocabulary, a length
+        over the limits, a prompt differing from its group's; with ``errors``).
+
+        ``lease_ids`` (required over HTTP): the lease ids the poster holds; an episode is accepted
+        only when its task's live lease id is among them.
         """
-        result: dict[str, Any] = {k: [] for k in ("accepted", "duplicate", "stale", "unknown", "invalid")}
+        held = None if lease_ids is None else set(lease_ids)
+        self.expire()  # an expired lease is not a live one
+        result: dict[str, Any] = {k: [] for k in ("accepted", "duplicate", "stale", "unknown", "refused", "invalid")}
         result["errors"] = []
         for ep in episodes:
             try:
@@ -314,10 +412,15 @@ class Coordinator:
                 result["invalid"].append(ep.get("id") if isinstance(ep, Mapping) else None)
                 result["errors"].append(str(e))
                 continue
-            outcome, error = self._accept(ep, eid, key, idx)
+            outcome, error = self._accept(ep, eid, key, idx, worker_id, held)
             result[outcome].append(eid)
             if error:
                 result["errors"].append(error)
+        for key in self._stale_leases:
+            rec = self._tasks.get(key)
+            if rec is not None and rec.state == "leased":
+                self._requeue(rec, front=True, clear=True)
+        self._stale_leases.clear()
         return result
 
     def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
@@ -371,13 +474,24 @@ class Coordinator:
     def _fresh(self, version: int) -> bool:
         return 0 <= self._version - version <= self.cfg.max_staleness
 
+    @staticmethod
+    def _prompt_mismatch(rec: TaskRecord, ep: Episode) -> str | None:
+        for t, traj in enumerate(ep.trajectories):
+            want = rec.prompts.get(traj.name)
+            if traj.steps and want is not None and traj.steps[0].prompt_ids != want:
+                return (f"trajectories.{t}.steps.0.prompt_ids differ from the prompt the other episodes of task "
+                        f"{rec.key!r} were sampled from")
+        return None
+
     def _requeue(self, rec: TaskRecord, *, front: bool, clear: bool = False) -> None:
         rec.state, rec.lease_id, rec.worker_id, rec.deadline = "queued", None, None, None
         if clear:
+            rec.prompts.clear()
             rec.episodes.clear()  # their ids were never remembered: a re-sample is not a duplicate
         (self._queue.appendleft if front else self._queue.append)(rec.key)
 
-    def _accept(self, raw: Mapping[str, Any], eid: str, key: str, idx: int) -> tuple[str, str | None]:
+    def _accept(self, raw: Mapping[str, Any], eid: str, key: str, idx: int, worker_id: str,
+                held: set[str] | None) -> tuple[str, str | None]:
         if eid in self._seen:
             self.counters["episodes_duplicate"] += 1
             return "duplicate", None
@@ -385,6 +499,14 @@ class Coordinator:
         if rec is None:
             self.counters["episodes_dropped_unknown"] += 1
             return "unknown", None
+        if rec.state == "complete" or (0 <= idx < rec.n and idx in rec.episodes):
+            self.counters["episodes_duplicate"] += 1
+            return "duplicate", None
+        if rec.state != "leased" or rec.worker_id != worker_id or (held is not None and rec.lease_id not in held):
+            self.counters["episodes_refused_lease"] += 1
+            why = ("its task is not leased (never leased, expired or released)" if rec.state != "leased"
+                   else "the poster does not hold the task's live lease")
+            return "refused", f"episode {eid!r}: {why}"
         if not 0 <= idx < rec.n:
             self.counters["episodes_dropped_invalid"] += 1
             return "invalid", f"episode {eid!r}: rollout_idx {idx} is outside 0..{rec.n - 1}"
@@ -396,22 +518,26 @@ class Coordinator:
         except EpisodeFormatError as e:
             self.counters["episodes_dropped_invalid"] += 1
             return "invalid", f"episode {eid!r}: {e}"
+        problem = self.cfg.limits.check(ep, rec.sampling) or self._prompt_mismatch(rec, ep)
+        if problem:
+            self.counters["episodes_dropped_invalid"] += 1
+            return "invalid", f"episode {eid!r}: {problem}"
         version = episode_version(ep, default=rec.leased_version)
         if version is None or version > self._version:
             self.counters["episodes_dropped_invalid"] += 1
             return "invalid", f"episode {eid!r}: policy version {version} is not a served version"
         if not self._fresh(version):
             self.counters["episodes_dropped_stale"] += 1
-            if rec.state == "leased":
-                # The lease's work is unusable: leased under a policy that is now too old, or sampled
-                # from an engine serving older weights than the lease asked for (an inference server
-                # that restarted with its base weights). Sample again now instead of at lease expiry.
-                self._requeue(rec, front=True, clear=True)
+            # The lease's work is unusable: leased under a policy that is now too old, or sampled
+            # from an engine serving older weights than the lease asked for (an inference server
+            # that restarted with its base weights). Sample again now instead of at lease expiry
+            # (once the whole post is read: its other episodes belong to the same lease).
+            self._stale_leases.add(rec.key)
             return "stale", None
-        if rec.state == "complete" or idx in rec.episodes:
-            self.counters["episodes_duplicate"] += 1
-            return "duplicate", None
         rec.episodes[idx] = ep
+        for traj in ep.trajectories:
+            if traj.steps:
+                rec.prompts.setdefault(traj.name, list(traj.steps[0].prompt_ids))
         self.counters["episodes_accepted"] += 1
         if len(rec.episodes) == rec.n:
             if rec.state == "queued":

@@ -2,15 +2,23 @@
 
 Routes (JSON in, JSON out; errors are ``{"error": {"message", "field"}}`` with status 400):
 
-* ``POST /v1/lease`` ``{"worker_id": str, "max_tasks": int}`` → ``{"done", "policy_version",
+* ``POST /v1/lease`` ``{"worker_id": str, "max_tasks": int}`` (capped at ``max_lease_tasks``) → ``{"done", "policy_version",
   "lease_timeout_s", "tasks": [{"lease_id", "task_key", "task", "n", "seed", "sampling",
   "policy_version", "purpose", "deadline_in_s"}]}``
-* ``POST /v1/episodes`` ``{"worker_id": str, "episodes": [episode...]}`` → ``{"accepted": [ids],
-  "duplicate": [...], "stale": [...], "unknown": [...], "invalid": [...], "errors": [str]}``;
-  idempotent by episode id.
+* ``POST /v1/episodes`` ``{"worker_id": str, "lease_ids": [str], "episodes": [episode...]}`` →
+  ``{"accepted": [ids], "duplicate": [...], "stale": [...], "unknown": [...], "refused": [...],
+  "invalid": [...], "errors": [str]}``; idempotent by episode id. ``lease_ids`` are the leases the
+  poster holds (the proof of holding them). Status 200 when nothing was refused or invalid; else
+  409 (an episode without the poster's live lease) or 422 (an invalid or poisoned episode) with the
+  same body plus ``error`` naming the first problem — episodes accepted in the same post stay
+  accepted. Bodies are capped (:func:`~rft_runtime.coordinator.core.max_body_bytes`: 413 above)
+  and must be strict JSON (no NaN/Infinity).
 * ``POST /v1/release`` ``{"lease_ids": [str], "reason": str}`` → ``{"released": int}``
 * ``GET /v1/status`` → the coordinator status (version, mode, queue sizes, counters)
 * ``GET /health`` → ``{"ok": true}``; ``GET /metrics`` → Prometheus text (when a registry is given)
+
+Every route but ``/health`` and ``/metrics`` requires the job's token (:mod:`rft_runtime.auth`): 401
+without it.
 """
 
 from __future__ import annotations
@@ -20,19 +28,34 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import auth
+from .core import max_body_bytes
 from .service import CoordinatorService
-
-MAX_BODY_BYTES = 256 * 1024 * 1024  # a post of many long episodes must not be refused
 
 
 def _error(message: str, field: str | None = None, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message, "field": field}}, status=status)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (numbers must be finite)")
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if v in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} overflows a float (numbers must be finite)")
+    return v
+
+
+def _strict_loads(text: str) -> Any:
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
+
+
 async def _body(request: web.Request) -> dict[str, Any]:
     try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        body = await request.json(loads=_strict_loads)
+    except (ValueError, UnicodeDecodeError) as e:
         raise web.HTTPBadRequest(text=json.dumps({"error": {"message": f"body is not JSON: {e}", "field": None}}),
                                  content_type="application/json") from None
     if not isinstance(body, dict):
@@ -48,9 +71,10 @@ def _worker_id(body: dict[str, Any]) -> str | web.Response:
     return wid
 
 
-def create_app(service: CoordinatorService, metrics_registry: Any = None) -> web.Application:
-    """The aiohttp application serving ``service`` (and ``/metrics`` from a prometheus registry)."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+def create_app(service: CoordinatorService, metrics_registry: Any = None, *, token: str | None = None) -> web.Application:
+    """The aiohttp application serving ``service`` (and ``/metrics`` from a prometheus registry);
+    ``token``: the job token its data-plane routes require (None: open, see :mod:`rft_runtime.auth`)."""
+    app = web.Application(client_max_size=max_body_bytes(service.config), middlewares=[auth.middleware(token)])
 
     async def lease(request: web.Request) -> web.Response:
         body = await _body(request)
@@ -70,7 +94,15 @@ def create_app(service: CoordinatorService, metrics_registry: Any = None) -> web
         eps = body.get("episodes")
         if not isinstance(eps, list):
             return _error("episodes must be a list of episode objects", "episodes")
-        return web.json_response(service.post_episodes(wid, eps))
+        held = body.get("lease_ids")
+        if not isinstance(held, list) or not all(isinstance(i, str) for i in held):
+            return _error("lease_ids must be the list of lease ids the poster holds", "lease_ids")
+        result = service.post_episodes(wid, eps, held)
+        if result["refused"] or result["invalid"]:
+            result["error"] = {"message": result["errors"][0] if result["errors"] else "episodes refused",
+                               "field": "episodes"}
+            return web.json_response(result, status=409 if result["refused"] else 422)
+        return web.json_response(result)
 
     async def release(request: web.Request) -> web.Response:
         body = await _body(request)

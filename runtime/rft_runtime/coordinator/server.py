@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import auth
 from .http import create_app
 from .service import CoordinatorService
 
@@ -73,11 +74,15 @@ class CoordinatorServer(AppThread):
 
     ``port=0`` picks a free port; :attr:`port` and :attr:`url` are valid after :meth:`start`.
     ``advertise_host`` is the host workers use (default: ``host``, or 127.0.0.1 for a wildcard).
+    ``token``: the job token the data-plane routes require; by default ``$RFT_JOB_TOKEN``
+    (:func:`rft_runtime.auth.server_token`: without one it refuses to start on a cluster).
     """
 
     def __init__(self, service: CoordinatorService, host: str = "127.0.0.1", port: int = 0,
-                 metrics_registry: Any = None, advertise_host: str | None = None) -> None:
-        super().__init__(create_app(service, metrics_registry), host, port)
+                 metrics_registry: Any = None, advertise_host: str | None = None, *,
+                 token: str | None = None) -> None:
+        token = token or auth.server_token("coordinator")
+        super().__init__(create_app(service, metrics_registry, token=token), host, port)
         self.service = service
         self.advertise_host = advertise_host or ("127.0.0.1" if host in ("0.0.0.0", "::", "") else host)
 

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping
 
-from .core import Coordinator, Group
+from .core import Coordinator, CoordinatorConfig, Group
 
 
 class CollectTimeout(TimeoutError):
@@ -26,16 +26,22 @@ class CoordinatorService:
         self._cond = threading.Condition()
         self._last_progress = time.monotonic()
 
+    @property
+    def config(self) -> CoordinatorConfig:
+        """The coordinator's (immutable) settings."""
+        return self._core.cfg
+
     # ---------------------------------------------------------------- worker-facing (HTTP)
     def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
         """See :meth:`Coordinator.lease`."""
         with self._cond:
             return self._core.lease(worker_id, max_tasks)
 
-    def post_episodes(self, worker_id: str, episodes: Iterable[Any]) -> dict[str, Any]:
+    def post_episodes(self, worker_id: str, episodes: Iterable[Any],
+                      lease_ids: Iterable[str] | None = None) -> dict[str, Any]:
         """See :meth:`Coordinator.post_episodes`; wakes a waiting trainer."""
         with self._cond:
-            result = self._core.post_episodes(worker_id, episodes)
+            result = self._core.post_episodes(worker_id, episodes, lease_ids)
             if result["accepted"] or result["stale"]:
                 self._last_progress = time.monotonic()
             self._cond.notify_all()

@@ -63,6 +63,7 @@ class InferenceActor:
                  max_batch_size: int = 256, dtype: str = "auto", max_model_len: int | None = None,
                  log_file: str | None = None) -> None:
         _setup_process(log_file, threads)
+        from .. import auth
         from ..coordinator.server import AppThread
         from ..serve.engine import Engine
         from ..serve.model import load_model
@@ -71,7 +72,8 @@ class InferenceActor:
         lm = load_model(model_dir, dtype=dtype, max_model_len=max_model_len)
         self.engine = Engine(lm, max_batch_size=max_batch_size)
         self.host = node_host(local)
-        self.server = AppThread(create_app(self.engine, served_name, stop_engine_on_cleanup=True),
+        token = auth.server_token("inference")  # the run's token (rft run puts it in every actor's env)
+        self.server = AppThread(create_app(self.engine, served_name, stop_engine_on_cleanup=True, token=token),
                                 "127.0.0.1" if local else "0.0.0.0", 0).start()
 
     def url(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import time
 from dataclasses import dataclass, field
@@ -116,14 +117,16 @@ def _unwrap(e: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else e
 
 
-def _init_ray(address: str | None) -> None:
+def _init_ray(address: str | None, token: str) -> None:
+    """Start (or attach to) Ray; every actor gets the run's token in ``$RFT_JOB_TOKEN``."""
     import ray
 
     from .actors import ACTOR_ENV
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env = {**ACTOR_ENV, runtime.JOB_TOKEN_ENV: token}
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
-                              "runtime_env": {"env_vars": dict(ACTOR_ENV)}, "configure_logging": False}
+                              "runtime_env": {"env_vars": env}, "configure_logging": False}
     if address:
         ray.init(address=address, **kwargs)
     else:
@@ -149,7 +152,9 @@ def run_local(opts: RunOptions) -> RunResult:
     model_dir = resolve_model_dir(paths)  # build a builtin model once, before the actors
     import ray
 
-    _init_ray(opts.address)
+    # A fresh data-plane token per run: the roles' servers require it, their clients send it (as on a
+    # cluster, where the operator's Secret <job>-token carries it). It is never written to the output.
+    _init_ray(opts.address, secrets.token_urlsafe(32))
     local = not opts.address
     actors: list[Any] = []
     interrupted = False

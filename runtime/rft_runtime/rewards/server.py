@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/score`` (see ``wire.py``), ``GET /health`` (200 with the evaluator names once
 every evaluator is built, which includes the code sandbox's isolation probe), ``GET /metrics``
-(Prometheus text format).
+(Prometheus text format). ``/v1/score`` requires the job's token (:mod:`rft_runtime.auth`); without
+``$RFT_JOB_TOKEN`` the server refuses to start on a cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from rft_api.runtime import BIND_HOST_ENV
 
+from .. import auth
 from .config import load_reward_config
 from .factory import build_composite
 from .options import ConfigError
@@ -57,9 +59,10 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=service.metrics.render(), content_type="text/plain", charset="utf-8")
 
 
-def make_app(service: RewardService, max_request_mb: int = 256) -> web.Application:
-    """The aiohttp application serving ``service`` (closed with the app)."""
-    app = web.Application(client_max_size=max_request_mb << 20)
+def make_app(service: RewardService, max_request_mb: int = 256, *, token: str | None = None) -> web.Application:
+    """The aiohttp application serving ``service`` (closed with the app); ``token``: the job token
+    ``/v1/score`` requires (None: open, see :mod:`rft_runtime.auth`)."""
+    app = web.Application(client_max_size=max_request_mb << 20, middlewares=[auth.middleware(token)])
     app[SERVICE_KEY] = service
     app.router.add_post("/v1/score", _score)
     app.router.add_get("/health", _health)
@@ -72,8 +75,8 @@ def make_app(service: RewardService, max_request_mb: int = 256) -> web.Applicati
     return app
 
 
-async def _serve(service: RewardService, host: str, port: int) -> None:
-    runner = web.AppRunner(make_app(service), access_log=None)
+async def _serve(service: RewardService, host: str, port: int, token: str | None) -> None:
+    runner = web.AppRunner(make_app(service, token=token), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -90,6 +93,18 @@ async def _serve(service: RewardService, host: str, port: int) -> None:
         await runner.cleanup()
 
 
+TERMINATION_LOG = "/dev/termination-log"
+
+
+def _termination_message(reason: str) -> None:
+    """Kubernetes shows this file's text as the container's termination reason (when it exists)."""
+    try:
+        with open(TERMINATION_LOG, "w") as fh:
+            fh.write(reason[:4096])
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rft reward``; returns the exit code (2 for a bad config)."""
     parser = argparse.ArgumentParser(prog="rft reward", description="serve the reward API (contract 3)")
@@ -100,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        token = auth.server_token("rft reward")
         cfg = load_reward_config(args.config)
         service = RewardService(build_composite(cfg), concurrency=cfg.concurrency)
     except (ConfigError, RuntimeError) as exc:
-        print(f"rft reward: {exc}", file=sys.stderr)
+        reason = f"rft reward: {exc}".replace("\n", " ")
+        print(reason, file=sys.stderr)
+        _termination_message(reason)
         return 2
-    asyncio.run(_serve(service, args.host, args.port))
+    asyncio.run(_serve(service, args.host, args.port, token))
     return 0
 
 

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
+from .. import auth
 from ..adapters import adapter_name
 from ..types import Sample
 from .concurrency import run_all
@@ -75,7 +76,7 @@ class InferenceClient:
         self._rr = itertools.cycle(range(len(self.base_urls)))
         self._sem = asyncio.Semaphore(max_concurrency)
         self._rng = rng or random.Random()
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        headers = auth.client_headers(api_key)  # api_key, else the job's token ($RFT_JOB_TOKEN)
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
         self._http = httpx.AsyncClient(headers=headers, limits=limits, transport=transport, timeout=None)
         self.stats = {"requests": 0, "retries": 0, "failures": 0}

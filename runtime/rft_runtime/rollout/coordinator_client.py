@@ -10,6 +10,8 @@ from typing import Any, Callable, Iterable
 
 import httpx
 
+from .. import auth
+
 log = logging.getLogger(__name__)
 
 RETRYABLE = (425, 429)
@@ -33,13 +35,15 @@ class CoordinatorClient:
 
     def __init__(self, base_url: str, *, deadline_s: float = 300.0, attempt_timeout_s: float = 60.0,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 should_stop: Callable[[], bool] = lambda: False) -> None:
+                 should_stop: Callable[[], bool] = lambda: False, token: str | None = None) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"coordinator URL must be http(s)://..., got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.deadline_s = deadline_s
         self.attempt_timeout_s = attempt_timeout_s
-        self._http = httpx.AsyncClient(timeout=attempt_timeout_s, transport=transport)
+        # the job's token (``token``, else $RFT_JOB_TOKEN) on every call
+        self._http = httpx.AsyncClient(timeout=attempt_timeout_s, transport=transport,
+                                       headers=auth.client_headers(token))
         self._rng = random.Random()
         self._should_stop = should_stop
 
@@ -82,9 +86,12 @@ class CoordinatorClient:
         """Lease up to ``max_tasks`` tasks."""
         return await self._call("POST", "/v1/lease", {"worker_id": worker_id, "max_tasks": max_tasks})
 
-    async def post_episodes(self, worker_id: str, episodes: Iterable[dict[str, Any]]) -> dict[str, Any]:
-        """Post episodes (JSON form); idempotent by episode id."""
-        return await self._call("POST", "/v1/episodes", {"worker_id": worker_id, "episodes": list(episodes)})
+    async def post_episodes(self, worker_id: str, episodes: Iterable[dict[str, Any]],
+                            lease_ids: Iterable[str]) -> dict[str, Any]:
+        """Post episodes (JSON form) of the leases ``lease_ids`` this worker holds; idempotent by
+        episode id."""
+        return await self._call("POST", "/v1/episodes", {"worker_id": worker_id, "lease_ids": list(lease_ids),
+                                                         "episodes": list(episodes)})
 
     async def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
         """Give leases back for immediate re-issue."""

@@ -156,7 +156,7 @@ class RolloutLoop:
                 d = episode_json(ep)
                 d["metrics"] = {**d.get("metrics", {}), "time/rollout": seconds}
                 dicts.append(d)
-            res = await coord.post_episodes(self.worker_id, dicts)
+            res = await coord.post_episodes(self.worker_id, dicts, [grant["lease_id"]])
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure: give the task back, keep the loop alive

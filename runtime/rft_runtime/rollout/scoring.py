@@ -15,6 +15,7 @@ import httpx
 
 from rft_api.runtime import RuntimeConfig
 
+from .. import auth
 from ..rewards.service import RewardService
 from ..rewards.types import Item, Sample, ScoreResult
 
@@ -43,9 +44,10 @@ class InProcessScorer:
 class RemoteScorer:
     """Scores through the reward role's HTTP API (``POST {url}/v1/score``, one sample a call)."""
 
-    def __init__(self, url: str, timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        # the job's token (``token``, else $RFT_JOB_TOKEN) on every call
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=auth.client_headers(token))
 
     async def __call__(self, sample: Any, task: Any) -> Any:
         t0 = time.perf_counter()

@@ -311,6 +311,7 @@ def parse_chat(body: Any, *, vocab_size: int, max_logprobs: int = DEFAULT_MAX_LO
             "continue_final_message": get_bool(body, "continue_final_message", False),
             "chat_template_kwargs": _get_dict(body, "chat_template_kwargs"),
             "tools": body.get("tools"),
+            **({"chat_template": body["chat_template"]} if body.get("chat_template") is not None else {}),
         },
     )
     return req, messages

@@ -1,10 +1,22 @@
-"""HTTP handlers of the builtin server (aiohttp)."""
+"""HTTP handlers of the builtin server (aiohttp).
+
+Limits (docs/security-runtime.md): the request body is capped (:func:`max_body_bytes`, a 400 in
+vLLM's error shape above it); one request may ask for at most ``max_request_tokens`` generated
+tokens over all its choices (``n`` × prompts × ``max_tokens``, after the context budget is applied)
+and :data:`MAX_CHOICES` choices; chat templates render in a small thread pool, off the event loop,
+within ``render_timeout_s`` (a 400 after it: other requests are served meanwhile). A chat template
+supplied by the request (``chat_template`` or ``chat_template_kwargs.chat_template``) is refused
+unless the server trusts request templates (``--trust-request-chat-template``, as vLLM), and is then
+at most :data:`MAX_TEMPLATE_CHARS` long.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -32,11 +44,26 @@ from .weights import WeightLoadError
 
 VERSION_HEADER = "x-policy-version"
 HEALTH_FRESH_S = 2.0  # a successful step this recent proves the engine can generate
+RENDER_TIMEOUT_S = 10.0  # one chat-template rendering
+RENDER_THREADS = 4  # renderings in flight at once (a runaway trusted template holds one until it ends)
+MAX_TEMPLATE_CHARS = 64 * 1024  # a request-supplied chat template
+MAX_CHOICES = 1024  # prompts × n of one request
+REQUEST_TOKENS_PER_CONTEXT = 64  # default max_request_tokens = this × max_model_len
+BODY_BYTES_PER_CONTEXT_TOKEN = 2048
+
+
+def max_body_bytes(max_model_len: int) -> int:
+    """The request body cap: generous for one context of text or token ids (a batch of prompts
+    included), between 1 MiB and 64 MiB."""
+    return min(64 << 20, max(1 << 20, max_model_len * BODY_BYTES_PER_CONTEXT_TOKEN))
 
 
 async def read_json(request: web.Request) -> Any:
-    """The request body as JSON, or a 400 naming the problem."""
-    raw = await request.read()
+    """The request body as JSON, or a 400 naming the problem (also for a body over the cap)."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise bad_request(f"The request body is too large: {exc.text}") from None
     if not raw:
         return {}
     try:
@@ -55,8 +82,14 @@ class ServeRoutes:
     """The routes, bound to one engine and served model name."""
 
     def __init__(self, engine: Engine, served_model_name: str, metrics: ServeMetrics, *,
-                 health_timeout: float = 10.0, max_logprobs: int = DEFAULT_MAX_LOGPROBS):
+                 health_timeout: float = 10.0, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+                 trust_request_chat_template: bool = False, render_timeout_s: float = RENDER_TIMEOUT_S,
+                 max_request_tokens: int | None = None):
         self.engine = engine
+        self.trust_request_chat_template = trust_request_chat_template
+        self.render_timeout_s = render_timeout_s
+        self.max_request_tokens = max_request_tokens or REQUEST_TOKENS_PER_CONTEXT * engine.lm.max_model_len
+        self._render_pool = ThreadPoolExecutor(RENDER_THREADS, thread_name_prefix="rft-chat-template")
         self.name = served_model_name
         self.metrics = metrics
         self.health_timeout = health_timeout
@@ -78,6 +111,11 @@ class ServeRoutes:
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
         r.add_get("/get_policy_version", self.get_policy_version)
 
+        async def close_render_pool(_app: web.Application) -> None:
+            self._render_pool.shutdown(wait=False, cancel_futures=True)
+
+        app.on_cleanup.append(close_render_pool)
+
     # ------------------------------------------------------------------ helpers
 
     def _check_model(self, model: str | None) -> None:
@@ -88,12 +126,42 @@ class ServeRoutes:
         """One (prompt, params) pair per choice; choice j of a seeded request uses seed + j (as vLLM)."""
         prompts, params = [], []
         limit = self.engine.lm.max_model_len
+        if len(req.prompts) * req.n > MAX_CHOICES:
+            raise invalid_param("n", req.n, f"times {len(req.prompts)} prompts must be at most {MAX_CHOICES} choices")
         for p in req.prompts:
             sp = resolve_max_tokens(req.params, len(p.token_ids), limit, field)
             for j in range(req.n):
                 prompts.append(p.token_ids)
                 params.append(sp if sp.seed is None else replace(sp, seed=sp.seed + j))
+        total = sum(sp.max_tokens or 0 for sp in params)
+        if total > self.max_request_tokens:
+            raise bad_request(f"This request asks for up to {total} generated tokens (n={req.n} × {len(req.prompts)} "
+                              f"prompt(s) × max_tokens); the server's limit per request is {self.max_request_tokens}. "
+                              "Please reduce n or max_tokens.", "n")
         return prompts, params
+
+    async def _render_chat(self, messages: list[dict], extra: dict[str, Any]) -> list[int]:
+        """The chat template applied in the render pool, within the time limit."""
+        kwargs = extra.get("chat_template_kwargs") or {}
+        template = kwargs.get("chat_template", extra.get("chat_template"))
+        if template is not None:
+            if not self.trust_request_chat_template:
+                raise bad_request("Chat templates supplied by the request are not accepted by this server "
+                                  "(start it with --trust-request-chat-template to allow them)", "chat_template")
+            if not isinstance(template, str) or len(template) > MAX_TEMPLATE_CHARS:
+                raise invalid_param("chat_template", f"<{len(str(template))} chars>",
+                                    f"must be a string of at most {MAX_TEMPLATE_CHARS} characters")
+            if "chat_template" in extra:
+                kwargs = {**kwargs, "chat_template": template}
+        args = {k: v for k, v in extra.items() if k != "chat_template"}
+        args["chat_template_kwargs"] = kwargs
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(self._render_pool, functools.partial(self.codec.apply_chat, messages, **args))
+        try:
+            return await asyncio.wait_for(asyncio.shield(job), self.render_timeout_s)
+        except asyncio.TimeoutError:
+            raise bad_request(f"Rendering the chat template took longer than {self.render_timeout_s:g} s",
+                              "messages") from None
 
     async def _generate(self, prompts: list[list[int]], params: list[SamplingParams]):
         try:
@@ -164,7 +232,7 @@ class ServeRoutes:
         body = await read_json(request)
         req, messages = parse_chat(body, vocab_size=self.codec.vocab_size, max_logprobs=self.max_logprobs)
         self._check_model(req.model)
-        ids = self.codec.apply_chat(messages, **req.extra)
+        ids = await self._render_chat(messages, req.extra)
         req.prompts.append(PromptInput(ids))
         if req.stream:
             return await self._stream(request, req, chat=True)

@@ -1,4 +1,9 @@
-"""The builtin server's app factory and CLI: ``rft serve --model DIR --host H --port P``."""
+"""The builtin server's app factory and CLI: ``rft serve --model DIR --host H --port P``.
+
+Every route but ``/health`` and ``/metrics`` (generation, tokenization, model list, weight loading)
+requires the job's token (:mod:`rft_runtime.auth`); without ``$RFT_JOB_TOKEN`` the CLI refuses to
+start on a cluster.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,16 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 
+from .. import auth
 from .engine import Engine
 from .errors import APIError
 from .metrics import ServeMetrics
 from .model import load_model
-from .routes import VERSION_HEADER, ServeRoutes
+from .routes import VERSION_HEADER, ServeRoutes, max_body_bytes
 
 log = logging.getLogger(__name__)
 
@@ -48,15 +55,19 @@ def _error_middleware(metrics: ServeMetrics, engine: Engine):
 
 
 def create_app(engine: Engine, served_model_name: str, *, health_timeout: float = 10.0,
-               stop_engine_on_cleanup: bool = False) -> web.Application:
+               stop_engine_on_cleanup: bool = False, token: str | None = None, **limits: Any) -> web.Application:
     """The aiohttp application serving ``engine`` as ``served_model_name``.
 
     The engine thread starts with the app; it stops with the app only if ``stop_engine_on_cleanup``.
+    ``token``: the job token every route but ``/health`` and ``/metrics`` requires (None: open).
+    ``limits`` go to :class:`ServeRoutes` (``trust_request_chat_template``, ``render_timeout_s``,
+    ``max_request_tokens``); the body cap is :func:`~.routes.max_body_bytes`.
     """
     metrics = engine.metrics if isinstance(engine.metrics, ServeMetrics) else ServeMetrics()
     engine.metrics = metrics
-    app = web.Application(middlewares=[_error_middleware(metrics, engine)], client_max_size=64 * 1024 * 1024)
-    ServeRoutes(engine, served_model_name, metrics, health_timeout=health_timeout).register(app)
+    app = web.Application(middlewares=[auth.middleware(token), _error_middleware(metrics, engine)],
+                          client_max_size=max_body_bytes(engine.lm.max_model_len))
+    ServeRoutes(engine, served_model_name, metrics, health_timeout=health_timeout, **limits).register(app)
 
     async def on_startup(_app: web.Application) -> None:
         engine.start()
@@ -87,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-process", action="store_true",
                    help="run the engine in its own process (the HTTP front end keeps only the tokenizer)")
     p.add_argument("--health-timeout", type=float, default=10.0, help="seconds /health waits for a token")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept chat templates supplied by requests (refused by default)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -95,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     """Run the server until interrupted (SIGINT/SIGTERM stop it gracefully)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        token = auth.server_token("rft serve")
+    except auth.MissingToken as exc:
+        log.error("%s", exc)
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         import torch
@@ -118,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=args.policy_version)
         device, dtype = lm.device, lm.dtype
     name = args.served_model_name or args.model
-    app = create_app(engine, name, health_timeout=args.health_timeout, stop_engine_on_cleanup=True)
+    app = create_app(engine, name, health_timeout=args.health_timeout, stop_engine_on_cleanup=True, token=token,
+                     trust_request_chat_template=args.trust_request_chat_template)
     log.info("serving %s as %r on %s:%d (device %s, dtype %s, max_model_len %d, max_batch_size %d)",
              args.model, name, args.host, args.port, device, dtype, lm.max_model_len, args.max_batch_size)
     # handler_cancellation: a client that disconnects cancels its request, freeing its batch rows

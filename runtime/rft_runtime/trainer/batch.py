@@ -9,13 +9,19 @@ Advantage groups are keyed ``"{task_key}:{trajectory.name}"``.
 
 Tensors are right-padded with the pad id; per-token tensors have width ``L - 1`` where position
 ``t`` is the prediction of ``input_ids[:, t + 1]``.
+
+Defence in depth (the coordinator refuses these at its boundary): :func:`sequences_from_groups`
+drops, with a logged reason, an episode whose reward is not finite, whose token ids lie outside the
+vocabulary or whose length exceeds the model's, instead of letting it crash the step;
+:func:`collate` refuses out-of-vocabulary ids with :class:`BatchError` before building tensors.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -23,6 +29,8 @@ from ..algos import group_key
 from ..types import Episode
 
 ERROR_FLAGS = ("timeout", "runtime_error", "parse_error", "rollout_error")
+
+log = logging.getLogger(__name__)
 
 
 class BatchError(ValueError):
@@ -79,12 +87,40 @@ def sequences_from_episode(episode: Episode, task_key: str | None = None) -> lis
     return out
 
 
-def sequences_from_groups(groups: Iterable[Any]) -> list[TrainSequence]:
-    """All sequences of groups (objects with ``key`` and ``episodes``), in group then index order."""
+def _poison(s: TrainSequence, vocab_size: int | None, max_len: int | None) -> str | None:
+    if vocab_size is not None:
+        bad = next((t for t in (*s.prompt_ids, *s.response_ids) if t >= vocab_size), None)
+        if bad is not None:
+            return f"token id {bad} is outside the vocabulary (size {vocab_size})"
+    n = len(s.prompt_ids) + len(s.response_ids)
+    if max_len is not None and n > max_len:
+        return f"{n} tokens exceed the model's {max_len}"
+    return None
+
+
+def sequences_from_groups(groups: Iterable[Any], *, vocab_size: int | None = None, max_len: int | None = None,
+                          on_drop: Callable[[str], None] | None = None) -> list[TrainSequence]:
+    """All sequences of groups (objects with ``key`` and ``episodes``), in group then index order.
+
+    An episode that cannot be trained on (a BatchError, a non-finite reward, an id outside
+    ``vocab_size``, more than ``max_len`` tokens) is dropped whole with its reason logged and
+    handed to ``on_drop``; the rest of its group is kept.
+    """
     out: list[TrainSequence] = []
     for g in groups:
         for ep in g.episodes:
-            out.extend(sequences_from_episode(ep, g.key))
+            try:
+                seqs = sequences_from_episode(ep, g.key)
+                problem = next((p for p in (_poison(s, vocab_size, max_len) for s in seqs) if p), None)
+            except BatchError as e:
+                problem = str(e)
+            if problem is None:
+                out.extend(seqs)
+                continue
+            reason = problem if problem.startswith(f"episode {ep.id}") else f"episode {ep.id}: {problem}"
+            log.warning("dropping an episode the trainer cannot use: %s", reason)
+            if on_drop is not None:
+                on_drop(reason)
     return out
 
 
@@ -122,16 +158,19 @@ class TrainBatch:
         )
 
 
-def collate(seqs: Sequence[TrainSequence], pad_id: int = 0, max_len: int | None = None) -> TrainBatch:
-    """Pad sequences into a :class:`TrainBatch`; ``max_len`` bounds prompt + response."""
+def collate(seqs: Sequence[TrainSequence], pad_id: int = 0, max_len: int | None = None,
+            vocab_size: int | None = None) -> TrainBatch:
+    """Pad sequences into a :class:`TrainBatch`; ``max_len`` bounds prompt + response and
+    ``vocab_size`` the token ids (both refused with :class:`BatchError`)."""
     if not seqs:
         raise BatchError("cannot build a batch from zero sequences")
     lengths = [len(s.prompt_ids) + len(s.response_ids) for s in seqs]
-    for s, n in zip(seqs, lengths):
+    for s in seqs:
         if not s.prompt_ids:
             raise BatchError(f"episode {s.episode_id}: empty prompt_ids")
-        if max_len is not None and n > max_len:
-            raise BatchError(f"episode {s.episode_id}: {n} tokens exceed the model's {max_len}")
+        problem = _poison(s, vocab_size, max_len)
+        if problem:
+            raise BatchError(f"episode {s.episode_id}: {problem}")
     width = max(lengths)
     b = len(seqs)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)

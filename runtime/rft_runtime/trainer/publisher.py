@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
+from .. import auth
 from .checkpoint import fsync_tree
 from .reload import DiskReload, PublishError, ReloadProtocol
 
@@ -94,7 +95,7 @@ class WeightPublisher:
         """Load ``version`` into one endpoint, retire the versions no longer kept, and verify the
         policy version it reports."""
         url = url.rstrip("/")
-        with httpx.Client(timeout=self.attempt_timeout_s) as http:
+        with httpx.Client(timeout=self.attempt_timeout_s, headers=auth.client_headers()) as http:
             call = self._caller(http)
             self.protocol.load(call, url, str(path), version)
             retired = self.protocol.retire(call, url, self.kept_versions(version))
@@ -111,7 +112,7 @@ class WeightPublisher:
         older = []
         if self.protocol.serves_several:
             older = sorted(v for v in self.kept_versions(current) - {current} if self.weights_dir(v).is_dir())
-        with httpx.Client(timeout=self.attempt_timeout_s) as http:
+        with httpx.Client(timeout=self.attempt_timeout_s, headers=auth.client_headers()) as http:
             for v in older:
                 self.protocol.load(self._caller(http), url.rstrip("/"), str(self.weights_dir(v)), v)
         self.load_endpoint(url, self.weights_dir(current), current)
@@ -125,7 +126,7 @@ class WeightPublisher:
         """The policy version each endpoint reports (None when unreachable; :data:`.reload.NO_VERSION`
         when it serves none)."""
         out: dict[str, int | None] = {}
-        with httpx.Client(timeout=10.0) as http:
+        with httpx.Client(timeout=10.0, headers=auth.client_headers()) as http:
             call = self._caller(http, deadline_s=0.0)
             for url in self.endpoints:
                 try:

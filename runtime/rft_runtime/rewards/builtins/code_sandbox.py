@@ -9,10 +9,17 @@ The ground truth holds the tests, in one of these forms:
 Config (camelCase): ``language`` (``python``, the only one), ``timeoutSeconds`` (10, wall clock per
 run), ``cpuSeconds`` (= timeout), ``memoryMB`` (512), ``maxProcesses`` (16), ``maxFileSizeMB`` (16),
 ``maxOpenFiles`` (64), ``maxOutputBytes`` (65536), ``sandboxUid``/``sandboxGid`` (65534),
-``isolation`` (``auto`` | ``userns`` | ``root`` | ``none``), ``allowNetworkFallback`` (false: refuse to
-run where no network namespace can be made), ``deniedPaths`` (added to /var/run/secrets and
-/run/secrets), ``python`` (interpreter for the code), ``workRoot``, ``partialCredit`` (false: 1.0 only
-when every test passes; true: the fraction passed), ``requireCodeBlock`` (false), ``maxCases`` (50).
+``isolation`` (``auto`` | ``userns`` | ``root``; there is no unisolated mode: where no namespace can
+be made the evaluator, and so the reward server, refuses to start), ``workQuotaMB`` (64: the size
+of the private /work tmpfs), ``workMaxFiles`` (1024 inodes), ``readablePaths`` (added to the
+read-only system paths the private root shows), ``deniedPaths`` (hidden even there; /var/run/secrets
+and /run/secrets always), ``python`` (interpreter for the code), ``workRoot``, ``partialCredit``
+(false: 1.0 only when every test passes; true: the fraction passed), ``requireCodeBlock`` (false),
+``maxCases`` (50).
+
+Trust: the verdict comes from the trusted harness process, never from the solution's process (see
+``sandbox/harness.py``); the tests reach the harness on a pipe, never as a file; the reward is
+clamped to [0, 1] whatever the harness reports.
 
 Outcomes: all tests pass → 1.0; an assertion fails → 0.0; the code raises (including blocked
 writes, reads, sockets, MemoryError, fork failures) → 0.0 with ``runtime_error``; a syntax error or
@@ -35,6 +42,7 @@ from ..types import EvaluatorError, Item, Sample, ScoreResult
 __all__ = ["CodeSandboxEvaluator", "extract_code", "parse_tests"]
 
 _HARNESS_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "sandbox", "harness.py")
+_HARNESS_INSIDE = "/.rft/_rft_harness.py"  # where the launcher places _rft_* files (read-only)
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
 
@@ -90,6 +98,11 @@ def parse_tests(ground_truth: Any) -> tuple[list[str], list[tuple[str, str]]]:
     return blocks, cases
 
 
+def _clamp(reward: float) -> float:
+    """The declared range of this evaluator: [0, 1]."""
+    return min(1.0, max(0.0, reward))
+
+
 def _normalise_output(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip().splitlines())
 
@@ -113,9 +126,10 @@ class CodeSandboxEvaluator:
             self._harness = fh.read()
 
     async def _run(self, code: str, mode: str, tests: list[str], stdin: bytes | None) -> SandboxRun:
-        files = {"solution.py": code, "_rft_harness.py": self._harness,
-                 "_rft_spec.json": json.dumps({"mode": mode, "tests": tests})}
-        run = await run_sandboxed(self.policy, files, ["_rft_harness.py"], stdin=stdin)
+        files = {"solution.py": code, "_rft_harness.py": self._harness}
+        if mode == "tests":  # the tests travel on the harness's stdin: never a file the solution could read
+            stdin = json.dumps({"tests": tests}).encode()
+        run = await run_sandboxed(self.policy, files, [_HARNESS_INSIDE, mode], stdin=stdin)
         if run.setup_error is not None:
             err = run.setup_error
             raise EvaluatorError("runtime_error", f"code_sandbox: sandbox setup failed at {err.get('stage')}: "
@@ -138,6 +152,12 @@ class CodeSandboxEvaluator:
             return ScoreResult.failure("parse_error", f"code_sandbox: {result.get('exc_type')}: {result.get('message')}")
         if status == "error":
             exc, msg = result.get("exc_type"), result.get("message")
+            if result.get("signal") in (9, 24):  # SIGKILL / SIGXCPU of the solution's process: CPU limit
+                return ScoreResult.failure("timeout", f"code_sandbox: CPU limit {self.policy.cpu_seconds}s exceeded")
+            if exc == "exit":  # the solution's own process ended: its last stderr line says why
+                last = run.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+                exc = last[0].split(":", 1)[0].strip() if re.fullmatch(r"[A-Za-z_.]+(:.*)?", last[0]) else exc
+                msg = f"{msg} ({last[0][:200]})" if last[0] else msg
             note = f" (memory limit {self.policy.memory_mb} MB)" if exc == "MemoryError" else ""
             return ScoreResult.failure("runtime_error", f"code_sandbox: the code raised {exc}: {msg}{note}")
         return None
@@ -159,11 +179,12 @@ class CodeSandboxEvaluator:
             if failed is not None:
                 return failed
             result = run.result or {}
-            passed, total = int(result.get("passed", 0)), int(result.get("total", len(blocks)))
+            total = len(blocks)  # what we sent, not what a report claims
+            passed = max(0, min(total, int(result.get("passed", 0))))
             errors = result.get("errors") or []
             if errors:
                 e = errors[0]
-                reward = passed / total if self.partial_credit and total else 0.0
+                reward = _clamp(passed / total) if self.partial_credit and total else 0.0
                 return ScoreResult(reward, f"code_sandbox: test {e.get('index')} raised {e.get('exc_type')}: "
                                            f"{e.get('message')}", {"tests_passed": passed, "tests_total": total},
                                    error="runtime_error")
@@ -184,6 +205,6 @@ class CodeSandboxEvaluator:
         metrics = {"tests_passed": float(passed), "tests_total": float(len(blocks) + min(len(cases), self.max_cases))}
         if passed == metrics["tests_total"]:
             return ScoreResult(1.0, f"code_sandbox: all {passed} tests passed", metrics)
-        reward = passed / metrics["tests_total"] if self.partial_credit else 0.0
+        reward = _clamp(passed / metrics["tests_total"]) if self.partial_credit else 0.0
         return ScoreResult(reward, f"code_sandbox: {passed}/{int(metrics['tests_total'])} passed; {notes[0] if notes else ''}",
                            metrics)

@@ -16,12 +16,22 @@ Isolation modes (``mode`` in the config):
   * ``root``: C (real root) creates the other namespaces without a user namespace, G setuid()s to
     ``sandbox_uid``.
   * ``auto``: ``userns``, then ``root`` if that fails and we are root.
-  * ``none``: no namespaces (only rlimits, empty env, workdir; uid drop when root). Used only when
-    the caller explicitly allows the fallback.
+There is no unisolated mode: a launcher that cannot create the namespaces fails its setup.
+
+Filesystem (C, in the new mount namespace): a fresh root (moved over / and chrooted into) holding only read-only
+binds of the system's interpreter and libraries (``readable_paths``: /usr, /bin, /lib*, /etc's
+loader cache and time zone), /dev/null, /dev/zero, /dev/full, /dev/random, /dev/urandom, a private
+/proc, the harness files read-only under /.rft, and /work: a tmpfs of ``work_quota_bytes`` and
+``work_max_files`` inodes, owned by the untrusted uid, that holds the run's files (the outside
+workdir is only read). Nothing of the server's (its config, its evaluator files, other runs'
+workdirs, /tmp, home directories, service-account tokens) exists in that view, whatever uid the
+code has: an unprivileged launcher can map only its own uid into the user namespace, so the view,
+not the uid, is what keeps the server's files out of reach.
 
 Every stage writes one JSON line to ``report_fd``: ``{"kind": "setup", ...}`` once the namespaces and
 mounts are in place, ``{"kind": "setup_error", "stage", "error"}`` (exit 125) when something required
-failed. The untrusted program gets that pipe as fd 3 (the harness writes its result there).
+failed. The program started (the trusted harness) gets that pipe as fd 3; the harness keeps the
+untrusted solution in a separate process without it (see harness.py).
 Each child sets PR_SET_PDEATHSIG=SIGKILL, so killing L's process group, or L dying, tears the whole
 tree down; G's death (pid 1) makes the kernel kill everything left in the pid namespace.
 """
@@ -55,6 +65,7 @@ MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
+MS_MOVE = 8192
 
 MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
@@ -216,15 +227,82 @@ def _deny_paths(paths: list[str], stage_dir: str) -> list[str]:
     return denied
 
 
-def setup_mounts(cfg: dict) -> dict:
-    """Private, read-only view of the filesystem with only the workdir writable."""
-    workdir = cfg["workdir"]
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+INSIDE_WORKDIR = "/work"
+HARNESS_DIR = "/.rft"
+
+
+def _bind_into(root: str, path: str) -> bool:
+    """Recreates ``path`` under ``root``: a symlink as the same symlink, a directory or file as a
+    (recursive) bind mount. Returns False when ``path`` does not exist."""
+    dst = root + path
+    if os.path.islink(path):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.symlink(os.readlink(path), dst)
+        return True
+    if os.path.isdir(path):
+        os.makedirs(dst, exist_ok=True)
+        mount(path, dst, None, MS_BIND | MS_REC)
+        return True
+    if os.path.exists(path):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.close(os.open(dst, os.O_CREAT | os.O_WRONLY, 0o644))
+        mount(path, dst, None, MS_BIND)
+        return True
+    return False
+
+
+def setup_mounts(cfg: dict, owner: tuple[int, int]) -> dict:
+    """A fresh, read-only root with only the system's binaries and libraries, the harness under
+    /.rft and a size-limited tmpfs /work holding the run's files (owned by ``owner``)."""
+    outside = cfg["workdir"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # first: nothing below may propagate to the host
-    denied = _deny_paths(cfg.get("denied_paths", []), workdir)
-    mount(workdir, workdir, None, MS_BIND | MS_REC)
+    files = {}
+    for name in os.listdir(outside):  # the runner's files: read now, the outside dir is never shown
+        with open(os.path.join(outside, name), "rb") as fh:
+            files[name] = fh.read()
+    root = outside
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=4m,nr_inodes=4096,mode=755")
+    covered: list[str] = []
+    for path in sorted(cfg.get("readable_paths", [])):
+        if any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered):
+            continue
+        if _bind_into(root, path):
+            covered.append(path)
+    os.makedirs(root + "/dev", exist_ok=True)
+    for dev in DEVICES:
+        _bind_into(root, dev)
+    for d in (HARNESS_DIR, INSIDE_WORKDIR, "/.stage"):
+        os.makedirs(root + d, exist_ok=True)
+    # The kernel lets a user namespace mount a new proc only where a proc is already fully visible:
+    # G mounts the private one (its own pid namespace) over this bind, which nothing can unmount.
+    _bind_into(root, "/proc")
+    os.symlink(INSIDE_WORKDIR, root + "/tmp")
+    work = root + INSIDE_WORKDIR
+    quota, inodes = int(cfg.get("work_quota_bytes", 64 << 20)), int(cfg.get("work_max_files", 1024))
+    mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, f"size={quota},nr_inodes={inodes},mode=700")
+    for name, data in files.items():
+        trusted = name.startswith("_rft_")  # the harness: read-only, outside the writable workdir
+        target = os.path.join(root + HARNESS_DIR if trusted else work, name)
+        with open(target, "wb") as fh:
+            fh.write(data)
+        if trusted:
+            os.chmod(target, 0o444)
+        else:
+            os.chown(target, *owner)
+    os.chown(work, *owner)
+    # switch_root: move the new root over / and chroot into it (pivot_root is refused by the reward
+    # pod's seccomp profile). The untrusted code has no CAP_SYS_CHROOT and no descriptor from outside,
+    # so it cannot climb back out; its private /proc shows no process rooted elsewhere.
+    os.chdir(root)
+    mount(root, "/", None, MS_MOVE)
+    os.chroot(".")
+    os.chdir("/")
+    denied = _deny_paths(cfg.get("denied_paths", []), "/.stage")
     method = _readonly_everything(cfg.get("readonly_method", "auto"))
-    mount(None, workdir, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
-    return {"readonly_root": method, "denied": denied}
+    mount(None, INSIDE_WORKDIR, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
+    return {"readonly_root": method, "denied": denied, "root": "private", "work_quota_bytes": quota,
+            "work_max_files": inodes}
 
 
 # ----------------------------------------------------------------------------- stages
@@ -248,7 +326,7 @@ def stage_h(cfg: dict, report_fd: int) -> None:
         os.dup2(report_fd, 3)
     os.closerange(4, 65536)
     os.set_inheritable(3, True)
-    os.chdir(cfg["workdir"])
+    os.chdir(INSIDE_WORKDIR)
     os.execve(cfg["argv"][0], cfg["argv"], {})
 
 
@@ -351,18 +429,17 @@ def stage_c(cfg: dict, rep: Reporter, parent: int, sync_w: int, sync_r: int) -> 
                   "pid_ns": False, "proc": "shared", "readonly_root": None, "denied": []}
     try:
         die_with_parent(parent)
-        if mode != "none":
-            before = os.readlink("/proc/self/ns/mnt")
-            info.update(unshare_namespaces(mode))
-            if os.readlink("/proc/self/ns/mnt") == before:  # never touch the host's mounts
-                raise OSError("mount namespace was not created")
-            info.update(mount_ns=True, net_ns=True, pid_ns=True)
+        before = os.readlink("/proc/self/ns/mnt")
+        info.update(unshare_namespaces(mode))
+        if os.readlink("/proc/self/ns/mnt") == before:  # never touch the host's mounts
+            raise OSError("mount namespace was not created")
+        info.update(mount_ns=True, net_ns=True, pid_ns=True)
         os.write(sync_w, json.dumps(info).encode())
         os.close(sync_w)
         if os.read(sync_r, 16) != b"ok":
             raise OSError("parent could not write the id maps")
-        if info["mount_ns"]:
-            info.update(setup_mounts(cfg))
+        owner = (INSIDE_ID, INSIDE_ID) if info["user_ns"] else (cfg["sandbox_uid"], cfg["sandbox_gid"])
+        info.update(setup_mounts(cfg, owner))
     except Exception as exc:  # noqa: BLE001
         rep.fail("namespaces", exc)
     me = os.getpid()

@@ -11,10 +11,15 @@ from typing import Any, Mapping
 
 from ..options import Options
 
-__all__ = ["SandboxPolicy", "DEFAULT_DENIED_PATHS", "MODES", "default_python"]
+__all__ = ["SandboxPolicy", "DEFAULT_DENIED_PATHS", "DEFAULT_READABLE_PATHS", "MODES", "default_python"]
 
 DEFAULT_DENIED_PATHS = ("/var/run/secrets", "/run/secrets")
-MODES = ("auto", "userns", "root", "none")
+# What the sandbox's private root shows (read-only): the interpreter and the system libraries only.
+DEFAULT_READABLE_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache",
+                          "/etc/localtime")
+MODES = ("auto", "userns", "root")
+REMOVED = {"allowNetworkFallback": "there is no unisolated fallback any more: where the sandbox cannot be "
+                                   "built the reward server refuses to start (see docs/code-sandbox.md)"}
 
 
 def _world_executable(path: str) -> bool:
@@ -61,8 +66,10 @@ class SandboxPolicy:
     sandbox_uid: int = 65534
     sandbox_gid: int = 65534
     mode: str = "auto"
-    allow_network_fallback: bool = False
     denied_paths: tuple[str, ...] = DEFAULT_DENIED_PATHS
+    readable_paths: tuple[str, ...] = DEFAULT_READABLE_PATHS
+    work_quota_mb: int = 64
+    work_max_files: int = 1024
     work_root: str | None = None
 
     @classmethod
@@ -74,10 +81,17 @@ class SandboxPolicy:
         for p in extra:
             if not os.path.isabs(p):
                 raise opts.error("deniedPaths", f"must hold absolute paths, got {p!r}")
+        for name, why in REMOVED.items():
+            if opts.any(name, None) is not None:
+                raise opts.error(name, f"was removed: {why}")
+        if opts.any("isolation", None) == "none":
+            raise opts.error("isolation", "'none' was removed: untrusted code always runs in namespaces "
+                                          f"(one of {', '.join(MODES)})")
         mode = opts.str("isolation", "auto", choices=MODES)
-        allow_fallback = opts.bool("allowNetworkFallback", False)
-        if mode == "none" and not allow_fallback:
-            raise opts.error("isolation", "may be 'none' only together with allowNetworkFallback: true")
+        readable = opts.str_list("readablePaths", [])
+        for p in readable:
+            if not os.path.isabs(p):
+                raise opts.error("readablePaths", f"must hold absolute paths, got {p!r}")
         python = opts.str("python", None) or default_python()
         work_root = opts.str("workRoot", None)
         return cls(
@@ -92,8 +106,10 @@ class SandboxPolicy:
             sandbox_uid=opts.number("sandboxUid", 65534, minimum=1, maximum=2**32 - 2, integer=True),
             sandbox_gid=opts.number("sandboxGid", 65534, minimum=1, maximum=2**32 - 2, integer=True),
             mode=mode,
-            allow_network_fallback=allow_fallback,
             denied_paths=tuple(DEFAULT_DENIED_PATHS) + tuple(extra),
+            readable_paths=tuple(DEFAULT_READABLE_PATHS) + tuple(readable),
+            work_quota_mb=opts.number("workQuotaMB", 64, minimum=1, maximum=1 << 16, integer=True),
+            work_max_files=opts.number("workMaxFiles", 1024, minimum=16, maximum=1 << 20, integer=True),
             work_root=work_root,
         )
 
@@ -107,6 +123,15 @@ class SandboxPolicy:
             "nofile": self.max_open_files,
         }
 
+    def view_paths(self) -> list[str]:
+        """The paths the sandbox's root shows read-only: ``readable_paths`` plus the installation
+        prefix of :attr:`python` (its standard library) when that lies elsewhere."""
+        prefix = os.path.dirname(os.path.dirname(os.path.realpath(self.python)))
+        paths = list(self.readable_paths)
+        if prefix not in ("", "/") and not any(prefix == p or prefix.startswith(p.rstrip("/") + "/") for p in paths):
+            paths.append(prefix)
+        return paths
+
     def with_mode(self, mode: str) -> "SandboxPolicy":
         """A copy with another isolation mode."""
         from dataclasses import replace
@@ -116,4 +141,5 @@ class SandboxPolicy:
     def describe(self) -> Mapping[str, Any]:
         """Settings for logs and reasons (no secrets here)."""
         return {"python": self.python, "timeoutSeconds": self.timeout_seconds, "cpuSeconds": self.cpu_seconds,
-                "memoryMB": self.memory_mb, "maxProcesses": self.max_processes, "isolation": self.mode}
+                "memoryMB": self.memory_mb, "maxProcesses": self.max_processes, "isolation": self.mode,
+                "workQuotaMB": self.work_quota_mb}

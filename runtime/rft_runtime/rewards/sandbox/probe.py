@@ -47,23 +47,16 @@ def _probe_blocking(policy: SandboxPolicy) -> tuple[dict[str, Any] | None, str]:
 def probe_isolation(policy: SandboxPolicy) -> tuple[SandboxPolicy, dict[str, Any]]:
     """The policy to use (mode resolved) and the isolation the launcher reported.
 
-    Raises SandboxUnavailableError when neither a user namespace nor root namespaces can be made,
-    unless ``allow_network_fallback`` is set: then runs go without namespaces (rlimits, an empty
-    environment, a private workdir and, as root, the sandbox uid still apply)."""
-    key = (policy.python, policy.mode, policy.sandbox_uid, policy.sandbox_gid, policy.allow_network_fallback,
-           policy.denied_paths, policy.work_root)
+    Raises SandboxUnavailableError when neither a user namespace nor root namespaces can be made
+    (there is no unisolated fallback)."""
+    key = (policy.python, policy.mode, policy.sandbox_uid, policy.sandbox_gid, policy.denied_paths,
+           policy.readable_paths, policy.work_quota_mb, policy.work_max_files, policy.work_root)
     with _lock:
         if key in _cache:
             return _cache[key]
         setup, why = _probe_blocking(policy)
-        if setup is not None and policy.mode != "none":
+        if setup is not None:
             resolved = policy.with_mode(setup["mode"])
-        elif policy.allow_network_fallback:
-            fallback = policy.with_mode("none")
-            setup2, why2 = _probe_blocking(fallback)
-            if setup2 is None:
-                raise SandboxUnavailableError(f"code_sandbox: even the unisolated fallback failed: {why2}")
-            resolved, setup = fallback, dict(setup2, fallback_reason=why)
         else:
             raise SandboxUnavailableError(
                 "code_sandbox: cannot isolate untrusted code here (no user/network/mount/pid namespace): "

@@ -82,10 +82,7 @@ def _prepare_workdir(policy: SandboxPolicy, files: Mapping[str, str | bytes]) ->
         data = content.encode() if isinstance(content, str) else content
         with open(os.path.join(workdir, name), "wb") as fh:
             fh.write(data)
-    os.chmod(workdir, 0o700)
-    if os.geteuid() == 0:  # the code runs as the sandbox uid and must own its workdir
-        for name in [*files, ""]:
-            os.chown(os.path.join(workdir, name), policy.sandbox_uid, policy.sandbox_gid)
+    os.chmod(workdir, 0o700)  # only the launcher reads it: the code sees a private tmpfs copy at /work
     return workdir
 
 
@@ -115,7 +112,8 @@ def _parse_reports(raw: bytes) -> list[dict[str, Any]]:
 
 async def run_sandboxed(policy: SandboxPolicy, files: Mapping[str, str | bytes], args: list[str],
                         stdin: bytes | None = None) -> SandboxRun:
-    """Runs ``policy.python -I -B *args`` in the sandbox with ``files`` in its working directory."""
+    """Runs ``policy.python -I -B *args`` in the sandbox with ``files`` in its working directory
+    (``/work`` inside; files named ``_rft_*`` are placed read-only in ``/.rft`` instead)."""
     workdir = _prepare_workdir(policy, files)
     report_r, report_w = os.pipe()
     config = {
@@ -126,6 +124,9 @@ async def run_sandboxed(policy: SandboxPolicy, files: Mapping[str, str | bytes],
         "limits": policy.launcher_limits(),
         "mode": policy.mode,
         "denied_paths": list(policy.denied_paths),
+        "readable_paths": policy.view_paths(),
+        "work_quota_bytes": policy.work_quota_mb << 20,
+        "work_max_files": policy.work_max_files,
         "report_fd": report_w,
         "parent_pid": os.getpid(),
     }

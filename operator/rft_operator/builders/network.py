@@ -1,0 +1,91 @@
+"""The job's NetworkPolicies (``spec.network.policies``, on by default): who may reach its servers,
+and where its rollout pods may go.
+
+- ``<job>-inference``: the inference pods accept connections on ``spec.inference.port`` only from
+  the job's rollout pods (sampling) and its trainer pods (weight publication);
+- ``<job>-trainer``: the trainer pods accept connections on the coordinator port only from the job's
+  rollout pods;
+- ``<job>-reward`` (when the job has a reward role): the reward pods accept connections on the reward
+  port only from the job's rollout pods;
+- ``<job>-rollout``: the rollout pods may connect only to those three, to DNS (port 53), and to the
+  destinations of ``spec.network.rolloutEgress``; nothing else (the evaluator bundle's code runs
+  there).
+
+"The job's pods" is a pod selector on the job's labels within the job's namespace: pods of another
+job or another namespace match none of these rules. The operator itself never connects to a job's
+pods (it reads the progress ConfigMap and the pods' status), so no rule admits it. Kubelet probes
+come from the node and are not subject to pod-selector rules on the common network plugins.
+
+These only isolate anything on a cluster whose network plugin enforces NetworkPolicies; the job
+token (``builders.secret``) guards the routes either way.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from rft_api.job import RFTJob
+
+from .. import names
+from ..topology import reward_required
+from .common import BuildContext, metadata
+
+Obj = dict[str, Any]
+ROLE = "network"
+DNS_PORT = 53
+
+
+def _pods(job: RFTJob, role: str) -> Obj:
+    return {"podSelector": {"matchLabels": names.selector(job.name, role)}}
+
+
+def _port(port: int, protocol: str = "TCP") -> Obj:
+    return {"port": port, "protocol": protocol}
+
+
+def _policy(job: RFTJob, name: str, role: str, spec: Obj) -> Obj:
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata(job, name, ROLE),
+            "spec": {"podSelector": {"matchLabels": names.selector(job.name, role)}, **spec}}
+
+
+def _ingress(job: RFTJob, name: str, role: str, port: int, sources: list[str]) -> Obj:
+    return _policy(job, name, role, {
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [_pods(job, s) for s in sources], "ports": [_port(port)]}],
+    })
+
+
+def inference_policy(job: RFTJob, ctx: BuildContext) -> Obj:
+    return _ingress(job, names.inference(job.name), "inference", job.spec.inference.port, ["rollout", "trainer"])
+
+
+def trainer_policy(job: RFTJob, ctx: BuildContext) -> Obj:
+    return _ingress(job, names.trainer(job.name), "trainer", ctx.coordinator_port, ["rollout"])
+
+
+def reward_policy(job: RFTJob, ctx: BuildContext) -> Optional[Obj]:
+    if not reward_required(job.spec):
+        return None
+    return _ingress(job, names.reward(job.name), "reward", ctx.reward_port, ["rollout"])
+
+
+def rollout_policy(job: RFTJob, ctx: BuildContext) -> Obj:
+    egress: list[Obj] = [
+        {"to": [_pods(job, "inference")], "ports": [_port(job.spec.inference.port)]},
+        {"to": [_pods(job, "trainer")], "ports": [_port(ctx.coordinator_port)]},
+    ]
+    if reward_required(job.spec):
+        egress.append({"to": [_pods(job, "reward")], "ports": [_port(ctx.reward_port)]})
+    # DNS, wherever the cluster runs it (its pods' labels differ between distributions)
+    egress.append({"ports": [_port(DNS_PORT, "UDP"), _port(DNS_PORT, "TCP")]})
+    for rule in job.spec.network.rollout_egress:
+        egress.append({"to": [{"ipBlock": {"cidr": rule.cidr}}],
+                       "ports": [_port(p.port, p.protocol) for p in rule.ports]})
+    return _policy(job, names.rollout(job.name), "rollout", {"policyTypes": ["Egress"], "egress": egress})
+
+
+def policies(job: RFTJob, ctx: BuildContext) -> list[Obj]:
+    """The job's NetworkPolicies (none when ``spec.network.policies`` is false)."""
+    if not job.spec.network.policies:
+        return []
+    out = [inference_policy(job, ctx), trainer_policy(job, ctx), reward_policy(job, ctx), rollout_policy(job, ctx)]
+    return [p for p in out if p is not None]
