@@ -88,6 +88,8 @@ class Ports(_Model):
     """Where the reward server listens."""
     coordinator: int = Field(8100, ge=0, le=65535)
     """Where the trainer's coordinator listens (0: any free port, reported by the trainer)."""
+    rendezvous: int = Field(29500, ge=1, le=65535)
+    """The trainer's torch.distributed rendezvous port (a TCP store at global rank 0)."""
 
 
 class EvaluatorFile(_Model):
@@ -153,6 +155,10 @@ class TrainerSettings(_Model):
     """torch intra-op threads (default: torch's)."""
     stall_timeout_seconds: float = Field(1800.0, gt=0)
     """The trainer fails when no episode arrives for this long."""
+    master_address: str = Field("127.0.0.1", min_length=1, max_length=253)
+    """Where every trainer process reaches global rank 0's rendezvous (in pods: the headless trainer
+    Service, which selects only pod 0). The process group has ``spec.trainer.nodes ×
+    processesPerNode`` ranks; a process's rank is ``node × processesPerNode + local rank``."""
 
 
 class ResolvedEvaluator(_Model):

@@ -136,7 +136,7 @@ class ModelSpec(ApiModel):
     warm_start_from: Optional[PathStr] = None
     """Start from these weights (a model directory, or one of our checkpoints) instead of the base weights; relative paths resolve against model.volume. Not with lora."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Training and inference dtype; auto is bfloat16 on GPU and float32 on CPU."""
+    """Training and inference dtype. auto: inference is bfloat16 on GPU, float32 on CPU; the trainer keeps float32 (master) weights and computes in bfloat16 on GPU, float32 on CPU."""
     lora: Optional[LoraSpec] = None
     """Train a LoRA adapter instead of all weights; inference then loads adapters only."""
 
@@ -417,11 +417,41 @@ class SchedulerSpec(ApiModel):
     """Linear warmup steps."""
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def gpu_count(resources: Optional[Resources]) -> int:
+    """The GPUs of a pod: its ``nvidia.com/gpu`` limit, else its request, else 0."""
+    if resources is None:
+        return 0
+    for rl in (resources.limits, resources.requests):
+        if rl and GPU_RESOURCE in rl:
+            return int(str(rl[GPU_RESOURCE]))
+    return 0
+
+
+# CEL twin of gpu_count(): GPU quantities are whole numbers (int or a digit string).
+_GPU_CEL = ("(has(self.resources) && has(self.resources.limits) && '{g}' in self.resources.limits)"
+            " ? int(string(self.resources.limits['{g}']))"
+            " : (has(self.resources) && has(self.resources.requests) && '{g}' in self.resources.requests)"
+            " ? int(string(self.resources.requests['{g}'])) : 0").format(g=GPU_RESOURCE)
+
+
+def _processes_fit(t: "TrainerSpec") -> bool:
+    gpus = gpu_count(t.resources)
+    return t.processes_per_node is None or gpus == 0 or t.processes_per_node <= gpus
+
+
 @rules(Rule(
     cel="self.learningRate > 0.0",
     message="trainer.learningRate must be positive",
     field=".learningRate",
     check=lambda t: t.learning_rate > 0,
+), Rule(
+    cel=f"!has(self.processesPerNode) || ({_GPU_CEL}) == 0 || self.processesPerNode <= ({_GPU_CEL})",
+    message="trainer.processesPerNode must not exceed the pod's GPUs (trainer.resources nvidia.com/gpu)",
+    field=".processesPerNode",
+    check=_processes_fit,
 ))
 class TrainerSpec(ApiModel):
     algorithm: AlgorithmName = "grpo"
@@ -463,13 +493,23 @@ class TrainerSpec(ApiModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     """Seed for data order, sampling seeds and initialisation."""
     nodes: int = Field(1, ge=1, le=1024)
-    """Trainer pods."""
+    """Trainer pods (one Indexed Job); with processesPerNode they form one torch.distributed process group."""
+    processes_per_node: Optional[int] = Field(None, ge=1, le=64)
+    """Trainer processes per pod (one per GPU on GPU pods). Default: the pod's nvidia.com/gpu count from resources, else 1. nodes x processesPerNode processes train one FSDP-sharded policy (NCCL on GPUs, gloo on CPU); may not exceed the pod's GPUs on a GPU trainer."""
     resources: Optional[Resources] = None
     """Resources of each trainer pod."""
     image: Optional[Image] = None
     """Trainer image; defaults to the runtime image."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment for the trainer."""
+
+    def processes(self) -> int:
+        """Trainer processes per pod: ``processesPerNode``, else the pod's GPUs, else 1."""
+        return self.processes_per_node or gpu_count(self.resources) or 1
+
+    def world_size(self) -> int:
+        """Processes in the trainer's process group: ``nodes × processes()``."""
+        return self.nodes * self.processes()
 
 
 # ---------------------------------------------------------------- checkpoint, evaluation

@@ -36,3 +36,18 @@ def test_all_problems_reported_at_once():
     fields = " ".join(err.value.problems)
     for f in ("spec.trainer.learningRate", "spec.rollout.topP", "metadata.name"):
         assert f in fields
+
+
+@pytest.mark.parametrize("trainer, processes, world", [
+    ({}, 1, 1),                                                               # CPU: one process per pod
+    ({"nodes": 3}, 1, 3),
+    ({"resources": {"limits": {"nvidia.com/gpu": 4}}}, 4, 4),                # default: one per GPU
+    ({"nodes": 2, "resources": {"requests": {"nvidia.com/gpu": "2"}}}, 2, 4),
+    ({"nodes": 2, "processesPerNode": 1, "resources": {"limits": {"nvidia.com/gpu": 8}}}, 1, 2),
+    ({"processesPerNode": 4}, 4, 4),                                          # CPU processes: not bounded by GPUs
+])
+def test_trainer_processes_per_node(trainer, processes, world):
+    m = base_manifest()
+    m["spec"]["trainer"].update(trainer)
+    t = parse_manifest(m).spec.trainer
+    assert (t.processes(), t.world_size()) == (processes, world)

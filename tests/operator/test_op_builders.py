@@ -249,6 +249,30 @@ def test_coordinator_service_is_headless_and_selects_rank_zero(tiny_job) -> None
     assert svc["spec"]["selector"] == {names.LABEL_INSTANCE: "tiny-arith", names.LABEL_ROLE: "trainer",
                                        names.LABEL_COMPLETION_INDEX: "0"}
     assert svc["spec"]["ports"][0]["port"] == 8100
+    # pod 0 is also the torch.distributed rendezvous of every trainer process, ready or not
+    assert svc["spec"]["ports"][1] == {"name": "rendezvous", "port": 29500, "targetPort": 29500, "protocol": "TCP"}
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_trainer_process_group_in_the_runtime_contract() -> None:
+    job = make_job(trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 30, "nodes": 2,
+                            "resources": {"limits": {"nvidia.com/gpu": 4}}})
+    c = children(job)
+    cfg = json.loads(c[("ConfigMap", names.config(job.name))]["data"][names.CONFIG_KEY])
+    assert cfg["trainer"]["masterAddress"] == f"{names.trainer(job.name)}.{job.namespace}.svc"
+    assert cfg["ports"]["rendezvous"] == 29500
+    assert cfg["spec"]["trainer"]["nodes"] == 2 and cfg["spec"]["trainer"].get("processesPerNode") is None
+    assert job.spec.trainer.world_size() == 8  # 2 pods x their 4 GPUs
+    tj = c[("Job", names.trainer(job.name))]
+    ctr = tj["spec"]["template"]["spec"]["containers"][0]
+    assert ctr["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert {"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"} in ctr["ports"]
+    # 4 processes per pod: NCCL's shared memory is a memory-backed /dev/shm (a one-process pod has none)
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in ctr["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in tj["spec"]["template"]["spec"]["volumes"]
+    one = children(make_job(trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 30}))
+    pod = one[("Job", names.trainer(job.name))]["spec"]["template"]["spec"]
+    assert all(v["name"] != "dshm" for v in pod["volumes"])
 
 
 def test_builtin_inference(tiny_job) -> None:

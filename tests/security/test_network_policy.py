@@ -180,3 +180,18 @@ def test_policies_off_builds_none_and_refuses_an_allow_list() -> None:
 def test_a_malformed_allow_list_entry_is_refused_naming_the_field(cidr: str) -> None:
     with pytest.raises(InvalidSpec, match=r"spec\.network\.rolloutEgress\[0\]\.cidr"):
         make_job(network={"rolloutEgress": [{"cidr": cidr, "ports": [{"port": 443}]}]})
+
+
+def test_trainer_pods_of_one_process_group_reach_each_other_on_any_port() -> None:
+    """trainer.nodes > 1: the rendezvous on pod 0 and the ranks' own connections (gloo/NCCL pick their
+    ports) are open between the job's trainer pods, and to nobody else; one trainer pod opens nothing more."""
+    multi = make_job(namespace="team-a", trainer={"algorithm": "grpo", "learningRate": 1e-4, "maxSteps": 30,
+                                                  "nodes": 2})
+    pols = _all(multi)
+    trainer = pod(multi.name, "trainer")
+    assert allowed(pols, trainer, trainer, CTX.rendezvous_port)
+    assert allowed(pols, trainer, trainer, 41234)
+    assert not allowed(pols, pod(multi.name, "rollout"), trainer, CTX.rendezvous_port)
+    assert not allowed(pols, pod("other", "trainer"), trainer, CTX.rendezvous_port)
+    single = make_job(namespace="team-a")
+    assert not allowed(_all(single), pod(single.name, "trainer"), pod(single.name, "trainer"), CTX.rendezvous_port)

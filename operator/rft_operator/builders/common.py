@@ -30,6 +30,8 @@ class BuildContext:
     """The trainer attempt whose Job is built (``status.restarts``)."""
     coordinator_port: int = 8100
     reward_port: int = 8200
+    rendezvous_port: int = 29500
+    """The trainer's torch.distributed rendezvous port (on pod 0, through the headless Service)."""
     placements: tuple[tuple[str, Any], ...] = ()
     """Role → :class:`~rft_operator.builders.workload.Placement` from a Kueue admission (none otherwise)."""
 

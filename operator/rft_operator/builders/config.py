@@ -31,7 +31,9 @@ def runtime_config(job: RFTJob, ctx: BuildContext) -> runtime.RuntimeConfig:
             reward=service_url(job, names.reward(job.name), ctx.reward_port) if remote else None,
             coordinator=service_url(job, names.trainer(job.name), ctx.coordinator_port),
         ),
-        ports=runtime.Ports(inference=spec.inference.port, reward=ctx.reward_port, coordinator=ctx.coordinator_port),
+        ports=runtime.Ports(inference=spec.inference.port, reward=ctx.reward_port, coordinator=ctx.coordinator_port,
+                            rendezvous=ctx.rendezvous_port),
+        trainer=runtime.TrainerSettings(master_address=f"{names.trainer(job.name)}.{job.namespace}.svc"),
         paths=runtime.spec_paths(
             spec, checkpoints=CHECKPOINT_DIR, model_cache=MODEL_CACHE_DIR,
             chat_template=f"{CONFIG_DIR}/{CHAT_TEMPLATE_KEY}" if spec.model.chat_template else None),

@@ -4,7 +4,9 @@ and where its rollout pods may go.
 - ``<job>-inference``: the inference pods accept connections on ``spec.inference.port`` only from
   the job's rollout pods (sampling) and its trainer pods (weight publication);
 - ``<job>-trainer``: the trainer pods accept connections on the coordinator port only from the job's
-  rollout pods;
+  rollout pods, and, with ``trainer.nodes > 1``, on any port from the job's other trainer pods (the
+  torch.distributed rendezvous on pod 0, and the connections gloo/NCCL open between ranks on ports
+  of their choosing);
 - ``<job>-reward`` (when the job has a reward role): the reward pods accept connections on the reward
   port only from the job's rollout pods;
 - ``<job>-rollout``: the rollout pods may connect only to those three, to DNS (port 53), and to the
@@ -59,7 +61,10 @@ def inference_policy(job: RFTJob, ctx: BuildContext) -> Obj:
 
 
 def trainer_policy(job: RFTJob, ctx: BuildContext) -> Obj:
-    return _ingress(job, names.trainer(job.name), "trainer", ctx.coordinator_port, ["rollout"])
+    pol = _ingress(job, names.trainer(job.name), "trainer", ctx.coordinator_port, ["rollout"])
+    if job.spec.trainer.nodes > 1:  # one process group across the trainer pods
+        pol["spec"]["ingress"].append({"from": [_pods(job, "trainer")]})
+    return pol
 
 
 def reward_policy(job: RFTJob, ctx: BuildContext) -> Optional[Obj]:

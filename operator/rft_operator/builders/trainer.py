@@ -6,10 +6,14 @@
   run cannot resume) fails the Job at once with reason ``PodFailurePolicy``, which the failure policy
   treats as terminal (any other failure is a restart, counted). ``FallbackToLogsOnError`` makes the
   last log lines the container's termination message (the reason the operator reports).
-- ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; rank = the pod's
-  ``JOB_COMPLETION_INDEX``. Rank 0 runs the coordinator on port 8100; the Service
-  ``<job>-trainer`` selects only the rank-0 pod, so ``http://<job>-trainer.<ns>.svc:8100`` is the
-  coordinator whatever the node count.
+- ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; node = the pod's
+  ``JOB_COMPLETION_INDEX``. Each pod starts ``trainer.processesPerNode`` processes; together the
+  ``nodes × processesPerNode`` processes are one torch.distributed process group (global rank =
+  node × processesPerNode + local rank). The headless Service ``<job>-trainer`` selects only pod 0
+  (``publishNotReadyAddresses``), so ``<job>-trainer.<ns>.svc`` is pod 0's address whatever the node
+  count: port 8100 is the coordinator (global rank 0 alone runs it), port 29500 the rendezvous
+  (``trainer.masterAddress`` and ``ports.rendezvous`` in the runtime contract). Pods of several
+  processes get a memory-backed ``/dev/shm`` (NCCL between the GPUs of a pod).
 - The only pods with a ServiceAccount token: ``<job>-trainer``, allowed to get and patch
   ``<job>-progress`` and nothing else.
 - The checkpoint claim is mounted read-write at ``/checkpoints``; datasets are read here.
@@ -57,6 +61,15 @@ def _dataset_configmaps(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
     return vols, mounts
 
 
+def _shared_memory(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
+    """A memory-backed ``/dev/shm`` when a pod runs several trainer processes (NCCL moves data between
+    the GPUs of one pod through shared memory; a container's default 64 MiB is too small)."""
+    if job.spec.trainer.processes() < 2:
+        return [], []
+    return ([{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+            [{"name": "dshm", "mountPath": "/dev/shm"}])
+
+
 def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     """The trainer Job of attempt ``ctx.trainer_attempt``."""
     spec, tr = job.spec, job.spec.trainer
@@ -64,15 +77,17 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     claim_vols, claim_mounts = claim_volumes(
         [spec.model.volume, ds.train.volume, ds.eval.volume if ds.eval else None], "data")
     cm_vols, cm_mounts = _dataset_configmaps(job)
+    shm_vols, shm_mounts = _shared_memory(job)
     attempt = str(ctx.trainer_attempt)
     env = base_env(job) + [env_var("RFT_TRAINER_ATTEMPT", attempt)] + user_env(tr.env)
     container: Obj = {
         "name": ROLE, "image": tr.image or spec.runtime_image,
         "command": ["rft", "trainer", "--config", CONFIG_PATH],
-        "ports": [{"name": "coordinator", "containerPort": ctx.coordinator_port, "protocol": "TCP"}],
+        "ports": [{"name": "coordinator", "containerPort": ctx.coordinator_port, "protocol": "TCP"},
+                  {"name": "rendezvous", "containerPort": ctx.rendezvous_port, "protocol": "TCP"}],
         "env": env,
         "volumeMounts": [config_mount(), checkpoint_mount(read_only=False), *scratch_mounts(), *claim_mounts,
-                         *cm_mounts],
+                         *cm_mounts, *shm_mounts],
         "securityContext": container_security_context(read_only_root=True),
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -80,7 +95,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     if res:
         container["resources"] = res
     pod = pod_spec([container], [config_volume(job), checkpoint_volume(job), *scratch_volumes(), *claim_vols,
-                                 *cm_vols],
+                                 *cm_vols, *shm_vols],
                    service_account=names.trainer(job.name), automount_token=True, restart_policy="Never",
                    extra={"subdomain": names.trainer(job.name)})
     annotations = {names.ANNOTATION_ATTEMPT: attempt}
@@ -103,6 +118,10 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
 
 
 def service_for(job: RFTJob, ctx: BuildContext) -> Obj:
-    """Headless Service for the coordinator (rank 0): ``http://<job>-trainer.<ns>.svc:8100``."""
-    return service(job, names.trainer(job.name), ROLE, ctx.coordinator_port, "coordinator", headless=True,
-                   extra_selector={names.LABEL_COMPLETION_INDEX: "0"})
+    """Headless Service of pod 0: the coordinator (``http://<job>-trainer.<ns>.svc:8100``) and the
+    torch.distributed rendezvous (``<job>-trainer.<ns>.svc:29500``)."""
+    svc = service(job, names.trainer(job.name), ROLE, ctx.coordinator_port, "coordinator", headless=True,
+                  extra_selector={names.LABEL_COMPLETION_INDEX: "0"})
+    svc["spec"]["ports"].append({"name": "rendezvous", "port": ctx.rendezvous_port,
+                                 "targetPort": ctx.rendezvous_port, "protocol": "TCP"})
+    return svc

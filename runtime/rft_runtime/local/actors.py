@@ -85,18 +85,36 @@ class InferenceActor:
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class TrainerActor:
-    """The trainer role (:class:`~rft_runtime.trainer.trainer.Trainer`, coordinator included)."""
+    """The trainer role (:class:`~rft_runtime.trainer.trainer.Trainer`, coordinator included): global
+    rank 0 of the trainer's process group. With ``trainer.nodes × processesPerNode`` above 1 it
+    starts the other ranks on this machine (:mod:`~rft_runtime.trainer.launch`, one gloo group; their
+    logs are ``trainer-rank-<node>-<local>.log`` beside this actor's)."""
 
     def __init__(self, config_doc: str, *, resume: bool, require_resume: bool,
-                 max_steps: int | None, threads: int = 1, local: bool = True, log_file: str | None = None) -> None:
+                 max_steps: int | None, threads: int = 1, local: bool = True, log_file: str | None = None,
+                 work_dir: str | None = None) -> None:
         _setup_process(log_file, threads)
         if local:  # the coordinator listens on loopback only (the runtime contract's bind address)
             os.environ[BIND_HOST_ENV] = "127.0.0.1"
+        from ..trainer import launch
+        from ..trainer.distributed import context_for
         from ..trainer.trainer import Trainer
 
+        cfg = runtime.parse(config_doc)
+        t = cfg.spec.trainer
+        self._ranks: list[Any] = []
+        if t.world_size() > 1:
+            if work_dir is None:
+                raise ValueError("a trainer of several processes needs a work_dir for their config")
+            path = Path(work_dir) / "trainer-config.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(config_doc)
+            ranks = [(n, r) for n in range(t.nodes) for r in range(t.processes()) if (n, r) != (0, 0)]
+            self._ranks = launch.start_ranks(path, ranks, log_dir=Path(log_file).parent if log_file else None,
+                                             threads=threads)
         self._stop = threading.Event()
-        self.trainer = Trainer(runtime.parse(config_doc), resume=resume, require_resume=require_resume,
-                               max_steps=max_steps, should_stop=self._stop.is_set)
+        self.trainer = Trainer(cfg, resume=resume, require_resume=require_resume, max_steps=max_steps,
+                               should_stop=self._stop.is_set, dist=context_for(cfg, 0, 0))
 
     def setup(self) -> dict[str, Any]:
         t = self.trainer.setup()
@@ -123,7 +141,12 @@ class TrainerActor:
         return self.trainer.step_count
 
     def close(self) -> None:
-        self.trainer.close()
+        from ..trainer import launch
+
+        try:
+            self.trainer.close()
+        finally:
+            launch.wait_ranks(self._ranks)
 
 
 @ray.remote(num_cpus=0, max_concurrency=2)

@@ -223,6 +223,15 @@ def _manifest_configmaps(manifest: str) -> dict[str, dict[str, str]]:
     return {d.get("metadata", {}).get("name", ""): dict(d.get("data") or {}) for d in docs if d.get("kind") == "ConfigMap"}
 
 
+def _free_port() -> int:
+    """A free loopback port (the trainer's rendezvous when it has several processes)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Paths, out: Path, local: bool,
                actors: list[Any]) -> tuple[int, bool]:
     """Start the role actors, drive the trainer, and shut the roles down; returns (steps, interrupted)."""
@@ -242,11 +251,12 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
     cfg = runtime.build(
         job, endpoints=runtime.Endpoints(inference=urls, served_model_name=job.name,
                                          coordinator=f"http://{host}:0"),
-        ports=runtime.Ports(coordinator=0), paths=paths, scoring="rollout",
+        ports=runtime.Ports(coordinator=0, rendezvous=_free_port() if spec.trainer.world_size() > 1 else 29500),
+        paths=paths, scoring="rollout",
         progress=runtime.ProgressTarget(sink="file"), trainer=runtime.TrainerSettings(threads=opts.threads))
     trainer = TrainerActor.remote(cfg.to_json(), resume=opts.resume, require_resume=opts.resume,
                                   max_steps=opts.max_steps, threads=opts.threads, local=local,
-                                  log_file=str(logs / "trainer.log"))
+                                  log_file=str(logs / "trainer.log"), work_dir=str(out))
     actors.append(trainer)
     info = ray.get(trainer.setup.remote())
     cfg = cfg.model_copy(update={"endpoints": cfg.endpoints.model_copy(

@@ -64,10 +64,17 @@ class LearnerConfig:
         return PolicyLossConfig(self.clip_low, self.clip_high, self.dual_clip_c)
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device ``model``'s parameters live on."""
+    return next(model.parameters()).device
+
+
 def forward_logits(model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-    """[B, L-1, V] logits predicting ``batch.targets``."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    return out.logits[:, :-1]
+    """[B, L-1] logits predicting ``batch.targets``, in float32 whatever the compute dtype (log-probs
+    and the loss are float32 math), on the model's device."""
+    dev = model_device(model)
+    out = model(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev), use_cache=False)
+    return out.logits[:, :-1].float()
 
 
 def micro_batches(n: int, size: int, order: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -76,22 +83,45 @@ def micro_batches(n: int, size: int, order: torch.Tensor | None = None) -> list[
     return [idx[i : i + size] for i in range(0, n, size)]
 
 
+@dataclass(frozen=True)
+class Shard:
+    """This process's part of a step's batch: rank ``rank`` of ``world_size`` (see
+    :func:`~.distributed.row_shard`). Without a shard a call works on the whole batch alone."""
+
+    rank: int
+    world_size: int
+
+
 @torch.no_grad()
 def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
-                      micro_batch_size: int) -> torch.Tensor:
-    """Log-probabilities [B, L-1] of every target token under ``model`` (0 off-mask)."""
+                      micro_batch_size: int, shard: Shard | None = None) -> torch.Tensor:
+    """Log-probabilities [B, L-1] (float32, CPU) of every target token under ``model`` (0 off-mask).
+
+    With ``shard`` every rank computes its rows and the whole is gathered on every rank (collective)."""
     was_training = model.training
     model.eval()
-    out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+    if shard is None:
+        rows, live = torch.arange(batch.size), torch.ones(batch.size, dtype=torch.bool)
+    else:
+        from .distributed import row_shard
+
+        rows, live = row_shard(batch.size, shard.rank, shard.world_size)
+    dev = model_device(model)
+    out = torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
     try:
-        for idx in micro_batches(batch.size, micro_batch_size):
-            mb = batch.select(idx)
-            lp = logprobs_from_logits(forward_logits(model, mb), mb.targets, temperature).float()
+        for pos in micro_batches(len(rows), micro_batch_size):
+            mb = batch.select(rows[pos])
+            lp = logprobs_from_logits(forward_logits(model, mb), mb.targets.to(dev), temperature).float()
             w = lp.shape[1]
-            out[idx, :w] = torch.where(mb.loss_mask, lp, torch.zeros_like(lp))
+            keep = mb.loss_mask.to(dev) & live[pos].to(dev).unsqueeze(-1)
+            out[pos.to(dev), :w] = torch.where(keep, lp, torch.zeros_like(lp))
     finally:
         model.train(was_training)
-    return out
+    if shard is None:
+        return out.cpu()
+    from .distributed import gather_rows
+
+    return gather_rows(out, batch.size, dev)
 
 
 class _Mean:
@@ -110,23 +140,35 @@ class _Mean:
     def result(self) -> dict[str, float]:
         return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
 
+    @classmethod
+    def merge(cls, parts: list["_Mean"]) -> "_Mean":
+        """The running means of several ranks' parts together."""
+        out = cls()
+        for part in parts:
+            for k, v in part.sums.items():
+                out.sums[k] = out.sums.get(k, 0.0) + v
+                out.weights[k] = out.weights.get(k, 0.0) + part.weights[k]
+        return out
+
 
 class Learner:
     """Owns the policy, its optimiser and scheduler; computes log-probs and applies updates."""
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
+                 scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, shard: Shard | None = None) -> None:
         self.model = model
         self.cfg = cfg
         self.optimizer = optimizer
         self.scheduler = scheduler
+        self.shard = shard
+        """This rank's part of every batch (None: the whole batch, no process group needed)."""
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Current-policy log-probs [B, L-1] without gradient (the recomputed old log-probs)."""
-        return sequence_logprobs(self.model, batch, self.cfg.temperature, self.cfg.micro_batch_size)
+        return sequence_logprobs(self.model, batch, self.cfg.temperature, self.cfg.micro_batch_size, self.shard)
 
     def update(
         self,
@@ -145,6 +187,12 @@ class Learner:
         ``advantages`` [B] and ``valid`` [B] come from the advantage estimator (invalid rows are
         masked out of the loss and its normaliser). ``old_logprobs``, ``ref_logprobs`` and
         ``tis_weights`` are [B, L-1].
+
+        With a :attr:`shard` every rank gets the whole batch and trains on its rows: the normaliser
+        is computed over the whole batch (so it is global across ranks), each rank's loss is
+        multiplied by the world size to undo FSDP's mean over ranks (gradients are the sum over
+        all rows, as on one process), and the metrics are summed over ranks. The result does not
+        depend on the world size beyond float rounding.
         """
         cfg = self.cfg
         if cfg.kl_in_loss and ref_logprobs is None:
@@ -153,32 +201,41 @@ class Learner:
         norm = compute_global_normaliser(cfg.loss_aggregation, mask)
         pl_cfg = cfg.policy_loss_config()
         params = self.trainable_parameters()
+        world = self.shard.world_size if self.shard is not None else 1
+        if self.shard is None:
+            rows, live = torch.arange(batch.size), torch.ones(batch.size, dtype=torch.bool)
+        else:
+            from .distributed import row_shard
+
+            rows, live = row_shard(batch.size, self.shard.rank, world)
+        dev = model_device(self.model)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         stats = _Mean()
         grad_norms: list[float] = []
         losses: list[float] = []
         self.model.train()
         for epoch in range(cfg.epochs):
-            order = torch.arange(batch.size) if epoch == 0 else torch.randperm(batch.size, generator=gen)
+            order = torch.arange(len(rows)) if epoch == 0 else torch.randperm(len(rows), generator=gen)
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for idx in micro_batches(batch.size, cfg.micro_batch_size, order):
+            for pos in micro_batches(len(rows), cfg.micro_batch_size, order):
+                idx = rows[pos]
                 mb = batch.select(idx)
                 w = mb.loss_mask.shape[1]
-                m = mask[idx, :w]
+                m = (mask[idx, :w] & live[pos].unsqueeze(-1)).to(dev)
                 logits = forward_logits(self.model, mb)
-                lp = logprobs_from_logits(logits, mb.targets, cfg.temperature)
-                per_tok, pm = compute_policy_loss(cfg.policy_loss, lp, old_logprobs[idx, :w].to(lp.dtype),
-                                                  advantages[idx].to(lp.dtype), m, pl_cfg)
+                lp = logprobs_from_logits(logits, mb.targets.to(dev), cfg.temperature)
+                per_tok, pm = compute_policy_loss(cfg.policy_loss, lp, old_logprobs[idx, :w].to(dev, lp.dtype),
+                                                  advantages[idx].to(dev, lp.dtype), m, pl_cfg)
                 if tis_weights is not None:
-                    per_tok = per_tok * tis_weights[idx, :w].to(per_tok.dtype)
+                    per_tok = per_tok * tis_weights[idx, :w].to(dev, per_tok.dtype)
                 if cfg.kl_in_loss:
                     assert ref_logprobs is not None
-                    per_tok, km = kl_in_loss(per_tok, lp, ref_logprobs[idx, :w].to(lp.dtype), m,
+                    per_tok, km = kl_in_loss(per_tok, lp, ref_logprobs[idx, :w].to(dev, lp.dtype), m,
                                              cfg.kl_estimator, cfg.kl_coef)
                     pm = {**pm, "kl_ref": km["kl_mean"]}
                 loss = aggregate_loss(cfg.loss_aggregation, per_tok, m, norm, cfg.max_response_tokens)
-                loss.backward()
+                (loss * world if world > 1 else loss).backward()
                 total += float(loss.detach())
                 ntok = float(m.sum())
                 if epoch == 0 and ntok > 0:
@@ -190,12 +247,18 @@ class Learner:
                 if on_micro_batch is not None:
                     on_micro_batch()
             gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            grad_norms.append(float(gn))
+            full = getattr(gn, "full_tensor", None)  # a DTensor under FSDP: the global norm
+            grad_norms.append(float(full() if full is not None else gn))
             losses.append(total)
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.shard is not None:
+            from .distributed import gather_objects
+
+            losses = [sum(x) for x in zip(*gather_objects(losses))]
+            stats = _Mean.merge(gather_objects(stats))
         out = stats.result()
         out["loss"] = losses[-1]
         out["grad_norm"] = grad_norms[-1]

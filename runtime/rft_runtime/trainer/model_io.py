@@ -14,10 +14,17 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """``auto`` is bfloat16 on GPU and float32 on CPU."""
+    """The dtype parameters are stored (and optimised) in: ``auto`` is float32 on every device (on a
+    GPU, :func:`compute_dtype` makes the forward/backward bfloat16 over these float32 master weights)."""
     if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        return torch.float32
     return DTYPES[name]
+
+
+def compute_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """The dtype of the forward/backward when it differs from the stored one: bfloat16 for ``auto``
+    on a GPU, else None (compute in the stored dtype; never bfloat16 on the CPU by default)."""
+    return torch.bfloat16 if name == "auto" and device.type == "cuda" else None
 
 
 def load_base(model_dir: Path, dtype: torch.dtype, warm_start_from: str | None = None) -> torch.nn.Module:
@@ -68,22 +75,30 @@ class Reference:
     """Log-probabilities under the frozen reference policy (the starting weights).
 
     With LoRA the reference is the base model with the adapter disabled (no second copy);
-    otherwise a separate frozen model is loaded.
+    otherwise a separate frozen model is loaded, on this rank's device and sharded like the policy
+    (``dist``: a :class:`~.distributed.DistContext`; None keeps it unsharded on the CPU).
     """
 
-    def __init__(self, policy: torch.nn.Module, model_spec: Any, model_dir: Path, warm_start: str | None = None) -> None:
+    def __init__(self, policy: torch.nn.Module, model_spec: Any, model_dir: Path, warm_start: str | None = None,
+                 dist: Any = None) -> None:
         self._policy = policy
         self._model: torch.nn.Module | None = None
         if not hasattr(policy, "disable_adapter"):
             self._model = load_base(model_dir, torch_dtype(model_spec.dtype), warm_start)
+            self._model.config.use_cache = False
             self._model.eval()
             for p in self._model.parameters():
                 p.requires_grad_(False)
+            if dist is not None:
+                from .distributed import shard
 
-    def logprobs(self, batch: Any, temperature: float, micro_batch_size: int) -> torch.Tensor:
+                shard(self._model, dist, compute_dtype(model_spec.dtype, dist.device))
+
+    def logprobs(self, batch: Any, temperature: float, micro_batch_size: int, shard: Any = None) -> torch.Tensor:
+        """[B, L-1] reference log-probs (``shard``: see :func:`~.learner.sequence_logprobs`)."""
         from .learner import sequence_logprobs
 
         if self._model is not None:
-            return sequence_logprobs(self._model, batch, temperature, micro_batch_size)
+            return sequence_logprobs(self._model, batch, temperature, micro_batch_size, shard)
         with self._policy.disable_adapter():
-            return sequence_logprobs(self._policy, batch, temperature, micro_batch_size)
+            return sequence_logprobs(self._policy, batch, temperature, micro_batch_size, shard)

@@ -32,12 +32,17 @@ log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
 
-def save_policy_weights(model: Any, out_dir: Path, tokenizer: Any = None) -> str:
+def save_policy_weights(model: Any, out_dir: Path, tokenizer: Any = None,
+                        state_dict: dict[str, Any] | None = None) -> str:
     """Save ``model`` for inference into ``out_dir``: the adapter for a peft model (returns
-    ``"lora"``), else the full model in Hugging Face format (returns ``"full"``)."""
+    ``"lora"``), else the full model in Hugging Face format (returns ``"full"``). ``state_dict``:
+    the weights to write (a sharded trainer's gathered full state dict) instead of ``model``'s own."""
     out_dir.mkdir(parents=True, exist_ok=True)
     is_peft = hasattr(model, "peft_config")
-    model.save_pretrained(out_dir, safe_serialization=True)
+    if state_dict is None:
+        model.save_pretrained(out_dir, safe_serialization=True)
+    else:
+        model.save_pretrained(out_dir, safe_serialization=True, state_dict=state_dict)
     if not is_peft and tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return "lora" if is_peft else "full"
@@ -60,22 +65,23 @@ class WeightPublisher:
     def weights_dir(self, version: int) -> Path:
         return self.root / f"v{version}"
 
-    def save(self, model: Any, version: int, tokenizer: Any = None) -> Path:
+    def save(self, model: Any, version: int, tokenizer: Any = None, state_dict: dict[str, Any] | None = None) -> Path:
         """Write the weights of ``version`` atomically; returns their directory."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.weights_dir(version)
         tmp = self.root / f".tmp-v{version}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        save_policy_weights(model, tmp, tokenizer)
+        save_policy_weights(model, tmp, tokenizer, state_dict)
         fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
         return final
 
-    def publish(self, model: Any, version: int, tokenizer: Any = None) -> Path:
+    def publish(self, model: Any, version: int, tokenizer: Any = None,
+                state_dict: dict[str, Any] | None = None) -> Path:
         """Save and load ``version`` into every endpoint; verify each reports it."""
-        path = self.save(model, version, tokenizer)
+        path = self.save(model, version, tokenizer, state_dict)
         self.load(path, version)
         self.prune(version)
         return path

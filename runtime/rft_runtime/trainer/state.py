@@ -2,14 +2,18 @@
 
 Files in a checkpoint directory (see :mod:`.checkpoint` for the atomic protocol)::
 
-    weights.safetensors   trainable parameters by name (the whole model, or the LoRA adapter)
-    optimizer.pt          optimiser state_dict
+    dcp/                  model and optimiser state, a torch.distributed.checkpoint written by every
+                          rank (its shards); it loads at any world size (resharded on load)
+    weights.safetensors   trainable parameters by name, gathered whole (the whole model, or the
+                          LoRA adapter): for ``model.warmStartFrom`` and for reading outside torch.distributed
     scheduler.pt          LR scheduler state_dict
-    rng.pt                python, numpy and torch RNG states
+    rng.pt                python, numpy and torch RNG states (rank 0's)
     trainer_state.json    step, policy version, data cursor, pending tasks, submission counter,
                           cumulative counters, and what the run was (algorithm, LoRA, model)
 
 Trainable parameters are stored by ``named_parameters()`` names (tied weights appear once).
+Writing and reading are collective when a process group exists (every rank calls them with the same
+directory, on a volume they share); rank 0 alone writes the files other than ``dcp/``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -101,22 +105,50 @@ def load_trainable_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor
             p.copy_(t.to(p.dtype))
 
 
-def write_checkpoint(directory: Path, state: TrainerState, model: torch.nn.Module,
+DCP_DIR = "dcp"
+
+
+def _is_main() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def full_trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """:func:`trainable_state` of the whole (gathered) model: on rank 0 of a process group (an empty
+    dict on the others; collective), or of an unsharded model without one."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return trainable_state(model)
+    from .distributed import full_state_dict
+
+    names = {n for n, p in model.named_parameters() if p.requires_grad}
+    return {n: t.contiguous() for n, t in full_state_dict(model).items() if n in names}
+
+
+def write_checkpoint(directory: Path, state: TrainerState | None, model: torch.nn.Module,
                      optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-    """Write every file of a checkpoint into ``directory`` (not atomic by itself)."""
-    save_file(trainable_state(model), str(directory / WEIGHTS_FILE))
-    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+    """Write every file of a checkpoint into ``directory`` (not atomic by itself; collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(directory / DCP_DIR))
+    weights = full_trainable_state(model)
+    if not _is_main():
+        return
+    if state is None:
+        raise ValueError("rank 0 writes the trainer state of a checkpoint: state is required")
+    save_file(weights, str(directory / WEIGHTS_FILE))
     torch.save(scheduler.state_dict() if scheduler is not None else {}, directory / "scheduler.pt")
     torch.save(rng_state(), directory / "rng.pt")
     (directory / STATE_FILE).write_text(state.to_json())
 
 
-def read_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, *, expect_run: dict[str, Any] | None = None) -> TrainerState:
-    """Restore model, optimiser, scheduler and RNG states from ``directory``; returns the state.
-
-    ``expect_run`` lists run properties that must equal the checkpoint's (algorithm, LoRA, ...).
-    """
+def check_checkpoint(directory: Path, *, expect_run: dict[str, Any] | None = None) -> TrainerState:
+    """The state of the checkpoint in ``directory``, checked against this run before anything is
+    loaded (``expect_run``: run properties that must equal the checkpoint's: algorithm, LoRA, ...)."""
     path = directory / STATE_FILE
     if not path.exists():
         raise ResumeError(f"{directory}: {STATE_FILE} is missing")
@@ -125,9 +157,34 @@ def read_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
         if k in state.run and state.run[k] != v:
             raise ResumeError(f"{directory}: the checkpoint was written with {k}={state.run[k]!r}, this run has "
                               f"{k}={v!r}")
-    load_trainable_state(model, load_file(str(directory / WEIGHTS_FILE)))
-    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=False))
+    if not (directory / DCP_DIR).is_dir():
+        raise ResumeError(f"{directory}: {DCP_DIR}/ is missing (a checkpoint of an older trainer without "
+                          "torch.distributed checkpoints cannot be resumed; use it as model.warmStartFrom)")
+    return state
+
+
+def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    """Restore model, optimiser, scheduler and RNG states from ``directory`` (collective: the model and
+    optimiser are resharded to this process group's ranks, whatever world size wrote them)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    loaded = {"model": msd, "optim": osd}
+    try:
+        dcp.load(loaded, checkpoint_id=str(directory / DCP_DIR))
+    except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many exception types
+        raise ResumeError(f"{directory / DCP_DIR}: the model and optimiser state do not fit this run ({e}); was "
+                          "the checkpoint written with another model or LoRA setting?") from None
+    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=False))
     set_rng_state(torch.load(directory / "rng.pt", weights_only=False))
+
+
+def read_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, *, expect_run: dict[str, Any] | None = None) -> TrainerState:
+    """:func:`check_checkpoint`, then :func:`load_checkpoint`; returns the state."""
+    state = check_checkpoint(directory, expect_run=expect_run)
+    load_checkpoint(directory, model, optimizer, scheduler)
     return state

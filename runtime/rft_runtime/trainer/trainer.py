@@ -12,6 +12,14 @@ One :meth:`Trainer.step`::
     → checkpoint every K steps and at the end (atomic)              time/checkpoint
     → progress record → metrics (jsonl, TensorBoard, Prometheus)
 
+Ranks: the trainer is one torch.distributed process group of ``trainer.nodes × processesPerNode``
+processes (:mod:`.distributed`; 1 included). Every rank holds a :class:`Worker` — its shard of the
+FSDP2 policy (and reference), the optimiser state of that shard — and trains its rows of each
+step's batch. Rank 0 alone is the :class:`Trainer`: it runs the coordinator, collects the step's
+episodes, tells the other ranks what to do (:func:`follow`: train on these sequences, gather the
+weights, write or read a checkpoint, exit; ``broadcast_object_list``), publishes the gathered
+weights, reports progress and writes metrics.
+
 Versions: the initial weights are policy version 0 (or the checkpoint's on resume); after step
 ``s`` the served version is ``s``. Data order: tasks come from a seeded, resumable cursor; each
 submitted task gets a sampling seed derived from the job seed and its submission number, so a
@@ -48,12 +56,14 @@ from ..model.loading import load_tokenizer, resolve_model_dir
 from ..progress import ConfigMapProgressSink, FileProgressSink, clip_message, finite, now_rfc3339
 from ..rewards.config import evaluator_names
 from ..types import Episode
+from . import distributed
 from .batch import TrainSequence, collate, sequences_from_groups
 from .checkpoint import CheckpointManager
 from .datasets import load_tasks
+from .distributed import DistContext
 from .inference_sync import InferenceSync
-from .learner import Learner, build_optimizer, build_scheduler, learner_config
-from .model_io import Reference, load_policy
+from .learner import Learner, Shard, build_optimizer, build_scheduler, learner_config
+from .model_io import Reference, compute_dtype, load_policy
 from .publisher import WeightPublisher
 from .reload import reload_protocol
 from .signals import (
@@ -64,7 +74,7 @@ from .signals import (
     shaped_rewards,
     staleness_metrics,
 )
-from .state import ResumeError, TrainerState, read_checkpoint, write_checkpoint
+from .state import ResumeError, TrainerState, check_checkpoint, load_checkpoint, write_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +138,129 @@ class StopRequested(Exception):
     """The trainer was asked to stop while collecting a step (the step is not counted)."""
 
 
+@dataclasses.dataclass
+class StepResult:
+    """What a step's training computed (the same on every rank)."""
+
+    old: torch.Tensor
+    ref: torch.Tensor | None
+    adv: Any
+    tis: torch.Tensor | None
+    metrics: dict[str, Any]
+    update: dict[str, float]
+
+
+class Worker:
+    """One rank's part of the trainer: tokenizer, the policy (FSDP2-sharded over the process group,
+    LoRA-wrapped when configured), the reference, optimiser and scheduler; a step's learning signals
+    and update on its rows; checkpoints of its shards. Every method that touches the model is
+    collective: all ranks call it together (rank 0 first tells the others, see :func:`follow`)."""
+
+    def __init__(self, cfg: RuntimeConfig, dist: DistContext) -> None:
+        self.cfg, self.spec, self.alg, self.dist = cfg, cfg.spec, cfg.algorithm, dist
+
+    def load(self) -> "Worker":
+        spec, paths = self.spec, self.cfg.paths
+        if self.cfg.trainer.threads:
+            torch.set_num_threads(self.cfg.trainer.threads)
+        random.seed(spec.trainer.seed)
+        np.random.seed(spec.trainer.seed % (2**32))
+        torch.manual_seed(spec.trainer.seed)
+        distributed.ensure_group(self.dist)
+        self.model_dir = resolve_model_dir(paths)
+        self.tokenizer = load_tokenizer(self.model_dir, paths.tokenizer, spec.model.chat_template)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        model = load_policy(spec.model, self.model_dir, spec.trainer.seed, paths.warm_start)
+        self.model = distributed.shard(model, self.dist, compute_dtype(spec.model.dtype, self.dist.device))
+        self.reference = (Reference(self.model, spec.model, self.model_dir, paths.warm_start, self.dist)
+                          if self.alg.kl_coef > 0 else None)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = build_optimizer(params, spec.trainer.learning_rate, spec.trainer.weight_decay)
+        sched = build_scheduler(opt, spec.trainer.scheduler.kind, spec.trainer.scheduler.warmup_steps,
+                                spec.trainer.max_steps)
+        self.shard = Shard(self.dist.rank, self.dist.world_size)
+        self.learner = Learner(self.model, learner_config(self.alg, spec), opt, sched, shard=self.shard)
+        return self
+
+    def train(self, seqs: list[TrainSequence], step_no: int, times: "_Phases | None" = None) -> StepResult:
+        """A step's learning signals and update on this rank's rows of ``seqs``."""
+        times = times or _Phases()
+        batch = collate(seqs, self.pad_id)
+        old, ref, adv, tis, metrics = self._learning_signals(seqs, batch, times)
+        with times("time/update"):
+            upd = self.learner.update(batch, adv.advantages, adv.valid, old, ref_logprobs=ref,
+                                      tis_weights=tis, step=step_no)
+        return StepResult(old, ref, adv, tis, metrics, upd)
+
+    def _learning_signals(self, seqs: list[TrainSequence], batch: Any, times: "_Phases") -> tuple[Any, ...]:
+        """(old log-probs, reference log-probs or None, advantages, TIS weights or None, metrics)."""
+        lcfg = self.learner.cfg
+        metrics: dict[str, Any] = {}
+        with times("time/old_logprob"):
+            if self.alg.old_logprobs == "recompute":
+                old = self.learner.logprobs(batch)
+                metrics.update(mismatch_metrics(old, batch.inference_logprobs, batch.loss_mask))
+            else:
+                old = batch.inference_logprobs.clone()
+        ref = None
+        if self.reference is not None:
+            with times("time/ref_logprob"):
+                ref = self.reference.logprobs(batch, lcfg.temperature, lcfg.micro_batch_size, self.shard)
+        rewards = shaped_rewards(seqs, self.alg, self.spec.rollout.max_tokens, batch=batch,
+                                 old_logprobs=old, ref_logprobs=ref)
+        adv = advantages(seqs, rewards, self.alg)
+        tis = None
+        if self.alg.importance_sampling and self.alg.old_logprobs == "recompute":
+            isc = self.alg.importance_sampling
+            out = tis_weights(old, batch.inference_logprobs, batch.loss_mask, level=isc["level"],
+                              mode=isc["mode"], cap=float(isc["cap"]))
+            tis = out.weights
+            metrics.update({f"tis/{k}": float(v) for k, v in out.metrics.items()})
+        return old, ref, adv, tis, metrics
+
+    def gather(self) -> dict[str, torch.Tensor]:
+        """The whole policy's state dict on rank 0 (CPU; empty elsewhere), for publishing."""
+        return distributed.full_state_dict(self.model)
+
+    def save(self, directory: str, state: TrainerState | None) -> None:
+        """Write this rank's part of a checkpoint into ``directory`` (rank 0: with ``state``)."""
+        write_checkpoint(Path(directory), state, self.model, self.learner.optimizer, self.learner.scheduler)
+
+    def restore(self, directory: str) -> None:
+        """Load the model and optimiser shards (resharded to this world size), scheduler and RNG."""
+        load_checkpoint(Path(directory), self.model, self.learner.optimizer, self.learner.scheduler)
+
+
+_COMMANDS = ("train", "gather", "save", "restore", "exit")
+
+
+def follow(cfg: RuntimeConfig, dist: DistContext) -> None:
+    """A rank other than 0: load its :class:`Worker`, then do what rank 0 says until it says exit
+    (rank 0 gone: the collective fails and so does this process)."""
+    worker = Worker(cfg, dist).load()
+    while True:
+        name, args = distributed.broadcast()
+        if name not in _COMMANDS:
+            raise RuntimeError(f"trainer rank {dist.rank}: unknown command {name!r} from rank 0")
+        if name == "exit":
+            distributed.leave_group()
+            return
+        getattr(worker, name)(*args)
+
+
 class Trainer:
     """The trainer role. Use :meth:`setup`, then :meth:`step` until :attr:`finished`, then
     :meth:`finish` (final checkpoint, ``done``) and :meth:`close`."""
 
     def __init__(self, cfg: RuntimeConfig, *, resume: bool = True, max_steps: int | None = None,
                  should_stop: Callable[[], bool] = lambda: False, require_resume: bool = False,
-                 attempt: int | None = None) -> None:
+                 attempt: int | None = None, dist: DistContext | None = None) -> None:
+        if dist is None and cfg.spec.trainer.world_size() > 1:
+            raise ValueError(f"a trainer of {cfg.spec.trainer.world_size()} processes (trainer.nodes x "
+                             "processesPerNode) needs its DistContext: rft trainer and rft run start its ranks")
+        self.dist = dist or DistContext()
+        if not self.dist.is_main:
+            raise ValueError(f"the Trainer is rank 0; rank {self.dist.rank} follows it (trainer.follow)")
         self.cfg = cfg
         self.spec = cfg.spec
         self.alg = cfg.algorithm
@@ -163,11 +289,6 @@ class Trainer:
         """Load everything, restore the latest checkpoint when resuming, start the coordinator,
         and make inference serve the current weights."""
         cfg, spec = self.cfg, self.spec
-        if cfg.trainer.threads:
-            torch.set_num_threads(cfg.trainer.threads)
-        random.seed(spec.trainer.seed)
-        np.random.seed(spec.trainer.seed % (2**32))
-        torch.manual_seed(spec.trainer.seed)
         self._load_learner()
         self._load_data()
         self.checkpoints = CheckpointManager(Path(cfg.paths.checkpoints), spec.checkpoint.keep_last,
@@ -184,28 +305,30 @@ class Trainer:
                                          keep=spec.rollout.policy_versions_served(),
                                          protocol=reload_protocol(inf.engine, inf.weight_sync, cfg.endpoints.served_model_name))
         if spec.inference.weight_sync != "none":
-            self.publisher.publish(self.model, self.policy_version, self.tokenizer)
+            self.publisher.publish(self.model, self.policy_version, self.tokenizer, state_dict=self._gather())
             # a restarted inference server comes back with the base weights: bring it to the current ones
             self._inference_sync = InferenceSync(self.publisher, lambda: self.policy_version).start()
         self._report(message=f"resumed from step {self.resumed_from}" if self.resumed_from is not None else "started")
         return self
 
     def _load_learner(self) -> None:
-        """Tokenizer, policy (LoRA-wrapped when configured), reference, optimiser, scheduler."""
-        spec = self.spec
-        paths = self.cfg.paths
-        self.model_dir = resolve_model_dir(paths)
-        self.tokenizer = load_tokenizer(self.model_dir, paths.tokenizer, spec.model.chat_template)
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        self.model = load_policy(spec.model, self.model_dir, spec.trainer.seed, paths.warm_start)
-        self.evaluator_names = evaluator_names(spec.evaluator)
-        self.reference = (Reference(self.model, spec.model, self.model_dir, paths.warm_start)
-                          if self.alg.kl_coef > 0 else None)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = build_optimizer(params, spec.trainer.learning_rate, spec.trainer.weight_decay)
-        sched = build_scheduler(opt, spec.trainer.scheduler.kind, spec.trainer.scheduler.warmup_steps,
-                                spec.trainer.max_steps)
-        self.learner = Learner(self.model, learner_config(self.alg, spec), opt, sched)
+        """This rank's :class:`Worker`: tokenizer, sharded policy, reference, optimiser, scheduler."""
+        self.worker: Worker | None = Worker(self.cfg, self.dist).load()
+        w = self.worker
+        self.model_dir, self.tokenizer, self.pad_id = w.model_dir, w.tokenizer, w.pad_id
+        self.model, self.reference, self.learner = w.model, w.reference, w.learner
+        self.evaluator_names = evaluator_names(self.spec.evaluator)
+
+    def _command(self, name: str, *args: Any) -> None:
+        """Tell the other ranks to run ``Worker.<name>(*args)`` (rank 0 then runs its own part)."""
+        assert name in _COMMANDS
+        if self.dist.world_size > 1:
+            distributed.broadcast((name, args))
+
+    def _gather(self) -> dict[str, torch.Tensor]:
+        self._command("gather")
+        assert self.worker is not None
+        return self.worker.gather()
 
     def _load_data(self) -> None:
         """Training tasks behind a seeded cursor; the evaluation tasks when evaluation is on."""
@@ -224,8 +347,10 @@ class Trainer:
             if self.require_resume:
                 raise ResumeError(f"--resume: no checkpoint under {self.cfg.paths.checkpoints}")
             return 0
-        state = read_checkpoint(latest.path, self.model, self.learner.optimizer, self.learner.scheduler,
-                                expect_run=self._run_identity())
+        state = check_checkpoint(latest.path, expect_run=self._run_identity())
+        self._command("restore", str(latest.path))
+        assert self.worker is not None
+        self.worker.restore(str(latest.path))
         if state.step != latest.step:
             raise ResumeError(f"{latest.path}: {latest.path.name} holds step {state.step}; the step counter "
                               "would go backwards")
@@ -351,11 +476,10 @@ class Trainer:
                 self._prefetched_tasks = self._next_tasks(self.spec.rollout.prompts_per_step)
                 self._prefetched = self._submit(self._prefetched_tasks)
             seqs = sequences_from_groups(groups)
-            batch = collate(seqs, self.pad_id)
-            old, ref, adv, tis, metrics = self._learning_signals(seqs, batch, times)
-            with times("time/update"):
-                upd = self.learner.update(batch, adv.advantages, adv.valid, old, ref_logprobs=ref,
-                                          tis_weights=tis, step=step_no)
+            self._command("train", seqs, step_no)
+            assert self.worker is not None
+            res = self.worker.train(seqs, step_no, times)
+            adv, upd, metrics = res.adv, res.update, res.metrics
             with times("time/weight_sync"):
                 self._publish(self.policy_version + 1)
             self.step_count = step_no
@@ -373,38 +497,12 @@ class Trainer:
         self._report()
         return row
 
-    def _learning_signals(self, seqs: list[TrainSequence], batch: Any, times: "_Phases") -> tuple[Any, ...]:
-        """(old log-probs, reference log-probs or None, advantages, TIS weights or None, metrics)."""
-        lcfg = self.learner.cfg
-        metrics: dict[str, Any] = {}
-        with times("time/old_logprob"):
-            if self.alg.old_logprobs == "recompute":
-                old = self.learner.logprobs(batch)
-                metrics.update(mismatch_metrics(old, batch.inference_logprobs, batch.loss_mask))
-            else:
-                old = batch.inference_logprobs.clone()
-        ref = None
-        if self.reference is not None:
-            with times("time/ref_logprob"):
-                ref = self.reference.logprobs(batch, lcfg.temperature, lcfg.micro_batch_size)
-        rewards = shaped_rewards(seqs, self.alg, self.spec.rollout.max_tokens, batch=batch,
-                                 old_logprobs=old, ref_logprobs=ref)
-        adv = advantages(seqs, rewards, self.alg)
-        tis = None
-        if self.alg.importance_sampling and self.alg.old_logprobs == "recompute":
-            isc = self.alg.importance_sampling
-            out = tis_weights(old, batch.inference_logprobs, batch.loss_mask, level=isc["level"],
-                              mode=isc["mode"], cap=float(isc["cap"]))
-            tis = out.weights
-            metrics.update({f"tis/{k}": float(v) for k, v in out.metrics.items()})
-        return old, ref, adv, tis, metrics
-
     def _publish(self, version: int) -> None:
         """Make inference serve the updated policy as ``version`` (verified), then accept only
         episodes fresh for it."""
         if self.spec.inference.weight_sync != "none":
             with self._inference_sync.lock:  # never re-synced to a version that is being replaced
-                self.publisher.publish(self.model, version, self.tokenizer)
+                self.publisher.publish(self.model, version, self.tokenizer, state_dict=self._gather())
                 self.policy_version = version
         self.policy_version = version
         self.coordinator.set_policy_version(version)
@@ -469,8 +567,12 @@ class Trainer:
                              cursor=self.cursor.state_dict(), pending_tasks=pending,
                              next_seq=self.coordinator.next_seq, counters=dict(self.counters),
                              eval_score=self.eval_score, run=self._run_identity())
-        info = self.checkpoints.save(self.step_count, lambda d: write_checkpoint(
-            d, state, self.model, self.learner.optimizer, self.learner.scheduler))
+        def write(d: Path) -> None:
+            self._command("save", str(d), None)
+            assert self.worker is not None
+            self.worker.save(str(d), state)
+
+        info = self.checkpoints.save(self.step_count, write)
         log.info("checkpoint %s", info.path)
         return info.path
 
@@ -522,7 +624,12 @@ class Trainer:
         self._report(message=f"stopped at step {self.step_count}")
 
     def close(self) -> None:
-        """Stop the coordinator server and flush metrics."""
+        """Stop the coordinator server, flush metrics, and let the other ranks exit."""
+        if getattr(self, "worker", None) is not None:
+            self._command("exit")
+            self.worker = None
+            if self.dist.world_size > 1:
+                distributed.leave_group()
         if self._inference_sync is not None:
             self._inference_sync.stop()
             self._inference_sync = None

@@ -1,0 +1,177 @@
+"""The trainer's torch.distributed side: process group, device, FSDP2 sharding, row shards.
+
+Every trainer process — ``spec.trainer.nodes × processesPerNode`` of them, 1 included — is one
+rank of one process group (gloo on CPU, NCCL on GPUs; one code path for every world size). The
+global rank of a process is ``node × processesPerNode + local rank``; the node is the pod's
+``JOB_COMPLETION_INDEX`` (0 on one machine). Rank 0 reaches the others through a TCP store at
+``trainer.masterAddress:ports.rendezvous`` (the headless trainer Service in pods, loopback locally).
+
+The policy and the reference are sharded with FSDP2 (:func:`torch.distributed.fsdp.fully_shard`:
+each decoder layer, then the root). On a GPU with ``model.dtype: auto`` parameters stay float32
+(the master weights, and AdamW's state) and FSDP computes in bfloat16 (``MixedPrecisionPolicy``,
+gradients reduced in float32); log-probabilities and the loss are always computed in float32.
+On the CPU everything is float32.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+NODE_ENV = "JOB_COMPLETION_INDEX"
+"""The node (pod) index: set by Kubernetes in every pod of an Indexed Job."""
+
+GROUP_TIMEOUT_S = 7 * 24 * 3600.0
+"""How long a collective may wait. Ranks other than 0 wait in a broadcast for as long as rank 0
+collects a step's episodes (no bound: the stall timeout only bounds the time between two episodes),
+so this is not how a dead rank is noticed: gloo sees its connections close, and a failed trainer pod
+fails the Job, whose pods the operator replaces as a group."""
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this trainer process stands in the process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_address: str = "127.0.0.1"
+    port: int = 0
+    """The rendezvous port (0 with a world size of 1: an in-process store, no port)."""
+    timeout_s: float = GROUP_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"trainer rank {self.rank} is outside the world size {self.world_size}")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        """``cuda:<local rank>`` when this machine has GPUs, else the CPU."""
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
+        return torch.device("cpu")
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device.type == "cuda" else "gloo"
+
+
+def context_for(cfg: Any, local_rank: int = 0, node: int | None = None, port: int | None = None) -> DistContext:
+    """The :class:`DistContext` of local process ``local_rank`` of ``node`` (default: ``$JOB_COMPLETION_INDEX``
+    or 0) under the runtime contract ``cfg``."""
+    t = cfg.spec.trainer
+    if node is None:
+        node = int(os.environ.get(NODE_ENV, "0") or 0)
+    procs = t.processes()
+    if not 0 <= node < t.nodes:
+        raise ValueError(f"trainer node {node} is outside trainer.nodes {t.nodes}")
+    return DistContext(rank=node * procs + local_rank, world_size=t.world_size(), local_rank=local_rank,
+                       master_address=cfg.trainer.master_address,
+                       port=cfg.ports.rendezvous if port is None else port)
+
+
+def ensure_group(ctx: DistContext) -> None:
+    """Join (or create) the process group of ``ctx``; a no-op when this process already has one of
+    its size (several trainers one after another in one process, as tests do)."""
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    if dist.is_initialized():
+        if dist.get_world_size() != ctx.world_size or dist.get_rank() != ctx.rank:
+            raise RuntimeError(f"this process is rank {dist.get_rank()} of {dist.get_world_size()}, "
+                               f"the trainer wants rank {ctx.rank} of {ctx.world_size}")
+        return
+    timeout = datetime.timedelta(seconds=ctx.timeout_s)
+    kw: dict[str, Any] = {"device_id": ctx.device} if ctx.device.type == "cuda" else {}
+    if ctx.world_size == 1:
+        dist.init_process_group(ctx.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kw)
+    else:
+        dist.init_process_group(ctx.backend, init_method=f"tcp://{ctx.master_address}:{ctx.port}",
+                                rank=ctx.rank, world_size=ctx.world_size, timeout=timeout, **kw)
+
+
+def leave_group() -> None:
+    """Leave the process group together: a barrier (no rank tears its connections down while another
+    still uses them), then destroy it. Collective."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a (possibly peft-wrapped) Hugging Face model: its
+    ``_no_split_modules`` classes."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard(model: torch.nn.Module, ctx: DistContext, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Move ``model`` to this rank's device and shard it with FSDP2 over every rank (each block, then
+    the root). ``compute_dtype`` (bfloat16 on GPUs) is FSDP's parameter dtype in forward/backward;
+    the stored (master) parameters keep their dtype and gradients are reduced in float32."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model.to(ctx.device)
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    kw: dict[str, Any] = {"mesh": mesh}
+    if compute_dtype is not None:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    for block in _blocks(model):
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    return model
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state gathered to CPU on rank 0 (an empty dict on the others). Collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def broadcast(obj: Any = None) -> Any:
+    """``obj`` of rank 0 on every rank (pickled). Collective."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order. Collective."""
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def row_shard(n: int, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's rows of an ``n``-row batch: (row indices, live flags), padded to ``ceil(n / world)``
+    rows on every rank so all ranks run the same number of forward/backward passes (FSDP's
+    collectives). Padding rows repeat row 0 and are not live (masked out of everything)."""
+    per = max(-(-n // world_size), 1)
+    start = rank * per
+    rows = list(range(start, min(start + per, n)))
+    live = [True] * len(rows) + [False] * (per - len(rows))
+    rows += [0] * (per - len(rows))
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(live, dtype=torch.bool)
+
+
+def gather_rows(local: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
+    """Concatenate every rank's ``[per, ...]`` rows (see :func:`row_shard`) into the ``[n, ...]`` whole
+    on every rank (CPU). Collective."""
+    world = dist.get_world_size()
+    t = local.to(device).contiguous()
+    parts = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(parts, t)
+    return torch.cat([p.cpu() for p in parts])[:n]
+

@@ -1,0 +1,59 @@
+"""One trainer rank of the world-size invariance test (``tests/trainer/test_distributed.py``).
+
+Each process builds the real :class:`~rft_runtime.trainer.trainer.Worker` of its rank — the FSDP2-
+sharded policy and reference, AdamW, the scheduler — in a gloo process group, trains the given
+steps on fixed episodes (every rank gets the whole batch and trains its rows, as when rank 0
+broadcasts a step), optionally resumes from or writes a distributed checkpoint, and rank 0 saves the
+gathered full state dict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def steps_batch(step: int) -> list[Any]:
+    """The sequences of ``step``: 5 groups of 2 (10 rows: uneven over 4 ranks, so padding runs)."""
+    from rft_runtime.trainer.batch import sequences_from_groups
+    from tests.trainer.conftest import make_groups
+
+    return sequences_from_groups(make_groups(n_groups=5, n=2, seed=step))
+
+
+def run_rank(rank: int, config_json: str, port: int, steps: list[int], out: str, resume_from: str | None,
+             save_after: int | None) -> None:
+    import os
+
+    # Each rank logs to its own file (shown by the test on failure), not into pytest's captured fds.
+    log = os.open(Path(out) / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from rft_api import runtime
+    from rft_runtime.trainer.distributed import context_for
+    from rft_runtime.trainer.state import TrainerState
+    from rft_runtime.trainer.trainer import Worker
+
+    cfg = runtime.parse(config_json)
+    ctx = context_for(cfg, local_rank=rank, node=0, port=port)
+    worker = Worker(cfg, ctx).load()
+    if resume_from:
+        worker.restore(resume_from)
+    for step in steps:
+        worker.train(steps_batch(step), step)
+        if step == save_after:
+            d = Path(out) / f"ckpt-{step}"
+            if rank == 0:
+                d.mkdir(parents=True)
+            dist.barrier()
+            worker.save(str(d), TrainerState(step=step, policy_version=step, cursor={}) if rank == 0 else None)
+    sd = worker.gather()
+    if rank == 0:
+        torch.save(sd, Path(out) / "weights.pt")
+    dist.barrier()
+    dist.destroy_process_group()
