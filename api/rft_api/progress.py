@@ -56,6 +56,9 @@ class ProgressErrors(_Model):
     """Episodes the coordinator dropped as too stale or duplicated (cumulative)."""
     reissued_leases: Count = 0
     """Task leases that expired and were issued again (cumulative)."""
+    refused_episodes: Count = 0
+    """Episodes the coordinator refused: not from the live lease holder, or invalid (non-finite rewards,
+    token ids outside the vocabulary, lengths beyond the limits, another prompt than the group's) (cumulative)."""
 
 
 class CurvePoint(_Model):

@@ -66,6 +66,9 @@ class ErrorCounts(ApiModel):
     """Episodes dropped as too stale or duplicated."""
     reissued_leases: int = Field(0, ge=0)
     """Task leases that expired and were issued again."""
+    refused_episodes: int = Field(0, ge=0)
+    """Episodes the coordinator refused: not from the live lease holder, or invalid (non-finite rewards,
+    token ids outside the vocabulary, lengths beyond the limits)."""
 
 
 class RFTJobStatus(ApiModel):

@@ -26,7 +26,8 @@ def test_full_record_round_trips() -> None:
     record = {
         "attempt": 1, "step": 20, "totalSteps": 30, "policyVersion": 20, "rewardMean": 0.75, "rewardStd": 0.2,
         "evalScore": 0.6, "samplesScored": 2560,
-        "errors": {"timeouts": 1, "runtimeErrors": 2, "parseErrors": 3, "droppedEpisodes": 4, "reissuedLeases": 5},
+        "errors": {"timeouts": 1, "runtimeErrors": 2, "parseErrors": 3, "droppedEpisodes": 4, "reissuedLeases": 5,
+                   "refusedEpisodes": 6},
         "checkpoints": [{"step": 10, "path": "/checkpoints/step-10", "time": "2025-01-01T00:00:00Z"}],
         "done": False, "message": "resumed from step 10", "updateTime": "2025-01-01T00:01:00Z",
         "rewardCurve": [{"step": 19, "mean": 0.7, "std": 0.25}, {"step": 20, "mean": 0.75, "std": 0.2}],

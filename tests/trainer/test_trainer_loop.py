@@ -127,3 +127,43 @@ def test_resume_continues_and_completes_at_the_final_checkpoint(tmp_path, tiny_m
     edited = _spec(tiny_model_dir, dataset={"train": {"builtin": "arithmetic", "size": 17}})
     with pytest.raises(ResumeError, match="dataset="):
         _run(tmp_path, serve, edited, max_steps=4)
+
+
+def test_the_trainers_coordinator_refuses_forged_and_poisoned_episodes_and_counts_them(tmp_path, tiny_model_dir, serve):
+    """The limits come from the policy (its embedding table, rollout.maxPromptTokens, the context) and the
+    refusals reach the progress record (then RFTJob status.errors.refusedEpisodes)."""
+    import httpx
+
+    from rft_runtime.types import Episode, Step, Trajectory
+
+    spec = validate_spec(_spec(tiny_model_dir, rollout={"maxPromptTokens": 64}))
+    cfg = local_config("job", spec, inference=[serve], checkpoints=tmp_path / "ckpt", output=tmp_path / "out")
+    trainer = Trainer(cfg).setup()
+    try:
+        limits = trainer.limits
+        assert limits.vocab_size == trainer.model.get_input_embeddings().num_embeddings
+        assert limits.max_prompt_tokens == 64 and limits.max_model_len == trainer.model.config.max_position_embeddings
+        [key] = trainer._submit(trainer._next_tasks(1))
+        url = trainer.coordinator_url
+        lease = httpx.post(f"{url}/v1/lease", json={"worker_id": "w", "max_tasks": 1}, timeout=30).json()["tasks"][0]
+        assert lease["task_key"] == key
+
+        def episode(response_ids: list[int]) -> dict:
+            step = Step(prompt_ids=[1, 2], response_ids=response_ids, response_mask=[1] * len(response_ids),
+                        logprobs=[-0.1] * len(response_ids), reward=1.0, policy_version=0, finish_reason="stop")
+            return Episode(id=f"{key}:0", task_id=key, rollout_idx=0,
+                           trajectories=[Trajectory(steps=[step], reward=1.0)]).model_dump(mode="json")
+
+        # another worker, naming a lease it does not hold: refused
+        r = httpx.post(f"{url}/v1/episodes", timeout=30, json={"worker_id": "intruder", "lease_ids": ["forged"],
+                                                               "episodes": [episode([5])]})
+        assert r.status_code == 409, r.text
+        # the lease holder, with a token id outside the policy's vocabulary: refused before the trainer
+        r = httpx.post(f"{url}/v1/episodes", timeout=30, json={"worker_id": "w", "lease_ids": [lease["lease_id"]],
+                                                               "episodes": [episode([limits.vocab_size + 5])]})
+        assert r.status_code == 422 and "vocab" in r.text, r.text
+        trainer._report()
+        progress = json.loads((tmp_path / "out" / "progress.json").read_text())
+        assert progress["errors"]["refusedEpisodes"] == 2
+    finally:
+        trainer.close()

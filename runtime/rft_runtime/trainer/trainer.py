@@ -48,7 +48,7 @@ from rft_api.progress import Progress, ProgressCheckpoint, ProgressErrors, rewar
 from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
 from ..algos import DynamicSampler, tis_weights
-from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, Group
+from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, EpisodeLimits, Group
 from ..coordinator.server import CoordinatorServer
 from ..data import DataCursor, Task
 from ..metrics_sink import MetricsSink, read_metrics
@@ -275,7 +275,7 @@ class Trainer:
         self.policy_version = 0
         self.eval_score: float | None = None
         self.counters: dict[str, float] = {}
-        self._coord_base = {"dropped": 0, "reissued": 0}  # coordinator counters of earlier attempts
+        self._coord_base = {"dropped": 0, "reissued": 0, "refused": 0}  # coordinator counters of earlier attempts
         self._pending: list[dict[str, Any]] = []
         self._prefetched: list[str] = []
         self._prefetched_tasks: list[dict[str, Any]] = []
@@ -368,11 +368,22 @@ class Trainer:
             log.info("the checkpoint at step %d completes the run's %d steps", state.step, self.max_steps)
         return state.next_seq
 
+    def episode_limits(self) -> EpisodeLimits:
+        """What a posted episode may contain: token ids inside the policy's vocabulary (its embedding
+        table), the first prompt within ``rollout.maxPromptTokens``, every step within the context
+        (``inference.maxModelLen``, else the model's ``max_position_embeddings``)."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        context = self.spec.inference.max_model_len or getattr(self.model.config, "max_position_embeddings", None)
+        return EpisodeLimits(vocab_size=int(vocab), max_prompt_tokens=self.spec.rollout.max_prompt_tokens,
+                             max_model_len=int(context) if context else None)
+
     def _start_coordinator(self, next_seq: int) -> None:
         spec, cfg = self.spec, self.cfg
+        self.limits = self.episode_limits()
         coord = Coordinator(
             CoordinatorConfig(n=spec.rollout.samples_per_prompt, lease_timeout_s=spec.rollout.lease_timeout_seconds,
-                              max_staleness=spec.rollout.max_staleness, sampling=sampling_params(spec)),
+                              max_staleness=spec.rollout.max_staleness, sampling=sampling_params(spec),
+                              limits=self.limits),
             policy_version=self.policy_version, seq_start=next_seq)
         self.coordinator = CoordinatorService(coord)
         self._server = CoordinatorServer(self.coordinator, os.environ.get(BIND_HOST_ENV) or "0.0.0.0",
@@ -413,7 +424,8 @@ class Trainer:
         for key, val in (("samples_scored", previous.samples_scored), ("errors/timeout", e.timeouts),
                          ("errors/runtime_error", e.runtime_errors), ("errors/parse_error", e.parse_errors)):
             self.counters[key] = max(self.counters.get(key, 0), val)
-        self._coord_base = {"dropped": e.dropped_episodes, "reissued": e.reissued_leases}
+        self._coord_base = {"dropped": e.dropped_episodes, "reissued": e.reissued_leases,
+                            "refused": e.refused_episodes}
 
     # ---------------------------------------------------------------- tasks
     def _next_tasks(self, k: int) -> list[dict[str, Any]]:
@@ -475,7 +487,7 @@ class Trainer:
                 # Bounded staleness: the next step's rollouts run while this step trains.
                 self._prefetched_tasks = self._next_tasks(self.spec.rollout.prompts_per_step)
                 self._prefetched = self._submit(self._prefetched_tasks)
-            seqs = sequences_from_groups(groups)
+            seqs = sequences_from_groups(groups, vocab_size=self.limits.vocab_size, max_len=self.limits.max_model_len)
             self._command("train", seqs, step_no)
             assert self.worker is not None
             res = self.worker.train(seqs, step_no, times)
@@ -595,6 +607,8 @@ class Trainer:
                 dropped_episodes=int(base["dropped"] + counters.get("episodes_dropped_stale", 0)
                                      + counters.get("episodes_duplicate", 0)),
                 reissued_leases=int(base["reissued"] + counters.get("tasks_reissued", 0)),
+                refused_episodes=int(base["refused"] + counters.get("episodes_refused_lease", 0)
+                                     + counters.get("episodes_dropped_invalid", 0)),
             ),
             checkpoints=[ProgressCheckpoint(step=c.step, path=str(c.path), time=c.time)
                          for c in self.checkpoints.committed()],
