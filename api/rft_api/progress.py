@@ -13,7 +13,7 @@ trainer builds and writes it, the operator parses it). The format is documented 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Mapping, Optional, Sequence
+from typing import Annotated, Any, Literal, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 from pydantic.alias_generators import to_camel
@@ -88,6 +88,15 @@ def _finite(v: Any) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
+class FinalModel(_Model):
+    path: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    """Directory of the trained policy, relative to the checkpoint volume."""
+    format: Literal["full", "lora"]
+    """``full``: the model in Hugging Face layout with its tokenizer; ``lora``: the adapter with the tokenizer."""
+    merged_path: Optional[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = None
+    """The adapter merged into the base model, in Hugging Face layout (``checkpoint.mergeFinalAdapter``)."""
+
+
 class Progress(_Model):
     """One progress record (all counters cumulative over the whole job, across trainer restarts)."""
 
@@ -122,6 +131,8 @@ class Progress(_Model):
     (``kubectl rft status`` and ``kubectl rft curve`` draw it)."""
     domain_rewards: dict[str, float] = Field(default_factory=dict)
     """Mean reward of the last step's samples per task domain."""
+    final_model: Optional[FinalModel] = None
+    """Where the trained policy is, once the trainer finished (written with ``done``)."""
 
     def to_data(self) -> dict[str, str]:
         """The ConfigMap ``data`` that carries this record (what a writer patches)."""

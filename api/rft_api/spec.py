@@ -526,6 +526,8 @@ class CheckpointSpec(ApiModel):
     """Storage class of the created claim."""
     access_mode: Literal["Auto", "ReadWriteOnce", "ReadWriteMany"] = "Auto"
     """How the checkpoint claim is shared by the pods that mount it (the trainer's and every inference replica's). ReadWriteOnce: one node mounts it, so those pods are scheduled onto one node together. ReadWriteMany: any node (the storage class must support it). Auto: ReadWriteMany when trainer.nodes > 1, else ReadWriteOnce. With existingClaim, declare the claim's mode (Auto is read as ReadWriteOnce)."""
+    merge_final_adapter: bool = False
+    """With model.lora: also write the adapter merged into model.base as a full model (status.finalModel.mergedPath)."""
     retain_on_delete: bool = False
     """Keep the checkpoint claim (and the trained model on it) when the RFTJob is deleted; a new RFTJob of the same name adopts it and resumes from its latest checkpoint."""
 
@@ -644,6 +646,11 @@ def _group_ok(s: "RFTJobSpec") -> bool:
     message="inference.weightSync lora needs model.lora",
     field=".inference.weightSync",
     check=lambda s: s.model.lora is not None or s.inference.weight_sync != "lora",
+), Rule(
+    cel="!self.checkpoint.mergeFinalAdapter || has(self.model.lora)",
+    message="checkpoint.mergeFinalAdapter needs model.lora (without LoRA the final model is already a full model)",
+    field=".checkpoint.mergeFinalAdapter",
+    check=lambda s: not s.checkpoint.merge_final_adapter or s.model.lora is not None,
 ), Rule(
     cel="self.trainer.nodes <= 1 || self.checkpoint.accessMode != 'ReadWriteOnce'",
     message="checkpoint.accessMode ReadWriteOnce cannot serve trainer.nodes > 1 (a ReadWriteOnce volume is "

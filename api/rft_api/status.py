@@ -55,6 +55,17 @@ class CheckpointRecord(ApiModel):
     """When it was completed."""
 
 
+class FinalModelRecord(ApiModel):
+    claim: Short
+    """The PersistentVolumeClaim that holds it (the checkpoint claim)."""
+    path: Short
+    """Directory of the trained policy on that claim."""
+    format: Literal["full", "lora"]
+    """full: the model in Hugging Face layout with its tokenizer; lora: the adapter with the tokenizer."""
+    merged_path: Optional[Short] = None
+    """The adapter merged into the base model, in Hugging Face layout (checkpoint.mergeFinalAdapter)."""
+
+
 class ErrorCounts(ApiModel):
     timeouts: int = Field(0, ge=0)
     """Samples whose evaluator timed out."""
@@ -98,6 +109,8 @@ class RFTJobStatus(ApiModel):
     """The latest complete checkpoint."""
     checkpoints: list[CheckpointRecord] = Field(default_factory=list, max_length=1000)
     """Checkpoints retained on the volume, oldest first."""
+    final_model: Optional[FinalModelRecord] = None
+    """Where the trained policy is once the job Succeeded (on the checkpoint claim; keep it with checkpoint.retainOnDelete)."""
     errors: ErrorCounts = Field(default_factory=ErrorCounts)
     """Counters of evaluator errors and coordinator drops."""
     restarts: int = Field(0, ge=0)

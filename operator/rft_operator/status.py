@@ -12,9 +12,11 @@ from typing import Any, Optional
 
 from rft_api.constants import CONDITION_TYPES
 from rft_api.job import RFTJob
+from rft_api.progress import Progress
 from rft_api.spec import RFTJobSpec
-from rft_api.status import Condition, ErrorCounts, RFTJobStatus, RolesStatus, RoleStatus
+from rft_api.status import Condition, ErrorCounts, FinalModelRecord, RFTJobStatus, RolesStatus, RoleStatus
 
+from . import names
 from .observe import Observed, TrainerObs
 from .policies import checkpoint, failure, suspend
 from .policies.admission import Hold
@@ -139,6 +141,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
         last_checkpoint=checkpoint.latest(checkpoints, prev.last_checkpoint),
         checkpoints=checkpoints,
         errors=ErrorCounts(**p.errors.model_dump()) if p else prev.errors,
+        final_model=_final_model(job, p) or prev.final_model,
         restarts=restarts,
         start_time=started,
         completion_time=completed,
@@ -174,6 +177,15 @@ def _roles_and_conditions(spec: RFTJobSpec, phase: str, decision: PhaseDecision,
                    else ("False", "NoFailure", f"restarts {restarts}/{spec.restart_limit}")),
     }
     return roles, values
+
+
+def _final_model(job: RFTJob, p: Optional[Progress]) -> Optional[FinalModelRecord]:
+    """Where the trainer wrote the trained policy (on the checkpoint claim), once it has."""
+    if p is None or p.final_model is None:
+        return None
+    claim = job.spec.checkpoint.existing_claim or names.checkpoints(job.name)
+    return FinalModelRecord(claim=claim, path=p.final_model.path, format=p.final_model.format,
+                            merged_path=p.final_model.merged_path)
 
 
 def _reason_of(prev: RFTJobStatus) -> str:

@@ -31,7 +31,8 @@ def test_full_record_round_trips() -> None:
         "checkpoints": [{"step": 10, "path": "/checkpoints/step-10", "time": "2025-01-01T00:00:00Z"}],
         "done": False, "message": "resumed from step 10", "updateTime": "2025-01-01T00:01:00Z",
         "rewardCurve": [{"step": 19, "mean": 0.7, "std": 0.25}, {"step": 20, "mean": 0.75, "std": 0.2}],
-        "domainRewards": {"math": 0.8, "code": 0.7}}
+        "domainRewards": {"math": 0.8, "code": 0.7},
+        "finalModel": {"path": "final", "format": "lora", "mergedPath": "final/merged"}}
     p = parse_text(json.dumps(record))
     assert json.loads(p.to_data()["progress.json"]) == record
     assert parse(p.to_data()) == p
@@ -82,3 +83,20 @@ def test_reward_curve_keeps_every_step_up_to_its_bound_then_thins_evenly() -> No
     assert len(pts) == MAX_CURVE_POINTS and steps[0] == 1 and steps[-1] == 1200 and steps == sorted(set(steps))
     assert max(b - a for a, b in zip(steps, steps[1:])) <= 3  # evenly spaced
     assert reward_curve([{"step": 1, "reward_mean": float("nan")}])[0].mean is None
+
+
+def test_final_model_reaches_status_with_the_claim_that_holds_it() -> None:
+    from rft_api.progress import FinalModel, Progress
+    from rft_operator.status import compute_status
+    from tests.operator.support import make_job, observed, trainer_obs
+
+    job = make_job()
+    p = Progress(step=30, total_steps=30, done=True, final_model=FinalModel(path="final", format="full"))
+    s = compute_status(job, observed(inference=1, rollout=1, trainer=trainer_obs(complete=True), progress=p))
+    assert s.phase == "Succeeded"
+    assert s.final_model is not None and (s.final_model.claim, s.final_model.path, s.final_model.format) == \
+        ("tiny-arith-checkpoints", "final", "full")
+    shared = make_job(checkpoint={"existingClaim": "team-ckpt"})
+    s = compute_status(shared, observed(progress=p))
+    assert s.final_model.claim == "team-ckpt"
+    assert compute_status(job.model_copy(update={"status": s}), observed(progress=None)).final_model == s.final_model

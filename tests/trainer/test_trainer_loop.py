@@ -74,7 +74,8 @@ CASES = {
     "kl-reward-inference-logprobs": {"trainer": {"algorithm": "rloo", "kl": {"coef": 0.05, "placement": "reward"},
                                                  "oldLogprobs": "inference"}},
     "eval-staleness": {"rollout": {"maxStaleness": 1}, "evaluation": {"everySteps": 1, "maxTasks": 4}},
-    "lora": {"model": {"lora": {"rank": 4, "alpha": 8}}, "trainer": {"algorithm": "gspo"}},
+    "lora": {"model": {"lora": {"rank": 4, "alpha": 8}}, "trainer": {"algorithm": "gspo"},
+             "checkpoint": {"mergeFinalAdapter": True}},
 }
 
 
@@ -104,8 +105,19 @@ def test_two_steps(tmp_path, tiny_model_dir, serve, case):
     if case == "eval-staleness":
         assert "eval_score" in rows[-1] and progress["evalScore"] == rows[-1]["eval_score"]
         assert rows[-1]["staleness_max"] <= 1
+    # the trained policy outlives the job: under final/ on the checkpoint volume, in Hugging Face layout
+    final = tmp_path / "ckpt" / "final"
+    assert (final / "tokenizer_config.json").exists()
     if case == "lora":
         assert (tmp_path / "ckpt" / "weights" / "v2" / "adapter_config.json").exists()
+        assert (final / "adapter_config.json").exists()
+        assert progress["finalModel"] == {"path": "final", "format": "lora", "mergedPath": "final/merged"}
+        from transformers import AutoModelForCausalLM
+
+        merged = AutoModelForCausalLM.from_pretrained(final / "merged")  # a plain model: the adapter merged in
+        assert not hasattr(merged, "peft_config")
+    else:
+        assert (final / "config.json").exists() and progress["finalModel"] == {"path": "final", "format": "full"}
 
 
 def test_resume_continues_and_completes_at_the_final_checkpoint(tmp_path, tiny_model_dir, serve):

@@ -190,3 +190,38 @@ def _message(resp: httpx.Response) -> str:
         if data.get("message"):
             return str(data["message"])
     return resp.text[:500]
+
+
+FINAL_DIR = "final"
+MERGED_DIR = "merged"
+
+
+def export_final_model(model: Any, root: Path, tokenizer: Any = None, state_dict: dict[str, Any] | None = None,
+                       *, base_model_dir: str | Path | None = None, merge_adapter: bool = False) -> tuple[str, str | None]:
+    """Write the trained policy to ``root/final`` (atomically: a temporary directory renamed into
+    place) so that it outlives the job: the full model in Hugging Face layout with the tokenizer, or,
+    for a LoRA policy, the adapter with the tokenizer and, when ``merge_adapter``, a merged full copy
+    (the adapter applied to ``base_model_dir``) under ``final/merged``. Returns ``(format, merged
+    path or None)``, paths relative to ``root``."""
+    root = Path(root)
+    final, tmp = root / FINAL_DIR, root / f".tmp-{FINAL_DIR}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    fmt = save_policy_weights(model, tmp, tokenizer, state_dict)
+    merged = None
+    if fmt == "lora":
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if merge_adapter:
+            from peft import PeftModel
+            from transformers import AutoModelForCausalLM
+
+            base = AutoModelForCausalLM.from_pretrained(str(base_model_dir))
+            full = PeftModel.from_pretrained(base, str(tmp)).merge_and_unload()
+            full.save_pretrained(tmp / MERGED_DIR, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp / MERGED_DIR)
+            merged = f"{FINAL_DIR}/{MERGED_DIR}"
+    fsync_tree(tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    return fmt, merged

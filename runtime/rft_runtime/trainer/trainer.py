@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
-from rft_api.progress import Progress, ProgressCheckpoint, ProgressErrors, reward_curve
+from rft_api.progress import FinalModel, Progress, ProgressCheckpoint, ProgressErrors, reward_curve
 from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
 from ..algos import DynamicSampler, tis_weights
@@ -64,7 +64,7 @@ from .distributed import DistContext
 from .inference_sync import InferenceSync
 from .learner import Learner, Shard, build_optimizer, build_scheduler, learner_config
 from .model_io import Reference, compute_dtype, load_policy
-from .publisher import WeightPublisher
+from .publisher import FINAL_DIR, WeightPublisher, export_final_model
 from .reload import reload_protocol
 from .signals import (
     advantage_metrics,
@@ -613,7 +613,7 @@ class Trainer:
             checkpoints=[ProgressCheckpoint(step=c.step, path=str(c.path), time=c.time)
                          for c in self.checkpoints.committed()],
             done=done, message=clip_message(message), update_time=now_rfc3339(),
-            reward_curve=reward_curve(rows),
+            reward_curve=reward_curve(rows), final_model=getattr(self, "final_model", None),
             domain_rewards={k.split("/")[1]: v for k, v in last.items()
                             if k.startswith("domain/") and k.endswith("/mean") and finite(v) is not None},
         )
@@ -627,6 +627,11 @@ class Trainer:
         if self.checkpoints.latest() is None or self.checkpoints.latest().step != self.step_count:
             self.save_checkpoint()
         self.coordinator.finish()
+        fmt, merged = export_final_model(self.model, Path(self.cfg.paths.checkpoints), self.tokenizer,
+                                         state_dict=self._gather(), base_model_dir=self.model_dir,
+                                         merge_adapter=self.spec.checkpoint.merge_final_adapter)
+        self.final_model = FinalModel(path=FINAL_DIR, format=fmt, merged_path=merged)  # type: ignore[arg-type]
+        log.info("final model (%s) at %s", fmt, Path(self.cfg.paths.checkpoints) / FINAL_DIR)
         self._report(message=f"finished {self.step_count} steps", done=True)
 
     def stop(self, checkpoint: bool = True) -> None:
