@@ -7,9 +7,9 @@ CoreDNS) on the session's control plane (``cluster`` fixture), and the project's
   cluster whose node runs, that node is used and left running.
 - ``on_real_node`` (module): the real node takes pods; every other node a shared cluster may have is
   cordoned for the module.
-- ``node_images`` (session): ``hack/build-images.sh`` (the operator, runtime and vLLM-on-CPU images,
-  cached by input hash) and the archives imported into the node's containerd (once per node and
-  archive).
+- ``node_images`` (session): ``hack/build-images.sh`` (the operator and runtime images, and the
+  vLLM-on-CPU image when a collected test is marked ``vllm``; cached by input hash) and the archives
+  imported into the node's containerd (once per node and archive).
 - ``platform`` (module): the operator installed from the chart, running from its image.
 - ``driver``: a :class:`tests.e2e.stack.JobDriver` for the test's namespace; prints its diagnostics
   when the test failed.
@@ -40,9 +40,15 @@ from tests.e2e.stack import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_IMAGES = [IMAGES]
+"""The images this session's tests need: the vLLM image only when a collected test is marked ``vllm``."""
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the node's binaries and the project's images before any test when a collected test runs
+    """Build the node's binaries and the images the collected tests need before any test when one runs
     on the real node: cold, they take longer than one test's timeout (failures then fail those tests)."""
+    if not any(item.get_closest_marker("vllm") for item in session.items):
+        _IMAGES[0] = " ".join(n for n in IMAGES.split() if n != "vllm")
     if os.environ.get("RFT_SKIP_CLUSTER") == "1" or os.geteuid() != 0 or session.config.option.collectonly:
         return
     wants = {f for item in session.items for f in getattr(item, "fixturenames", ())}
@@ -53,7 +59,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             return  # the real_node fixture reports it
     if "node_images" in wants:
         subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], capture_output=True, timeout=3600,
-                       env={**os.environ, "RFT_IMAGES": IMAGES}, check=False)  # node_images reports a failure
+                       env={**os.environ, "RFT_IMAGES": _IMAGES[0]}, check=False)  # node_images reports a failure
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -103,8 +109,9 @@ def on_real_node(cluster: LocalCluster, real_node: LocalNode) -> Iterator[LocalN
 
 @pytest.fixture(scope="session")
 def node_images(real_node: LocalNode) -> dict[str, Path]:
-    """The operator, runtime and vLLM images, built (cached by input hash) and imported into the node."""
-    images = build_images(IMAGES)
+    """The operator and runtime images, and the vLLM image when a test needs it, built (cached by
+    input hash) and imported into the node."""
+    images = build_images(_IMAGES[0])
     load_images(real_node, images)
     return images
 
