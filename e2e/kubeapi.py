@@ -1,4 +1,4 @@
-"""Raw JSON access to the API server for the process kubelet (TEST INFRASTRUCTURE).
+"""Raw JSON access to the API server for the PV provisioner (TEST INFRASTRUCTURE).
 
 The harness works on plain dicts exactly as the API server sends them (camelCase, no model
 conversion): :class:`KubeApi` wraps a ``kubernetes.client.ApiClient``'s authenticated transport with

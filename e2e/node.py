@@ -798,7 +798,7 @@ def _strip_cri(text: str) -> str:
 def addons_manifest(coredns_image: str, node_name: str) -> str:
     """CoreDNS (Deployment, Service ``kube-dns`` at :data:`DNS_IP`, its RBAC) and the default
     StorageClass, as one YAML stream. CoreDNS is bound to this node (``nodeName``): another node of the
-    same cluster (a test's process kubelet) cannot run its image."""
+    same cluster (one without the images) cannot run its image."""
     corefile = f""".:1053 {{
     errors
     health :8080

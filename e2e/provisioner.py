@@ -21,7 +21,7 @@ from .informer import Informer
 from .kubeapi import ApiError, KubeApi
 
 Obj = dict[str, Any]
-log = logging.getLogger("e2e.kubelet")
+log = logging.getLogger("e2e.provisioner")
 PROVISIONED_BY = "rft.dev/provisioned-by"
 
 
@@ -33,7 +33,7 @@ def pv_for_claim(pvc: Obj, root: Path, owner: str) -> Obj:
     return {
         "apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": name, "labels": {PROVISIONED_BY: owner},
-                     "annotations": {"pv.kubernetes.io/provisioned-by": "rft.dev/process-kubelet"}},
+                     "annotations": {"pv.kubernetes.io/provisioned-by": "rft.dev/local-dir"}},
         "spec": {
             "capacity": {"storage": storage},
             "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],

@@ -9,11 +9,14 @@
 #            store (under $RFT_CACHE/images/buildah) as docker.io/library/python:3.11-slim.
 #   operator ghcr.io/rft-dev/rft-operator:<chart appVersion>  (the chart's default image)
 #   runtime  ghcr.io/rft-dev/rft-runtime:<DEFAULT_RUNTIME_IMAGE tag> (the operator's default)
+#   vllm     vLLM for the CPU from images/vllm-cpu/Dockerfile, FROM the runtime image (sharing its
+#            layers), as docker.io/<DEFAULT_VLLM_IMAGE> (the operator's default for
+#            `inference.engine: vllm`; scenario 02). Building it builds the runtime image first.
 #            Python dependencies install from PyPI inside the build, as the Dockerfiles say.
 #
 # Each image is rebuilt only when a hash of its inputs changes (its Dockerfile, the files it copies,
 # the base's hash). Concurrent runs serialise on a lock. Environment: RFT_CACHE, RFT_IMAGES (space-
-# separated subset of "operator runtime"), RFT_DEBIAN_MIRROR.
+# separated subset of "operator runtime vllm"; default all three), RFT_DEBIAN_MIRROR.
 set -euo pipefail
 {
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,7 +24,7 @@ cache=${RFT_CACHE:-$HOME/.cache/rft-operator}
 out=$cache/images
 store=$out/buildah
 mirror=${RFT_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-want=${RFT_IMAGES:-operator runtime}
+want=${RFT_IMAGES:-operator runtime vllm}
 mkdir -p "$out"
 log() { echo "[images] $*" >&2; }
 die() { echo "[images] ERROR: $*" >&2; exit 1; }
@@ -65,16 +68,24 @@ fi
 # --- the project's images --------------------------------------------------------------------------
 app_version=$(sed -nE 's/^appVersion: *"?([^"]+)"?/\1/p' "$root/charts/rft-operator/Chart.yaml")
 runtime_ref=$(sed -nE 's/^DEFAULT_RUNTIME_IMAGE *= *"([^"]+)"/\1/p' "$root/api/rft_api/constants.py")
-[ -n "$app_version" ] && [ -n "$runtime_ref" ] || die "cannot read the default image names"
-declare -A refs=([operator]="ghcr.io/rft-dev/rft-operator:$app_version" [runtime]="$runtime_ref")
+vllm_ref=$(sed -nE 's/^DEFAULT_VLLM_IMAGE *= *"([^"]+)".*/\1/p' "$root/api/rft_api/constants.py")
+[ -n "$app_version" ] && [ -n "$runtime_ref" ] && [ -n "$vllm_ref" ] || die "cannot read the default image names"
+case $vllm_ref in */*/*) ;; *) vllm_ref=docker.io/$vllm_ref ;; esac  # as the kubelet normalises the pod's name
+declare -A refs=([operator]="ghcr.io/rft-dev/rft-operator:$app_version" [runtime]="$runtime_ref" [vllm]="$vllm_ref")
+declare -A dockerfiles=([operator]=operator/Dockerfile [runtime]=runtime/Dockerfile [vllm]=images/vllm-cpu/Dockerfile)
 
 inputs_key() { # NAME -> hash of the Dockerfile, the files its COPY reads, the base
   (cd "$root" && {
     echo "$base_key"
-    git ls-files -co --exclude-standard -- pyproject.toml README.md requirements api operator runtime \
-      | grep -v -e '__pycache__' -e '/Dockerfile$' | sort | xargs -d '\n' sha256sum
+    if [ "$1" = vllm ]; then
+      inputs_key runtime  # its base
+      sha256sum requirements/vllm.txt
+    else
+      git ls-files -co --exclude-standard -- pyproject.toml README.md requirements api operator runtime \
+        | grep -v -e '__pycache__' -e '/Dockerfile$' | sort | xargs -d '\n' sha256sum
+    fi
     cat .dockerignore 2>/dev/null
-    sha256sum "$1/Dockerfile"
+    sha256sum "${dockerfiles[$1]}"
   } | sha)
 }
 
@@ -86,6 +97,9 @@ if [ -s "$ca" ]; then
   printf '[global]\ncert = /etc/rft-build/ca.crt\n' >"$out/pip.conf"
   build_mounts=(--volume "$ca:/etc/rft-build/ca.crt:ro" --volume "$out/pip.conf:/etc/pip.conf:ro")
 fi
+
+# vllm is built FROM the runtime image: that one first.
+case " $want " in *" vllm "*) want="$(echo " $want " | sed 's/ runtime / /; s/ vllm / runtime vllm /')";; esac
 
 list=$out/images.txt
 # The listing keeps other images' lines (still present archives) and replaces the ones built now.
@@ -103,8 +117,16 @@ for name in $want; do
   archive=$out/$name-$key.oci
   if ! [ -s "$archive" ]; then
     t0=$SECONDS
-    log "building $ref from $name/Dockerfile (inputs $key)"
-    (cd "$root" && b bud --quiet --pull=never "${build_mounts[@]}" -f "$name/Dockerfile" -t "$ref" \
+    log "building $ref from ${dockerfiles[$name]} (inputs $key)"
+    build_args=()
+    if [ "$name" = vllm ]; then  # its base, the runtime image, back into the store from its archive
+      runtime_archive=$out/runtime-$(inputs_key runtime).oci
+      [ -s "$runtime_archive" ] || die "the runtime image's archive $runtime_archive is missing"
+      base_id=$(b pull --quiet "oci-archive:$runtime_archive") || die "buildah pull of $runtime_archive failed"
+      b tag "$base_id" "$runtime_ref" || die "buildah tag of the runtime image failed"
+      build_args=(--build-arg "RUNTIME_IMAGE=$runtime_ref")
+    fi
+    (cd "$root" && b bud --quiet --pull=never "${build_mounts[@]}" "${build_args[@]}" -f "${dockerfiles[$name]}" -t "$ref" \
       --annotation "dev.rft.input=$key" . >"$out/$name-build.log" 2>&1) \
       || { tail -30 "$out/$name-build.log" >&2; b rm --all >/dev/null 2>&1; b rmi --prune >/dev/null 2>&1
            die "buildah bud of $name failed (log $out/$name-build.log)"; }
@@ -114,6 +136,7 @@ for name in $want; do
     mv -f "$archive.tmp" "$archive"
     # The archive is the cache: buildah's store keeps only the base (a runtime build leaves ~6 GB).
     b rmi -f "$ref" >/dev/null 2>&1 || true
+    [ "$name" = vllm ] && { b rmi -f "$runtime_ref" >/dev/null 2>&1 || true; }
     b rm --all >/dev/null 2>&1 || true
     b rmi --prune >/dev/null 2>&1 || true
     # Older archives of this image are superseded.

@@ -118,7 +118,7 @@ def namespace(kube: "kubernetes.client.ApiClient") -> Iterator[str]:  # noqa: F8
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-    """Run e2e tests last: their process kubelet registers a Node for the rest of the session, and
-    the integration tier assumes a control plane with no kubelet (its tests write pod status
+    """Run e2e tests last: their real node (``e2e/node.py``) registers a Node for the rest of the
+    session, and the integration tier assumes a control plane with no kubelet (its tests write pod status
     themselves, and some expect pods to stay unscheduled)."""
     items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)

@@ -71,6 +71,9 @@ class PodProblem:
     container: str
     reason: str
     message: str
+    sandbox: bool = False
+    """The cause is the code sandbox's isolation: the reward container's seccomp profile cannot be
+    loaded on the node, or the reward server's isolation probe failed at start."""
 
 
 @dataclass(frozen=True)
@@ -162,10 +165,32 @@ def observe_job(obj: Obj) -> TrainerObs:
 # Waiting reasons of a container that will not start without a change to the spec or the cluster.
 CANNOT_START = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                 "CreateContainerError")
+# ``rft reward`` exits with this code when its evaluators cannot be built: a bad evaluator config, or
+# the code sandbox's isolation probe failed (runtime/rft_runtime/rewards/server.py). A restart builds
+# the same evaluators on the same node, so it cannot help.
+REWARD_CANNOT_START_EXIT = 2
+# What the reward server's message starts with when the code sandbox is the evaluator that failed.
+SANDBOX_MESSAGE = "code_sandbox:"
+
+
+def _localhost_seccomp(obj: Obj, container: str) -> bool:
+    """The container (or its pod) names a ``Localhost`` seccomp profile: a file on the node."""
+    spec = obj.get("spec") or {}
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        if c.get("name") == container:
+            prof = ((c.get("securityContext") or {}).get("seccompProfile")
+                    or (spec.get("securityContext") or {}).get("seccompProfile") or {})
+            return prof.get("type") == "Localhost"
+    return False
 
 
 def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
-    """A pod's containers that cannot start, and the termination messages of its failed containers."""
+    """A pod's containers that cannot start, and the termination messages of its failed containers.
+
+    A reward container is also one that cannot start when it exited with
+    :data:`REWARD_CANNOT_START_EXIT` (now, or before its current restart back-off). Either is marked
+    ``sandbox`` when the code sandbox's isolation is the cause: its Localhost seccomp profile cannot
+    be loaded, or the server's message is the sandbox's."""
     meta, status = obj["metadata"], obj.get("status") or {}
     role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
     problems: list[PodProblem] = []
@@ -173,10 +198,19 @@ def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
     if meta.get("deletionTimestamp"):
         return problems, messages
     for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        cname = cs.get("name", "")
         waiting = (cs.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in CANNOT_START:
-            problems.append(PodProblem(role, meta["name"], cs.get("name", ""), waiting["reason"],
-                                       (waiting.get("message") or "")[:512]))
+            msg = (waiting.get("message") or "")[:512]
+            sandbox = role == "reward" and "seccomp" in msg.lower() and _localhost_seccomp(obj, cname)
+            problems.append(PodProblem(role, meta["name"], cname, waiting["reason"], msg, sandbox))
+        elif role == "reward":
+            for st in ((cs.get("state") or {}).get("terminated"), (cs.get("lastState") or {}).get("terminated")):
+                if st and st.get("exitCode") == REWARD_CANNOT_START_EXIT:
+                    msg = (st.get("message") or "").strip()[-512:]
+                    problems.append(PodProblem(role, meta["name"], cname, f"ExitedAtStart({st['exitCode']})",
+                                               msg or "(no message)", SANDBOX_MESSAGE in msg))
+                    break
         term = (cs.get("state") or {}).get("terminated") or {}
         if term.get("exitCode") not in (None, 0) and (term.get("message") or term.get("reason") not in (None, "Error")):
             why = f" ({term['reason']})" if term.get("reason") not in (None, "Error") else ""

@@ -1,42 +1,65 @@
-"""Fixtures for e2e tests: the process kubelet on the local control plane.
+"""Fixtures for e2e tests: the real local node (``e2e/node.py``: kubelet, containerd, kube-proxy,
+CoreDNS) on the session's control plane (``cluster`` fixture), and the project's images in it.
 
-- ``kubelet`` (session): an :class:`e2e.kubelet.ProcessKubelet` registered as Node
-  ``rft-e2e-<pid>`` on the ``cluster`` fixture's control plane, with :func:`default_image_map`
-  (the project's images → this checkout's ``.venv/bin``, ``vllm/vllm-openai`` → ``$RFT_VLLM_VENV``)
-  and termination grace capped at 5 s. Stopped at the end of the session (every process it started
-  is killed and checked gone; the Node is deleted).
-- When a test that uses ``kubelet`` fails, the tails of its namespace's container logs are printed
-  (pytest shows them under "Captured stdout teardown").
+- ``real_node`` (session): a :class:`e2e.node.LocalNode` registered with the control plane, stopped
+  at the end of the session (its stop raises when anything is left behind: process, mount, network
+  namespace, interface, iptables rule, cgroup). With ``RFT_KUBECONFIG`` naming a ``make cluster-up``
+  cluster whose node runs, that node is used and left running.
+- ``on_real_node`` (module): the real node takes pods; every other node a shared cluster may have is
+  cordoned for the module.
+- ``node_images`` (session): ``hack/build-images.sh`` (the operator and runtime images, and the
+  vLLM-on-CPU image when a collected test is marked ``vllm``; cached by input hash) and the archives
+  imported into the node's containerd (once per node and archive).
+- ``platform`` (module): the operator installed from the chart, running from its image.
+- ``driver``: a :class:`tests.e2e.stack.JobDriver` for the test's namespace; prints its diagnostics
+  when the test failed.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from e2e.kubelet import ProcessKubelet, default_image_map, delete_stale_nodes
-from tests.e2e.node_fixtures import node_images, on_real_node, real_node, real_platform  # noqa: F401 (fixtures)
+from e2e.cluster import LocalCluster
+from e2e.node import LocalNode, NodeError, ensure_node_binaries
+from tests.e2e.stack import (
+    IMAGES,
+    JobDriver,
+    Platform,
+    build_images,
+    install_platform,
+    load_images,
+    uninstall_platform,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+_IMAGES = [IMAGES]
+"""The images this session's tests need: the vLLM image only when a collected test is marked ``vllm``."""
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the node's binaries and the project's images before any test when a collected test runs
+    """Build the node's binaries and the images the collected tests need before any test when one runs
     on the real node: cold, they take longer than one test's timeout (failures then fail those tests)."""
+    if not any(item.get_closest_marker("vllm") for item in session.items):
+        _IMAGES[0] = " ".join(n for n in IMAGES.split() if n != "vllm")
     if os.environ.get("RFT_SKIP_CLUSTER") == "1" or os.geteuid() != 0 or session.config.option.collectonly:
         return
     wants = {f for item in session.items for f in getattr(item, "fixturenames", ())}
     if "real_node" in wants or "on_real_node" in wants:
-        from e2e.node import NodeError, ensure_node_binaries
         try:
             ensure_node_binaries()
         except NodeError:
             return  # the real_node fixture reports it
     if "node_images" in wants:
-        import subprocess
-        from pathlib import Path
-        subprocess.run(["bash", str(Path(__file__).resolve().parents[2] / "hack" / "build-images.sh")],
-                       capture_output=True, timeout=3600, check=False)  # node_images reports a failure
+        subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], capture_output=True, timeout=3600,
+                       env={**os.environ, "RFT_IMAGES": _IMAGES[0]}, check=False)  # node_images reports a failure
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -47,24 +70,75 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 
 
 @pytest.fixture(scope="session")
-def kubelet(cluster, kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessKubelet]:
-    """The session's process kubelet (see the module docstring)."""
-    delete_stale_nodes(kube)  # nodes of dead sessions on a shared (RFT_KUBECONFIG) cluster
-    k = ProcessKubelet(kube, f"rft-e2e-{os.getpid()}", tmp_path_factory.mktemp("kubelet"), default_image_map(),
-                       grace_cap_s=5.0)
-    k.start(timeout=120)
+def real_node(cluster: LocalCluster) -> Iterator[LocalNode]:
+    if os.geteuid() != 0:
+        pytest.skip("a real node needs root (network namespace, mounts, cgroups)")
     try:
-        yield k
-    finally:
-        k.stop(delete_node=True)
-
-
-@pytest.fixture(autouse=True)
-def _kubelet_logs_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    rep = getattr(request.node, "rep_call", None)
-    k = request.node.funcargs.get("kubelet") if hasattr(request.node, "funcargs") else None
-    if rep is None or not rep.failed or not isinstance(k, ProcessKubelet):
+        node = LocalNode(cluster, bin=ensure_node_binaries())
+    except NodeError as e:
+        pytest.fail(str(e), pytrace=False)
+    if os.environ.get("RFT_KUBECONFIG") and node.running() and node.ready():
+        node.reused = True  # a `make cluster-up` node: left as it was found (schedulable)
+        yield node
         return
-    ns = request.node.funcargs.get("namespace")
-    print(f"\n===== process kubelet container logs ({ns or 'all namespaces'}) =====\n{k.dump_logs(ns)}")
+    node = LocalNode(cluster, name=f"rft-node-{os.getpid()}", bin=node.bin, die_with_parent=True)
+    node.start(timeout=300)
+    cluster.kubectl("cordon", f"node/{node.name}")
+    try:
+        yield node
+    finally:
+        node.stop(delete_node=True)
+
+
+@pytest.fixture(scope="module")
+def on_real_node(cluster: LocalCluster, real_node: LocalNode) -> Iterator[LocalNode]:
+    """For one module: the real node takes pods, every other node does not."""
+    others = [n for n in cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
+              if n != f"node/{real_node.name}"]
+    for n in others:
+        cluster.kubectl("cordon", n, check=False)
+    cluster.kubectl("uncordon", f"node/{real_node.name}")
+    try:
+        yield real_node
+    finally:
+        if not getattr(real_node, "reused", False):
+            cluster.kubectl("cordon", f"node/{real_node.name}", check=False)
+        for n in others:
+            cluster.kubectl("uncordon", n, check=False)
+
+
+@pytest.fixture(scope="session")
+def node_images(real_node: LocalNode) -> dict[str, Path]:
+    """The operator and runtime images, and the vLLM image when a test needs it, built (cached by
+    input hash) and imported into the node."""
+    images = build_images(_IMAGES[0])
+    load_images(real_node, images)
+    return images
+
+
+@pytest.fixture(scope="module")
+def platform(cluster: LocalCluster, on_real_node: LocalNode, node_images: dict[str, Path]) -> Iterator[Platform]:
+    """The operator installed from the chart into ``rft-system`` (resync 3 s), running from its image on
+    the real node, Ready; uninstalled after the module (the CRD stays). Every role pod runs from the
+    runtime image with the builders' securityContext, enforced."""
+    p = install_platform(cluster, on_real_node, resync_seconds=3)
+    try:
+        yield p
+    finally:
+        uninstall_platform(p)
+
+
+@pytest.fixture
+def driver(platform: Platform, namespace: str, request: pytest.FixtureRequest,
+           tmp_path: Path) -> Iterator[JobDriver]:
+    """A :class:`JobDriver` for the test's namespace; prints its diagnostics when the test failed."""
+    d = JobDriver(platform, namespace, tmp_path / "kept-logs")
+    started = time.monotonic()
+    try:
+        yield d
+    finally:
+        d.close()
+        rep = getattr(request.node, "rep_call", None)
+        print(f"\n[e2e] {request.node.name}: {time.monotonic() - started:.1f}s in the test body and its waits")
+        if rep is not None and rep.failed:
+            print(f"\n===== e2e diagnostics ({namespace}) =====\n{d.diagnostics()}")

@@ -1,16 +1,20 @@
 """The e2e stack: the operator installed from its Helm chart, and helpers to drive RFTJobs through it.
 
-Everything runs against the real local control plane (``cluster`` fixture) with pods run by the
-process kubelet (``kubelet`` fixture); nothing here imitates the Kubernetes API.
+Everything runs against the real local control plane (``cluster`` fixture) with pods run by the real
+local node (``real_node`` fixture, ``e2e/node.py``); nothing here imitates the Kubernetes API.
 
+- :func:`build_images` / :func:`load_images`: the project's images (``hack/build-images.sh``, cached by
+  input hash) imported into the node's containerd.
 - :func:`install_platform` renders ``charts/rft-operator`` with ``helm template --include-crds`` and
   applies it with ``kubectl apply --server-side``: the CRD, the chart's ServiceAccount, ClusterRole
-  and binding, and its Deployment. The operator then runs FROM THAT DEPLOYMENT as a pod (image
-  ``ghcr.io/rft-dev/rft-operator`` → this checkout's venv), with the chart's RBAC, not as admin.
+  and binding, and its Deployment. The operator then runs FROM THAT DEPLOYMENT as a pod, from the
+  operator image, with the chart's RBAC, not as admin.
 - :class:`JobDriver` (one per test namespace): apply manifests with ``kubectl``, read the RFTJob, its
   progress ConfigMap, its pods and its checkpoint volume (the provisioned PV's host directory), wait
   with deadlines, inject faults (delete a pod, SIGKILL a container's process), and produce the
   diagnostics a failing test prints: container logs, ``kubectl get rft -o yaml``, pods, events.
+- :class:`LogKeeper` (``JobDriver.keep_logs``): every container log of a role's pods streamed through
+  the API into files, so a deleted pod's log (which the kubelet deletes with it) stays readable.
 - :class:`StatusRecorder`: samples ``status`` in a background thread so a test can check what the
   status did over time (the step never went backwards, the phases it went through).
 """
@@ -19,14 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import json
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,7 +38,6 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster, free_port
-from e2e.kubelet import ProcessKubelet
 from e2e.node import LocalNode
 from rft_operator import names
 from rft_operator.kube import Kube, KubeError
@@ -58,6 +60,34 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: fl
     return poll(what, fn, timeout, interval, on_timeout=on_timeout, retry_on=(KubeError,))
 
 
+# ------------------------------------------------------------------------------------------ images
+
+IMAGES = "operator runtime vllm"
+"""What ``hack/build-images.sh`` builds: the operator, the runtime and vLLM on the CPU (scenario 02)."""
+_IMAGE_REPOS = {"operator": "/rft-operator:", "runtime": "/rft-runtime:", "vllm": "/vllm-openai:"}
+
+
+def build_images(names: str = IMAGES) -> dict[str, Path]:
+    """``hack/build-images.sh`` for ``names`` (of :data:`IMAGES`); image reference -> oci-archive."""
+    p = subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], capture_output=True, text=True,
+                       env={**os.environ, "RFT_IMAGES": names}, timeout=3600)
+    if p.returncode != 0:
+        pytest.fail(f"hack/build-images.sh failed ({p.returncode}):\n{p.stderr[-4000:]}", pytrace=False)
+    listing = Path(p.stdout.strip().splitlines()[-1])
+    out = {}
+    for line in listing.read_text().splitlines():
+        ref, archive = line.split()
+        if any(_IMAGE_REPOS[n] in ref for n in names.split()):  # the listing may name other images
+            out[ref] = Path(archive)
+    return out
+
+
+def load_images(node: LocalNode, images: dict[str, Path]) -> None:
+    """Import each archive unless this node already imported that very archive (same input hash)."""
+    for archive in images.values():
+        node.import_image(archive)
+
+
 # ------------------------------------------------------------------------------------------ platform
 
 
@@ -66,7 +96,7 @@ class Platform:
     """The operator as installed from the chart."""
 
     cluster: LocalCluster
-    kubelet: ProcessKubelet | LocalNode
+    node: LocalNode
     api: Kube
     namespace: str
     release: str
@@ -89,13 +119,7 @@ class Platform:
         return pods[0]
 
     def operator_logs(self) -> str:
-        out = []
-        if isinstance(self.kubelet, LocalNode):
-            for label, text in self.kubelet.log_texts(self.namespace, "", "operator"):
-                out.append(f"----- {label}\n{text[-6000:]}")
-        else:
-            for p in sorted(self.kubelet.logs_dir.glob(f"{self.namespace}_*_operator.log")):
-                out.append(f"----- {p.name}\n{p.read_text(errors='replace')[-6000:]}")
+        out = [f"----- {label}\n{text[-6000:]}" for label, text in self.node.log_texts(self.namespace, "", "operator")]
         return "\n".join(out) or "(no operator logs)"
 
     def wait_ready(self, timeout: float = 120.0) -> Obj:
@@ -128,12 +152,12 @@ def render_chart(cluster: LocalCluster, namespace: str, release: str, values: di
     return p.stdout
 
 
-def install_platform(cluster: LocalCluster, kubelet: ProcessKubelet | LocalNode, *, namespace: str = PLATFORM_NAMESPACE,
+def install_platform(cluster: LocalCluster, node: LocalNode, *, namespace: str = PLATFORM_NAMESPACE,
                      release: str = RELEASE, resync_seconds: int = 3, timeout: float = 180.0) -> Platform:
     """Install the chart (CRD included) into ``namespace`` and wait for the operator pod to be Ready.
 
-    The metrics and health ports are free ports of this machine: the harness's pods share the host's
-    network, and the operator listens on every address.
+    The metrics and health ports are free ports of this machine (any would do: the pod has its own
+    network namespace).
     """
     api = Kube.from_kubeconfig(str(cluster.kubeconfig))
     # one replica (the chart's default is 2 with leader election): the harness drives "the" operator pod
@@ -143,7 +167,7 @@ def install_platform(cluster: LocalCluster, kubelet: ProcessKubelet | LocalNode,
     cluster.kubectl("create", "namespace", namespace, check=False)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered, timeout=120)
     cluster.kubectl("wait", "--for=condition=Established", "crd/rftjobs.rft.dev", "--timeout=60s", timeout=90)
-    platform = Platform(cluster, kubelet, api, namespace, release, resync_seconds, rendered)
+    platform = Platform(cluster, node, api, namespace, release, resync_seconds, rendered)
     platform.wait_ready(timeout)
     return platform
 
@@ -197,7 +221,10 @@ class JobDriver:
 
     platform: Platform
     namespace: str
+    keep_dir: Path
+    """Where :meth:`keep_logs` writes the container logs it keeps."""
     recorders: list[StatusRecorder] = field(default_factory=list)
+    keepers: list[LogKeeper] = field(default_factory=list)
 
     @property
     def cluster(self) -> LocalCluster:
@@ -208,8 +235,8 @@ class JobDriver:
         return self.platform.api
 
     @property
-    def kubelet(self) -> ProcessKubelet | LocalNode:
-        return self.platform.kubelet
+    def node(self) -> LocalNode:
+        return self.platform.node
 
     # ---- kubectl ---------------------------------------------------------------------------
 
@@ -297,18 +324,13 @@ class JobDriver:
 
     def logs(self, pod: Obj, container: str | None = None) -> str:
         c = container or pod["spec"]["containers"][0]["name"]
-        return self.kubelet.logs(self.namespace, pod["metadata"]["name"], c)
+        return self.node.logs(self.namespace, pod["metadata"]["name"], c)
 
     def role_logs(self, name: str, role: str) -> str:
-        """Every container log of the role's pods (old pods too), concatenated."""
-        out = []
-        if isinstance(self.kubelet, LocalNode):
-            for label, text in self.kubelet.log_texts(self.namespace, f"{name}-{role}-"):
-                out.append(f"----- {label}\n{text}")
-            return "\n".join(out)
-        for p in sorted(self.kubelet.logs_dir.glob(f"{self.namespace}_{name}-{role}-*.log")):
-            out.append(f"----- {p.name}\n{p.read_text(errors='replace')}")
-        return "\n".join(out)
+        """Every container log of the role's pods still on the node (restarts too), concatenated
+        (a deleted pod's logs go with it: :meth:`keep_logs` keeps them)."""
+        return "\n".join(f"----- {label}\n{text}" for label, text in
+                         self.node.log_texts(self.namespace, f"{name}-{role}-"))
 
     # ---- waiting ---------------------------------------------------------------------------
 
@@ -371,13 +393,25 @@ class JobDriver:
         if name:
             prog = self.progress(name)
             parts.append(f"===== progress record\n{json.dumps(prog, indent=1)[:3000]}")
-        parts.append(f"===== container logs ({self.namespace})\n{self.kubelet.dump_logs(self.namespace, 6000)}")
+        parts.append(f"===== container logs ({self.namespace})\n{self.node.dump_logs(self.namespace, 6000)}")
         parts.append(f"===== operator logs\n{self.platform.operator_logs()}")
         return "\n".join(parts)
+
+    def keep_logs(self, name: str, role: str) -> LogKeeper:
+        """Start keeping every container log of the role's pods (every attempt, every restart) through
+        the API, from the moment each container runs: a kubelet deletes a deleted pod's logs with it.
+        Call it before the pods start (stopped at teardown)."""
+        k = LogKeeper(self.cluster, self.api, self.namespace,
+                      f"{names.LABEL_INSTANCE}={name},{names.LABEL_ROLE}={role}",
+                      self.keep_dir / f"{name}-{role}").start()
+        self.keepers.append(k)
+        return k
 
     def close(self) -> None:
         for r in self.recorders:
             r.stop()
+        for k in self.keepers:
+            k.stop()
 
 
 def pod_processes(pod: Obj) -> list[int]:
@@ -411,6 +445,96 @@ def kill_pod_processes(pod: Obj) -> list[int]:
         except ProcessLookupError:
             pass
     return pids
+
+
+# ------------------------------------------------------------------------------------------ logs
+
+
+@dataclass
+class KeptLog:
+    """One container instance's log, as :class:`LogKeeper` streamed it into ``path``."""
+
+    pod: str
+    created: str
+    """The pod's ``creationTimestamp`` (orders the attempts)."""
+    container: str
+    restart: int
+    path: Path
+    follower: subprocess.Popen[bytes]
+
+    def text(self) -> str:
+        return self.path.read_text(errors="replace")
+
+
+class LogKeeper:
+    """Streams the log of every container of the pods matching ``selector`` into files, through the
+    Kubernetes API (``kubectl logs --follow``, one per container instance, started as soon as the
+    container runs or has run): the kept log outlives the pod, which a kubelet deletes with its logs."""
+
+    def __init__(self, cluster: LocalCluster, api: Kube, namespace: str, selector: str, out: Path,
+                 interval: float = 0.5) -> None:
+        self.cluster, self.api, self.namespace, self.selector, self.interval = cluster, api, namespace, selector, interval
+        self.out = out
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.kept: dict[tuple[str, str, int], KeptLog] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"logs-{selector}", daemon=True)
+
+    def start(self) -> LogKeeper:
+        self._thread.start()
+        return self
+
+    def _scan(self) -> None:
+        for pod in self.api.list("Pod", self.namespace, self.selector):
+            meta = pod["metadata"]
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+                state = cs.get("state") or {}
+                if not ("running" in state or "terminated" in state):
+                    continue
+                key = (meta["uid"], cs["name"], int(cs.get("restartCount") or 0))
+                if key in self.kept:
+                    continue
+                path = self.out / f"{meta['name']}_{cs['name']}_{key[2]}.log"
+                with open(path, "wb") as f:
+                    follower = subprocess.Popen(
+                        [self.cluster.binary("kubectl"), f"--kubeconfig={self.cluster.kubeconfig}", "-n",
+                         self.namespace, "logs", "--follow", meta["name"], "-c", cs["name"]],
+                        stdout=f, stderr=subprocess.STDOUT, env=self.cluster.env())
+                self.kept[key] = KeptLog(meta["name"], meta.get("creationTimestamp", ""), cs["name"], key[2],
+                                         path, follower)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._scan()
+            except KubeError:
+                pass  # an API hiccup under load: the next scan catches up
+            self._stop.wait(self.interval)
+
+    def logs(self, container: str | None = None, settle_s: float = 30.0) -> list[str]:
+        """The kept logs (of ``container``), oldest pod first and restarts in order; waits up to
+        ``settle_s`` for the followers of containers that ended to finish writing."""
+        self._scan()
+        deadline = time.monotonic() + settle_s
+        kept = sorted((k for k in self.kept.values() if container in (None, k.container)),
+                      key=lambda k: (k.created, k.pod, k.restart))
+        for k in kept:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                k.follower.wait(max(0.0, deadline - time.monotonic()))
+        return [k.text() for k in kept]
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        for k in self.kept.values():
+            if k.follower.poll() is None:
+                k.follower.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                k.follower.wait(10)
+            if k.follower.poll() is None:
+                k.follower.kill()
+                k.follower.wait()
 
 
 # ------------------------------------------------------------------------------------------ recorder
@@ -473,65 +597,3 @@ class StatusRecorder:
             if not out or out[-1] != s.phase:
                 out.append(s.phase)
         return out
-
-
-# ------------------------------------------------------------------------------------------ fixtures
-# Test modules import these names (``from tests.e2e.stack import platform, driver``).
-
-
-RUNTIME_IMAGE = "ghcr.io/rft-dev/rft-runtime"
-
-
-def prebuilt_models_dir() -> Path:
-    """The builtin tiny models built once per machine (``$RFT_CACHE/prebuilt-models``), as the runtime
-    image ships them in ``/opt/rft/models`` (``runtime/Dockerfile``); built here when missing."""
-    from e2e.cluster import cache_dir
-    from rft_api.constants import BUILTIN_MODELS
-    from rft_runtime.model import resolve_builtin_model
-
-    root = cache_dir() / "prebuilt-models"
-    for name in BUILTIN_MODELS:
-        resolve_builtin_model(name, root)
-    return root
-
-
-@contextlib.contextmanager
-def runtime_image_with_prebuilt_models(kubelet: ProcessKubelet) -> Iterator[None]:
-    """Make the process kubelet's runtime image carry what the real image's ENV gives it:
-    ``RFT_PREBUILT_MODELS`` naming the prebuilt tiny model (otherwise every role pod trains its own
-    warm start, ~25 s of CPU each, at start). Restored afterwards."""
-    old = kubelet.image_map.get(RUNTIME_IMAGE)
-    assert old is not None, f"the kubelet maps no {RUNTIME_IMAGE} image"
-    env = {**dict(old.env), "RFT_PREBUILT_MODELS": str(prebuilt_models_dir())}
-    kubelet.image_map[RUNTIME_IMAGE] = dataclasses.replace(old, env=tuple(env.items()))
-    try:
-        yield
-    finally:
-        kubelet.image_map[RUNTIME_IMAGE] = old
-
-
-@pytest.fixture(scope="module")
-def platform(cluster: LocalCluster, kubelet: ProcessKubelet) -> Iterable[Platform]:
-    """The operator installed from the chart into ``rft-system`` (resync 3 s), Ready; uninstalled
-    after the module (the CRD stays). The runtime image carries the prebuilt tiny model."""
-    with runtime_image_with_prebuilt_models(kubelet):
-        p = install_platform(cluster, kubelet, resync_seconds=3)
-        try:
-            yield p
-        finally:
-            uninstall_platform(p)
-
-
-@pytest.fixture
-def driver(platform: Platform, namespace: str, request: pytest.FixtureRequest) -> Iterable[JobDriver]:
-    """A :class:`JobDriver` for the test's namespace; prints its diagnostics when the test failed."""
-    d = JobDriver(platform, namespace)
-    started = time.monotonic()
-    try:
-        yield d
-    finally:
-        d.close()
-        rep = getattr(request.node, "rep_call", None)
-        print(f"\n[e2e] {request.node.name}: {time.monotonic() - started:.1f}s in the test body and its waits")
-        if rep is not None and rep.failed:
-            print(f"\n===== e2e diagnostics ({namespace}) =====\n{d.diagnostics()}")

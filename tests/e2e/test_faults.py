@@ -1,4 +1,7 @@
-"""Injected faults against the full stack (control plane, chart-installed operator pod, process kubelet).
+"""Injected faults against the full stack (control plane, chart-installed operator pod, real local node):
+pods deleted, processes SIGKILLed (from this machine's /proc, as the OOM killer would), the operator
+killed and restarted, suspend and resume, with every pod running from the project's images under the
+builders' securityContext.
 
 Each test runs a small RFTJob (the tiny-arith example scaled down: 8 steps of 4 prompts × 4 samples, a
 checkpoint every 2 steps), injects one fault while it trains, and checks that it still ends where it
@@ -21,9 +24,8 @@ import urllib.request
 
 import pytest
 
-from e2e.kubelet import vllm_venv
 from rft_operator import names
-from tests.e2e.stack import EXAMPLES, JobDriver, deep_merge, driver, example_job, kill_pod_processes, platform, wait_for  # noqa: F401 (fixtures)
+from tests.e2e.stack import EXAMPLES, JobDriver, LogKeeper, deep_merge, example_job, kill_pod_processes, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -33,7 +35,6 @@ SMALL = {"rollout": {"promptsPerStep": 4, "samplesPerPrompt": 4},
 START_S = 300.0   # first step, from apply (pods start, the tiny model is built, first rollouts)
 FINISH_S = 420.0  # from a fault to the end of the job
 STEP_LINE = re.compile(r"rft_runtime\.trainer\.main: step (\d+)/(\d+)")
-LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+", re.M)
 RESUMED_LINE = re.compile(r"resumed from \S+ \(step (\d+), policy version (\d+)\)")
 
 
@@ -44,11 +45,10 @@ def small_job(name: str, **spec: object) -> list[dict]:
     return example_job(EXAMPLES / "01-tiny-arith.yaml", name, **overrides)
 
 
-def trainer_attempt_logs(driver: JobDriver, name: str) -> list[str]:
-    """The trainer's container logs, one per pod, oldest first (by the first log line's timestamp)."""
-    logs = [p.read_text(errors="replace") for p in
-            driver.kubelet.logs_dir.glob(f"{driver.namespace}_{names.trainer(name)}-0-*_trainer.log")]
-    return sorted(logs, key=lambda text: m.group(0) if (m := LOG_TIME.search(text)) else "")
+def trainer_attempt_logs(keeper: LogKeeper) -> list[str]:
+    """The trainer's container logs, one per pod (attempt), oldest first, as ``driver.keep_logs(name,
+    "trainer")`` kept them through the API (the node deletes a deleted pod's logs)."""
+    return keeper.logs("trainer")
 
 
 def logged_steps(log: str) -> list[int]:
@@ -75,6 +75,7 @@ def test_trainer_pod_deleted_resumes_from_latest_checkpoint(driver: JobDriver) -
     """Delete the trainer pod after a checkpoint: the Job fails (backoffLimit 0), the operator spends
     one restart, the next attempt resumes from the latest checkpoint, and every step is trained once."""
     name, steps = "trainer-kill", 16
+    trainer_logs = driver.keep_logs(name, "trainer")
     driver.apply_docs(small_job(name, trainer={"maxSteps": steps}))
     driver.wait_job(name, "a checkpoint and a step after it",
                     lambda st: (st.get("lastCheckpoint") or {}).get("step", 0) >= 2 and st.get("step", 0) >= 3,
@@ -94,7 +95,7 @@ def test_trainer_pod_deleted_resumes_from_latest_checkpoint(driver: JobDriver) -
     # Attempt 0 trained 1..s0; attempt 1 resumed from the latest complete checkpoint k <= s0 and
     # trained exactly k+1..steps. Steps k+1..s0 of attempt 0 were never checkpointed: they were
     # discarded (their metrics rows truncated) and redone once.
-    first, second = trainer_attempt_logs(driver, name)
+    first, second = trainer_attempt_logs(trainer_logs)
     s0_steps, s1_steps = logged_steps(first), logged_steps(second)
     assert s0_steps == list(range(1, len(s0_steps) + 1)) and len(s0_steps) >= step_at_kill, s0_steps
     resumed = RESUMED_LINE.search(second)
@@ -115,6 +116,7 @@ def test_operator_killed_and_restarted_keeps_one_of_each_child(driver: JobDriver
     trainer is untouched, and the status never goes backwards."""
     name, steps = "operator-kill", 120  # long enough to outlast two operator restarts (~30 s)
     plat = driver.platform
+    trainer_logs = driver.keep_logs(name, "trainer")
     driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, checkpoint={"everySteps": 50}))
     rec = driver.record(name)
     driver.wait_step(name, 1, START_S)
@@ -162,7 +164,7 @@ def test_operator_killed_and_restarted_keeps_one_of_each_child(driver: JobDriver
     phases = [p for p in rec.phases() if p]
     assert phases[-2:] == ["Running", "Succeeded"] and set(phases[:-2]) <= {"Pending", "Provisioning"}, phases
     # The trainer ran once, uninterrupted, and trained every step once.
-    assert len(trainer_attempt_logs(driver, name)) == 1
+    assert len(trainer_attempt_logs(trainer_logs)) == 1
     assert_every_step_once(driver, name, steps)
     # The objects that outlive the run are the very ones created at the start.
     end = {k: o["metadata"]["uid"] for k, o in driver.children(name).items()}
@@ -239,8 +241,6 @@ def test_vllm_pod_deleted_new_pod_gets_the_current_adapters(driver: JobDriver) -
     and the trainer loads the current version into it (its inference sync, or the publication that was
     in flight retrying until the new pod answers), and the job completes with every step trained on
     samples whose log-probs match the trainer's (so the new pod served exactly the trainer's adapter)."""
-    if vllm_venv() is None:
-        pytest.skip("no vLLM venv (RFT_VLLM_PYTHON / RFT_VLLM_VENV); `make test` sets it")
     name, steps = "vllm-kill", 14
     driver.apply_docs(example_job(EXAMPLES / "02-vllm-lora.yaml", name, trainer={"maxSteps": steps}))
     driver.wait_step(name, 2, START_S + 300)
@@ -352,6 +352,7 @@ def test_suspend_removes_pods_keeps_volume_and_resume_continues(driver: JobDrive
     """Suspend mid-run: every role pod goes away, the checkpoint PVC (and its data) stays; resume
     starts a trainer that continues from the latest checkpoint, and the job completes."""
     name, steps = "suspend", 30
+    trainer_logs = driver.keep_logs(name, "trainer")
     driver.apply_docs(small_job(name, trainer={"maxSteps": steps}))
     driver.wait_job(name, "a checkpoint", lambda st: (st.get("lastCheckpoint") or {}).get("step", 0) >= 2,
                     START_S, interval=0.5)
@@ -375,8 +376,34 @@ def test_suspend_removes_pods_keeps_volume_and_resume_continues(driver: JobDrive
     assert st["restarts"] == 0, "a suspension is not a failure"
     suspended = driver.condition(name, "Suspended")
     assert suspended["status"] == "False" and suspended["reason"] == "Resumed", suspended
-    first, second = trainer_attempt_logs(driver, name)
+    first, second = trainer_attempt_logs(trainer_logs)
     resumed = RESUMED_LINE.search(second)
     assert resumed and int(resumed.group(1)) == on_volume[-1], (on_volume, second[-2000:])
     assert logged_steps(second) == list(range(on_volume[-1] + 1, steps + 1)), logged_steps(second)
     assert_every_step_once(driver, name, steps)
+
+
+# -------------------------------------------------------------------------------------- sandbox
+
+
+def test_code_sandbox_without_its_seccomp_profile_on_the_node_fails_fast(driver: JobDriver) -> None:
+    """The node lacks the seccomp profile the chart ships for the code sandbox (a platform team that did
+    not install it): the kubelet cannot create the reward container (``CreateContainerError``), and the
+    operator fails the job at once with reason ``SandboxUnavailable`` naming the profile, and removes its
+    workloads, instead of waiting on a pod that can never start. The profile is put back afterwards."""
+    profile = driver.node.workdir / "kubelet" / "seccomp" / "rft" / "code-sandbox.json"
+    saved = profile.read_bytes()
+    profile.unlink()
+    try:
+        driver.apply_file(EXAMPLES / "04-code-sandbox.yaml")
+        name = "code-sandbox"
+        st = driver.wait_phase(name, "Failed", START_S)
+        failed = driver.condition(name, "Failed")
+        assert failed["status"] == "True" and failed["reason"] == "SandboxUnavailable", failed
+        assert "code_sandbox" in failed["message"] and "rft/code-sandbox.json" in failed["message"], failed
+        assert st["step"] == 0 and st["restarts"] == 0, st
+        wait_for("the workloads to be removed", lambda: not any(
+            k[0] in ("Deployment", "Job") for k in driver.children(name)), 120,
+            on_timeout=lambda: driver.diagnostics(name))
+    finally:
+        profile.write_bytes(saved)

@@ -11,7 +11,7 @@ import yaml
 
 from e2e.cluster import LocalCluster
 from e2e.node import LocalNode
-from tests.e2e.node_fixtures import build_images, load_images
+from tests.e2e.stack import build_images, load_images
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

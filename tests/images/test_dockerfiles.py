@@ -22,12 +22,12 @@ from tests.images.dockerfile_checks import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-EXPECTED = {"operator/Dockerfile", "runtime/Dockerfile"}
+EXPECTED = {"operator/Dockerfile", "runtime/Dockerfile", "images/vllm-cpu/Dockerfile"}
 
 
 def _dockerfiles() -> list[Path]:
     found: set[Path] = set()
-    for top in ("operator", "runtime"):
+    for top in ("operator", "runtime", "images"):
         for pattern in ("Dockerfile", "Dockerfile.*", "*.Dockerfile", "*.dockerfile"):
             found.update(p for p in (REPO / top).rglob(pattern) if p.is_file())
     return sorted(found)
@@ -66,7 +66,7 @@ def hadolint_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_expected_dockerfiles_found() -> None:
-    assert EXPECTED <= set(IDS), f"expected {sorted(EXPECTED)} under operator/ and runtime/, found {IDS}"
+    assert EXPECTED <= set(IDS), f"expected {sorted(EXPECTED)} under operator/, runtime/ and images/, found {IDS}"
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=IDS)

@@ -69,6 +69,58 @@ def test_a_pod_that_cannot_start_fails_the_job_naming_the_image() -> None:
     assert "reward pod tiny-arith-reward-1" in failed.message and "nope:1" in failed.message
 
 
+def _reward_pod(status: dict, seccomp: str = "Localhost") -> dict:
+    return {"kind": "Pod", "metadata": {"name": "code-reward-1", "labels": {names.LABEL_ROLE: "reward"}},
+            "spec": {"containers": [{"name": "reward", "securityContext": {"seccompProfile": {
+                "type": seccomp, "localhostProfile": "rft/code-sandbox.json"}}}]},
+            "status": {"containerStatuses": [{"name": "reward", **status}]}}
+
+
+def _failed(pods) -> tuple[str, str]:
+    s = compute_status(make_job(), _observed([], pods))
+    assert s.phase == "Failed" and s.restarts == 0, s
+    c = next(c for c in s.conditions if c.type == "Failed")
+    return c.reason, c.message
+
+
+def test_a_reward_pod_whose_seccomp_profile_is_missing_fails_the_job_as_sandbox_unavailable() -> None:
+    """The kubelet cannot load the Localhost profile the builders name for the code sandbox: the
+    container stays in CreateContainerError; the job fails at once, naming the sandbox and the file."""
+    msg = ('failed to create containerd container: cannot load seccomp profile "/var/lib/kubelet/seccomp/rft/'
+           'code-sandbox.json": open /var/lib/kubelet/seccomp/rft/code-sandbox.json: no such file or directory')
+    reason, message = _failed([_reward_pod({"state": {"waiting": {"reason": "CreateContainerError", "message": msg}}})])
+    assert reason == "SandboxUnavailable"
+    assert "code-reward-1" in message and "code_sandbox" in message and "rft/code-sandbox.json" in message
+
+
+def test_a_reward_server_whose_isolation_probe_fails_fails_the_job_as_sandbox_unavailable() -> None:
+    """``rft reward`` exits 2 at start when the sandbox's isolation probe fails; in CrashLoopBackOff the
+    exit is the container's lastState. The job fails with the server's own message (never a retry loop)."""
+    why = "rft reward: code_sandbox: cannot isolate untrusted code here (no user/network/mount/pid namespace): x"
+    reason, message = _failed([_reward_pod({
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s restarting failed container"}},
+        "lastState": {"terminated": {"exitCode": 2, "reason": "Error", "message": f"log line\n{why}\n"}}})])
+    assert reason == "SandboxUnavailable" and why in message
+
+
+def test_a_reward_server_exiting_at_start_for_another_reason_cannot_start() -> None:
+    reason, message = _failed([_reward_pod({"state": {"terminated": {
+        "exitCode": 2, "reason": "Error", "message": "rft reward: evaluator.options.foo: unknown option\n"}}},
+        seccomp="RuntimeDefault")])
+    assert reason == "PodCannotStart" and "unknown option" in message
+
+
+def test_other_reward_exits_and_seccomp_errors_elsewhere_are_not_sandbox_failures() -> None:
+    """An OOM kill (137) is retried by the kubelet; a seccomp error in a pod with no Localhost profile is
+    a plain PodCannotStart."""
+    oom = _reward_pod({"state": {"running": {}}, "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}})
+    s = compute_status(make_job(), _observed([], [oom]))
+    assert s.phase != "Failed", s
+    reason, _ = _failed([_reward_pod({"state": {"waiting": {"reason": "CreateContainerError",
+                                                           "message": "seccomp: something"}}}, seccomp="RuntimeDefault")])
+    assert reason == "PodCannotStart"
+
+
 def test_an_edit_of_the_trainer_spec_recreates_the_same_attempt() -> None:
     before, after = make_job(), make_job(trainer={"algorithm": "grpo", "learningRate": 2e-3, "maxSteps": 40})
     old_hash = template_hash(before, BuildContext(), config_hash(before, BuildContext()))

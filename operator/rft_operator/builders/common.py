@@ -92,7 +92,7 @@ def field_env(name: str, field_path: str) -> Obj:
 
 # Servers in role pods listen on the pod's own address (`--host $(POD_IP)`, or RFT_BIND_HOST for the
 # runtime's servers), not 0.0.0.0: equivalent on a cluster, and each pod keeps its own address where
-# pods share a network stack (the e2e process harness gives each pod its own loopback address).
+# pods share a network stack (hostNetwork setups).
 BIND_HOST = "$(POD_IP)"
 
 

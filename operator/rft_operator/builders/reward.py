@@ -57,6 +57,9 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
         "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts],
         "readinessProbe": http_probe("/health", ctx.reward_port),
         "securityContext": _security_context(job),
+        # A server that exits at start (its evaluators cannot be built) says why in its last log
+        # lines; the operator fails the job with them (observe.observe_pod).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     sa = job.spec.service_account_name
     pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols],

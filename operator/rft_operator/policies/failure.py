@@ -22,7 +22,10 @@ foreground, so it exists until its pods are gone).
 Terminal errors fail the job at once, without consuming the budget (:func:`terminal_failure`): the
 trainer exited with the terminal status (``TrainerTerminalError``, with its last log lines), or a
 pod of any role cannot start (``PodCannotStart``: image pull errors, an invalid image name, a
-missing ConfigMap or Secret).
+missing ConfigMap or Secret, a reward server that exits at start because its evaluators cannot be
+built), or a reward pod cannot get the code sandbox's isolation (``SandboxUnavailable``: the node has
+no seccomp profile the pod names, or the server's isolation probe failed). Retrying any of them
+builds the same pod on the same node.
 
 An edit that changes the trainer Job's spec (immutable once created: its template carries the
 config hash) recreates the Job at a safe point: it is deleted in the foreground (the trainer gets
@@ -70,6 +73,12 @@ def terminal_failure(observed: Observed, restarts: int) -> Optional[Failure]:
     if t is not None and t.terminal_failure and not t.terminating and t.attempt >= restarts:
         why = "; ".join(observed.trainer_messages) or f"{t.reason}: {t.message}"
         return Failure("TrainerTerminalError", f"the trainer stopped with an error that a restart cannot fix: {why}")
+    sandbox = [p for p in observed.pod_problems if p.sandbox]
+    if sandbox:
+        p = sandbox[0]
+        return Failure("SandboxUnavailable",
+                       f"reward pod {p.pod} cannot isolate the code_sandbox evaluator's untrusted code "
+                       f"(container {p.container}: {p.reason}): {p.message}")
     if observed.pod_problems:
         p = observed.pod_problems[0]
         more = f" (and {len(observed.pod_problems) - 1} more)" if len(observed.pod_problems) > 1 else ""
