@@ -29,6 +29,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ import yaml
 
 from e2e.cluster import LocalCluster, free_port
 from e2e.node import LocalNode
+from rft_api.layout import JOB_TOKEN_SECRET_KEY
 from rft_operator import names
 from rft_operator.kube import Kube, KubeError
 from tests.polling import wait_for as poll
@@ -267,6 +269,21 @@ class JobDriver:
             if c.get("type") == ctype:
                 return c
         return {}
+
+    def job_token(self, name: str) -> str:
+        """The job's data-plane token (Secret ``<job>-token``, read with the test's admin identity):
+        the job's servers refuse a call without it."""
+        import base64
+
+        secret = self.api.get("Secret", self.namespace, names.token(name))
+        assert secret is not None, f"Secret {names.token(name)} does not exist"
+        return base64.b64decode(secret["data"][JOB_TOKEN_SECRET_KEY]).decode()
+
+    def get_json(self, name: str, url: str, timeout: float = 10) -> Any:
+        """GET ``url`` of one of the job's servers with its token (raises OSError when it does not answer)."""
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.job_token(name)}"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
 
     def progress(self, name: str) -> Obj:
         """The trainer's progress record (``<job>-progress``), ``{}`` before its first write."""

@@ -17,10 +17,8 @@ contiguous run of steps that starts right after the checkpoint it resumed from. 
 from __future__ import annotations
 
 import copy
-import json
 import re
 import time
-import urllib.request
 
 import pytest
 
@@ -176,11 +174,10 @@ def test_operator_killed_and_restarted_keeps_one_of_each_child(driver: JobDriver
 # -------------------------------------------------------------------------------------- inference
 
 
-def _policy_version(pod: dict, port: int = 8000) -> int | None:
-    url = f"http://{pod['status']['podIP']}:{port}/get_policy_version"
+def _policy_version(driver: JobDriver, name: str, pod: dict, port: int = 8000) -> int | None:
+    """The policy version the pod serves (None when it does not answer); with the job's token."""
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return int(json.loads(r.read())["policy_version"])
+        return int(driver.get_json(name, f"http://{pod['status']['podIP']}:{port}/get_policy_version")["policy_version"])
     except OSError:
         return None
 
@@ -207,7 +204,7 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     def agrees() -> int | None:
         """The version the new pod serves, once it equals the trainer's (read before and after it)."""
         before = driver.progress(name)["policyVersion"]
-        served = _policy_version(new)
+        served = _policy_version(driver, name, new)
         after = driver.progress(name)["policyVersion"]
         return served if before == after == served and served >= version_at_kill else None
     wait_for("the new inference pod to serve the trainer's current policy version", agrees, 120,
@@ -224,11 +221,11 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     assert re.search(r"retrying /v1/completions|releasing its lease", rollout_log), rollout_log[-3000:]
 
 
-def _adapter_versions(pod: dict, job: str) -> list[int] | None:
-    """The policy versions a vLLM pod serves as adapters ``<job>-v<N>`` (None when it does not answer)."""
+def _adapter_versions(driver: JobDriver, pod: dict, job: str) -> list[int] | None:
+    """The policy versions a vLLM pod serves as adapters ``<job>-v<N>`` (None when it does not answer);
+    vLLM requires the job's token (its ``--api-key``)."""
     try:
-        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/v1/models", timeout=5) as r:
-            ids = [m["id"] for m in json.loads(r.read())["data"]]
+        ids = [m["id"] for m in driver.get_json(job, f"http://{pod['status']['podIP']}:8000/v1/models", 5)["data"]]
     except OSError:
         return None
     return sorted(int(m.group(1)) for i in ids if (m := re.fullmatch(rf"{re.escape(job)}-v(\d+)", i)))
@@ -254,7 +251,7 @@ def test_vllm_pod_deleted_new_pod_gets_the_current_adapters(driver: JobDriver) -
         FINISH_S, on_timeout=lambda: driver.diagnostics(name))
 
     def restored() -> list[int] | None:
-        versions = _adapter_versions(new, name)
+        versions = _adapter_versions(driver, new, name)
         current = driver.progress(name)["policyVersion"]
         return versions if versions and versions[-1] >= max(current, version_at_kill) else None
     versions = wait_for("the new vLLM pod to serve the trainer's current adapter", restored, 120, interval=0.5,

@@ -17,6 +17,7 @@ import pytest
 
 from rft_operator import names
 from rft_operator.builders.common import RUN_AS
+from tests import metrics_text
 from tests.e2e.stack import EXAMPLES, JobDriver, _pod_ready, example_job, load_docs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
@@ -85,11 +86,10 @@ def test_tiny_arith_example_trains_to_succeeded(driver: JobDriver) -> None:
     assert progress.get("done") is True, json.dumps(progress)
 
 
-def _served_adapters(pod: dict) -> list[str] | None:
-    """The model ids vLLM lists at ``/v1/models`` (None when it does not answer)."""
+def _served_adapters(driver: JobDriver, job: str, pod: dict) -> list[str] | None:
+    """The model ids vLLM lists at ``/v1/models`` (None when it does not answer); with the job's token."""
     try:
-        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/v1/models", timeout=5) as r:
-            return [m["id"] for m in json.loads(r.read())["data"]]
+        return [m["id"] for m in driver.get_json(job, f"http://{pod['status']['podIP']}:8000/v1/models", 5)["data"]]
     except OSError:
         return None
 
@@ -115,7 +115,7 @@ def test_vllm_engine_with_lora_hot_loading(driver: JobDriver) -> None:
         pod = driver.ready_pod(job, "inference")
         if pod is not None:
             command = pod["spec"]["containers"][0]["command"]
-        if pod is not None and (models := _served_adapters(pod)) is not None:
+        if pod is not None and (models := _served_adapters(driver, job, pod)) is not None:
             seen.setdefault(pod["metadata"]["uid"], []).extend(m for m in models if m != job)
             assert len([m for m in models if m != job]) <= 2, f"more adapters than policy versions kept: {models}"
         time.sleep(0.5)
@@ -181,8 +181,8 @@ def _reward_samples_scored(pod: dict) -> float | None:
             text = r.read().decode()
     except OSError:
         return None
-    m = re.search(r"^rft_reward_samples_total (\S+)$", text, re.M)
-    return float(m.group(1)) if m else None
+    found = metrics_text.samples(text, "rft_reward_samples_total")
+    return found[0][1] if found else None
 
 
 def test_code_sandbox_evaluator_in_the_reward_role(driver: JobDriver) -> None:
