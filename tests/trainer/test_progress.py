@@ -6,7 +6,16 @@ import json
 
 import pytest
 
-from rft_api.progress import PROGRESS_KEY, Progress, ProgressCheckpoint, ProgressErrors, parse, parse_text
+from rft_api.progress import (
+    PROGRESS_KEY,
+    CurvePoint,
+    FinalModel,
+    Progress,
+    ProgressCheckpoint,
+    ProgressErrors,
+    parse,
+    parse_text,
+)
 from rft_runtime.progress import MAX_MESSAGE, ConfigMapProgressSink, FileProgressSink, clip_message, finite
 
 
@@ -14,9 +23,11 @@ def _full_record() -> Progress:
     return Progress(
         attempt=2, step=12, total_steps=30, policy_version=12, reward_mean=0.4, reward_std=0.2, eval_score=0.35,
         samples_scored=1536, errors=ProgressErrors(timeouts=1, runtime_errors=2, parse_errors=3, dropped_episodes=4,
-                                                   reissued_leases=5),
+                                                   reissued_leases=5, refused_episodes=6),
         checkpoints=[ProgressCheckpoint(step=10, path="/ckpt/step-000010", time="2025-01-01T00:00:00Z")], done=True,
-        message="finished", update_time="2025-01-01T00:01:00Z")
+        message="finished", update_time="2025-01-01T00:01:00Z",
+        reward_curve=[CurvePoint(step=11, mean=0.3, std=0.1), CurvePoint(step=12, mean=0.4, std=0.2)],
+        domain_rewards={"math": 0.4}, final_model=FinalModel(path="final", format="full"))
 
 
 def test_written_record_parses_back_field_for_field():
