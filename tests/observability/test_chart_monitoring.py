@@ -45,11 +45,13 @@ def test_monitors_scrape_the_operator_and_every_role_port_keeping_their_labels()
     assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] and sm["spec"]["endpoints"][0]["honorLabels"]
     assert pm["spec"]["selector"]["matchLabels"] == {names.LABEL_MANAGED_BY: names.MANAGED_BY}
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
-    # every port the builders give a role container is scraped (inference and reward "http", trainer "coordinator")
+    # the ports the builders give role containers that serve /metrics: inference and reward "http", trainer "coordinator"
     ports = set()
     for example in sorted(EXAMPLES.glob("*.yaml")):
         (doc,) = [d for d in yaml.safe_load_all(example.read_text()) if d and d.get("kind") == "RFTJob"]
         ports |= {p["name"] for o in desired_children(make_job(doc), BuildContext()) if o["kind"] in ("Deployment", "Job")
                   for c in o["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
-    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} == ports == {"http", "coordinator"}
+    # (the trainer's "rendezvous" port is torch.distributed's, not an HTTP server: not scraped)
+    scraped = {e["port"] for e in pm["spec"]["podMetricsEndpoints"]}
+    assert scraped == {"http", "coordinator"} and scraped <= ports and ports - scraped == {"rendezvous"}
     assert all(e["honorLabels"] for e in pm["spec"]["podMetricsEndpoints"])
