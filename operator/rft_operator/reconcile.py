@@ -93,11 +93,16 @@ def retained_for(obj: Obj, uid: Optional[str]) -> bool:
         (obj["metadata"].get("annotations") or {}).get(names.ANNOTATION_RETAINED_FOR) == uid
 
 
+def belongs_to(obj: Obj, uid: Optional[str]) -> bool:
+    """Whether ``obj`` is a child of the RFTJob with ``uid``: controlled by it, or its retained claim."""
+    return controlled_by(obj, uid) or retained_for(obj, uid)
+
+
 def owned_children(api: Kube, job_obj: Obj, kueue: bool = False) -> list[Obj]:
     """The job's children, listed: labelled as its, and controlled by this very RFTJob (uid)."""
     meta = job_obj["metadata"]
     return [obj for kind in child_kinds(kueue) for obj in api.list(kind, meta.get("namespace"), names.job_selector(meta["name"]))
-            if controlled_by(obj, meta.get("uid")) or retained_for(obj, meta.get("uid"))]
+            if belongs_to(obj, meta.get("uid"))]
 
 
 def job_pods(api: Kube, job_obj: Obj) -> list[Obj]:
@@ -328,7 +333,7 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
         outcome.skipped = "being deleted: the garbage collector removes the children"
         return outcome
     observed_objs = owned_children(api, job_obj, kueue) if children is None else \
-        [o for o in children if controlled_by(o, meta.get("uid")) or retained_for(o, meta.get("uid"))]
+        [o for o in children if belongs_to(o, meta.get("uid"))]
     outcome.current = {key_of(o): o for o in observed_objs}
     try:
         job = parse_job(job_obj)
