@@ -26,6 +26,18 @@ TMP_DIR = "/tmp"
 
 BUILTIN_PREFIX = "builtin:"
 
+# Where the trainer publishes each policy version (``v<N>/``) under the checkpoint root, with
+# ``current.json`` naming the version inference must serve; a builtin replica that starts loads it.
+WEIGHTS_SUBDIR = "weights"
+CURRENT_WEIGHTS_FILE = "current.json"
+"""``{"policy_version": N, "path": "v<N>"}`` in the published weights directory, written (atomically)
+once every discovered inference replica serves version N and before rollouts are granted it."""
+
+
+def published_weights_dir(checkpoints: str = CHECKPOINT_DIR) -> str:
+    """The directory of published policy versions under the checkpoint root ``checkpoints``."""
+    return f"{checkpoints.rstrip('/')}/{WEIGHTS_SUBDIR}"
+
 # The job's data-plane credential: every container of a job's pods gets it in this env var, from key
 # ``token`` of Secret ``<job>-token`` (secretKeyRef; the operator creates the Secret once per job). The
 # servers require it as ``Authorization: Bearer <token>``; the clients send it.

@@ -69,13 +69,17 @@ class Endpoints(_Model):
     """The trainer's coordinator, as rollout workers reach it."""
     reward: Optional[Url] = None
     """The reward role, when the job has one."""
+    inference_replicas: Optional[Url] = None
+    """Where the trainer finds every inference replica to publish each policy version to: a URL whose
+    host name resolves (DNS of a headless Service) to one address per ready replica, each served on
+    the URL's port. None: the ``inference`` URLs are the replicas."""
 
     @field_validator("inference")
     @classmethod
     def _inference_urls(cls, v: list[str]) -> list[str]:
         return [_http_url(u, "endpoints.inference[]") for u in v]
 
-    @field_validator("coordinator", "reward")
+    @field_validator("coordinator", "reward", "inference_replicas")
     @classmethod
     def _urls(cls, v: Optional[str]) -> Optional[str]:
         return None if v is None else _http_url(v, "endpoint")

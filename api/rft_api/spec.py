@@ -312,8 +312,8 @@ class RolloutSpec(ApiModel):
     """A task whose rendered prompt is longer is not sampled: its episodes carry a prompt_too_long error."""
     max_turns: int = Field(1, ge=1, le=256)
     """Maximum assistant turns per conversation (multi-turn bundles); the episode ends there with termination reason max_turns."""
-    replicas: int = Field(1, ge=0, le=256)
-    """Rollout pods."""
+    replicas: int = Field(1, ge=1, le=256)
+    """Rollout pods (at least one: the job needs them; ``suspend`` stops every pod)."""
     concurrency: int = Field(32, ge=1, le=4096)
     """Concurrent requests per rollout pod."""
     max_staleness: int = Field(0, ge=0, le=64)
@@ -336,8 +336,9 @@ class InferenceSpec(ApiModel):
     """builtin (our torch server) or vllm."""
     image: Optional[Image] = None
     """Engine image; defaults to the runtime image for builtin and an upstream image otherwise."""
-    replicas: int = Field(1, ge=0, le=256)
-    """Inference pods."""
+    replicas: int = Field(1, ge=1, le=256)
+    """Inference pods (at least one; ``suspend`` stops every pod). Each policy version is published to
+    every ready replica before rollouts are granted it; a replica that starts loads the current one."""
     resources: Optional[Resources] = None
     """Resources of each inference pod."""
     extra_args: list[Arg] = Field(default_factory=list, max_length=64)

@@ -1,7 +1,7 @@
 """Deterministic names and labels of an RFTJob's children.
 
 Every child name is ``<job>-<suffix>``; job names are at most 40 characters (``rft_api.job``), so the
-longest child name (``<job>-checkpoints``) is 52 characters: a valid DNS-1035 label (Services need
+longest child name (``<job>-inference-pods``) is 55 characters: a valid DNS-1035 label (Services need
 that) and short enough for the controllers' generated pod names.
 """
 from __future__ import annotations
@@ -65,6 +65,12 @@ def inference(job: str) -> str:
     return f"{job}-inference"
 
 
+def inference_pods(job: str) -> str:
+    """Headless Service (no cluster IP, ready pods only) whose DNS name resolves to the address of every
+    ready inference replica: how the trainer publishes each policy version to all of them."""
+    return f"{job}-inference-pods"
+
+
 def reward(job: str) -> str:
     """Reward Deployment and Service."""
     return f"{job}-reward"
@@ -97,7 +103,7 @@ def workload(job: str, uid: str) -> str:
 
 def all_names(job: str) -> list[str]:
     """Every child name of a job (used by the name-length test)."""
-    return [config(job), progress(job), inference(job), reward(job), rollout(job), trainer(job),
+    return [config(job), progress(job), inference(job), inference_pods(job), reward(job), rollout(job), trainer(job),
             checkpoints(job), token(job)]
 
 

@@ -221,6 +221,58 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     assert re.search(r"retrying /v1/completions|releasing its lease", rollout_log), rollout_log[-3000:]
 
 
+def _ready_pods(driver: JobDriver, name: str, role: str) -> list[dict]:
+    return [p for p in driver.pods(name, role)
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions", []))]
+
+
+def test_one_of_three_inference_replicas_deleted_every_replica_serves_each_version(driver: JobDriver) -> None:
+    """``inference.replicas: 3``: the trainer publishes each policy version to every ready replica (the
+    headless ``<job>-inference-pods`` Service) before granting it, so at every step all three serve
+    the trainer's version. One replica is deleted mid-run: the publication in flight skips it, its
+    replacement loads the current version (``current.json``) before it turns Ready, and the job
+    Succeeds on-policy with every step trained once."""
+    name, steps = "replicas", 10
+    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, inference={"replicas": 3},
+                                rollout={"promptsPerStep": 8}))
+    trainer_logs = driver.keep_logs(name, "trainer")
+    driver.wait_step(name, 2, START_S)
+
+    def all_serve_current(exclude: str = "") -> list[str] | None:
+        """The names of the three ready replicas once each serves the trainer's version (read around them)."""
+        pods = [p for p in _ready_pods(driver, name, "inference") if p["metadata"]["name"] != exclude]
+        if len(pods) != 3:
+            return None
+        before = driver.progress(name)["policyVersion"]
+        served = [_policy_version(driver, name, p) for p in pods]
+        after = driver.progress(name)["policyVersion"]
+        return [p["metadata"]["name"] for p in pods] if before == after and served == [before] * 3 else None
+    first = wait_for("three ready replicas serving the trainer's version", all_serve_current, 120, interval=0.2,
+                     on_timeout=lambda: driver.diagnostics(name))
+    step = driver.progress(name)["step"]
+    wait_for("the next step", lambda: driver.progress(name)["step"] > step, 60, interval=0.1)
+    victim = next(p for p in _ready_pods(driver, name, "inference") if p["metadata"]["name"] == first[0])
+    driver.delete_pod(victim, wait=False)
+    assert driver.progress(name)["step"] < steps, "the job ended before the fault"
+
+    later = wait_for("a replacement replica, and all three serving the trainer's version",
+                     lambda: all_serve_current(exclude=first[0]), FINISH_S, interval=0.5,
+                     on_timeout=lambda: driver.diagnostics(name))
+    assert first[0] not in later and len(set(later) - set(first)) == 1, (first, later)
+
+    st = driver.wait_phase(name, "Succeeded", FINISH_S)
+    assert_finished(st, steps)
+    assert st["restarts"] == 0, "the trainer did not fail"
+    rows = driver.metrics_rows(name)
+    assert_every_step_once(driver, name, steps)
+    # on-policy: every sample trained on was sampled from the version it was granted
+    assert all(r.get("staleness_max", 0) == 0 for r in rows), [r.get("staleness_max") for r in rows]
+    (log,) = trainer_attempt_logs(trainer_logs)
+    served = [int(n) for n in re.findall(r"policy version \d+ served by (\d+) inference replica", log)]
+    assert len(served) == steps + 1, log[-3000:]  # version 0 at start, then one per step
+    assert served[0] == 3 and served[-1] == 3 and max(served) == 3, served
+
+
 def _adapter_versions(driver: JobDriver, pod: dict, job: str) -> list[int] | None:
     """The policy versions a vLLM pod serves as adapters ``<job>-v<N>`` (None when it does not answer);
     vLLM requires the job's token (its ``--api-key``)."""

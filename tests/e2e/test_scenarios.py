@@ -246,13 +246,13 @@ def test_rollout_pod_runs_as_the_builders_uid_from_the_runtime_image(driver: Job
 
 
 @pytest.mark.timeout(2400)
-def test_model_from_volume_example(driver: JobDriver) -> None:
-    """``examples/05-model-from-volume.yaml``: a Job writes a Hugging Face-format tiny model into a claim
-    (``rft make-tiny-model``); the RFTJob names it (not ``builtin:*``); inference, rollout and trainer
-    read it from the claim, and the job reaches Succeeded."""
-    docs = load_docs(EXAMPLES / "05-model-from-volume.yaml")
+def _model_volume_example(driver: JobDriver, example: str, model_job: str) -> tuple[str, dict, list[dict]]:
+    """Apply an example whose first documents make a model on a claim (a Job running ``rft
+    make-tiny-model``), wait for that Job, then apply its RFTJob and wait for Succeeded. Returns the
+    job's name, its status and its metrics rows."""
+    docs = load_docs(EXAMPLES / example)
     driver.apply_docs([d for d in docs if d["kind"] != "RFTJob"])
-    made = driver.kubectl("wait", "--for=condition=Complete", "job/make-tiny-model", "--timeout=900s",
+    made = driver.kubectl("wait", "--for=condition=Complete", f"job/{model_job}", "--timeout=900s",
                           timeout=960, check=False)
     assert made.returncode == 0, f"the model Job did not complete: {made.stderr}\n{driver.diagnostics()}"
     (job_doc,) = [d for d in docs if d["kind"] == "RFTJob"]
@@ -265,3 +265,28 @@ def test_model_from_volume_example(driver: JobDriver) -> None:
     assert st["phase"] == "Succeeded" and st["step"] == job_doc["spec"]["trainer"]["maxSteps"], st
     rows = driver.metrics_rows(job)
     assert [r["step"] for r in rows] == list(range(1, st["step"] + 1))
+    return job, st, rows
+
+
+def test_model_from_volume_example(driver: JobDriver) -> None:
+    """``examples/05-model-from-volume.yaml``: a Job writes a Hugging Face-format tiny model into a claim
+    (``rft make-tiny-model``); the RFTJob names it (not ``builtin:*``); inference, rollout and trainer
+    read it from the claim, and the job reaches Succeeded."""
+    _model_volume_example(driver, "05-model-from-volume.yaml", "make-tiny-model")
+
+
+@pytest.mark.timeout(1800)
+def test_scale_out_example(driver: JobDriver) -> None:
+    """``examples/06-scale-out.yaml``: two trainer pods in one process group, two inference replicas
+    and two rollout pods on a model from a volume reach Succeeded; both trainer ranks trained every
+    step, and the trainer published every policy version to both inference replicas."""
+    keeper = driver.keep_logs("scale-out", "trainer")
+    job, st, rows = _model_volume_example(driver, "06-scale-out.yaml", "make-scale-out-model")
+    assert all(r.get("staleness_max", 0) == 0 for r in rows), rows
+    logs = keeper.logs("trainer")
+    assert len(logs) == 2, f"one log per trainer pod (rank), got {len(logs)}"
+    rank0 = next(log for log in logs if "served by" in log)
+    served = [int(n) for n in re.findall(r"policy version \d+ served by (\d+) inference replica", rank0)]
+    assert served and served[-1] == 2 and len(served) == st["step"] + 1, served
+    joined = sorted(int(m) for log in logs for m in re.findall(r"rank (\d+) of world size 2 joined", log))
+    assert joined == [0, 1], [log[-2000:] for log in logs]

@@ -281,11 +281,27 @@ def test_builtin_inference(tiny_job) -> None:
     assert dep["spec"]["strategy"] == {"type": "Recreate"} and dep["spec"]["replicas"] == 1
     ctr = dep["spec"]["template"]["spec"]["containers"][0]
     assert ctr["command"] == ["rft", "serve", "--model", "builtin:tiny", "--host", "$(POD_IP)", "--port", "8000",
-                              "--served-model-name", "tiny-arith", "--dtype", "auto"]
+                              "--served-model-name", "tiny-arith", "--dtype", "auto",
+                              "--weights-dir", f"{CHECKPOINT_DIR}/weights"]
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
     assert {"name": "checkpoints", "mountPath": CHECKPOINT_DIR, "readOnly": True} in ctr["volumeMounts"]
     svc = c[("Service", "tiny-arith-inference")]
     assert svc["spec"]["ports"][0]["port"] == 8000 and svc["spec"]["type"] == "ClusterIP"
+    # without weight sync, a replica that starts has nothing to load
+    off = children(make_job(inference={"weightSync": "none"}))[("Deployment", "tiny-arith-inference")]
+    assert "--weights-dir" not in off["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+def test_every_ready_inference_replica_is_found_through_a_headless_service(tiny_job) -> None:
+    """The trainer publishes to each address of ``<job>-inference-pods`` (ready pods only)."""
+    c = children(make_job(inference={"replicas": 3}))
+    pods = c[("Service", names.inference_pods("tiny-arith"))]["spec"]
+    svc = c[("Service", names.inference("tiny-arith"))]["spec"]
+    assert pods["clusterIP"] == "None" and pods["publishNotReadyAddresses"] is False
+    assert pods["selector"] == svc["selector"] and pods["ports"] == svc["ports"]
+    cfg = json.loads(c[("ConfigMap", "tiny-arith-config")]["data"]["config.json"])
+    assert cfg["endpoints"]["inferenceReplicas"] == "http://tiny-arith-inference-pods.default.svc:8000"
+    assert cfg["endpoints"]["inference"] == ["http://tiny-arith-inference.default.svc:8000"]
 
 
 def test_vllm_gets_an_exported_builtin_model() -> None:

@@ -50,6 +50,28 @@ async def test_policy_version_from_header(replay):
     assert s.policy_version == 12
 
 
+async def test_a_replica_behind_the_granted_version_is_retried_until_it_catches_up(replay):
+    """A replica serving an older policy version than the task was granted (restarted, or not yet
+    given the newest version; -1: nothing published) is never recorded: the request is retried."""
+    server, url = replay
+    server.policy_version = -1
+    async with client(url, retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)) as c:
+        with pytest.raises(InferenceUnavailableError, match="serves policy version -1, the task was granted 4"):
+            await c.complete(PROMPT, 1, SAMPLING, policy_version=4)
+        assert c.stats["replica_behind"] == 3
+    server.policy_version = 3
+    patient = RetryPolicy(max_attempts=1000, initial_backoff_s=0.01, max_backoff_s=0.02, deadline_s=60)
+    async with client(url, retry=patient) as c:
+        async def catch_up() -> None:
+            while c.stats["replica_behind"] < 2:  # the trainer brings the replica up to date meanwhile
+                await asyncio.sleep(0.005)
+            server.policy_version = 4
+        task = asyncio.create_task(catch_up())
+        [s] = await c.complete(PROMPT, 1, SAMPLING, policy_version=4)
+        await task
+    assert s.policy_version == 4 and c.stats["replica_behind"] >= 2
+
+
 async def test_retries_429_503_drop_and_abort_then_succeeds(replay):
     server, url = replay
     server.faults = [429, (503, 0), "drop", "abort", 500]

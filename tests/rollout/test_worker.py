@@ -39,7 +39,8 @@ async def test_default_single_turn_path(real_server, chat_tokenizer):
         seen.append(sample)
         return 1.0 if item.ground_truth in sample["text"] else 0.25
 
-    eps = await worker(real_server, chat_tokenizer, scorer=scorer).rollout_task(TASK, 4, SAMPLING, policy_version=9)
+    # granted version 2: both engines serve a newer one (a replica behind the grant would be retried)
+    eps = await worker(real_server, chat_tokenizer, scorer=scorer).rollout_task(TASK, 4, SAMPLING, policy_version=2)
     assert [e.id for e in eps] == [f"t7:{i}" for i in range(4)]
     prompt = chat_tokenizer.encode_chat(TASK.chat_messages())
     for i, ep in enumerate(eps):
@@ -52,7 +53,7 @@ async def test_default_single_turn_path(real_server, chat_tokenizer):
         assert step.truncated == (step.finish_reason == "length") and ep.termination_reason == step.finish_reason
         assert step.metadata["seed"] == 3 + i and step.messages == TASK.chat_messages()
         assert step.policy_version in (3, 5)  # reported by the engine (test engine 3, builtin server 5)
-        assert ep.metadata == {"domain": "math", "policy_version": 9}
+        assert ep.metadata == {"domain": "math", "policy_version": 2}
         assert ep.metrics["num_samples"] == 1.0
         assert Episode.model_validate_json(json.dumps(episode_json(ep))) == ep  # JSON round trip
     assert sorted(s.id for s in seen) == [e.id for e in eps]

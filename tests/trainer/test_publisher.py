@@ -62,7 +62,7 @@ def test_lora_adapter_only_publication(server, tiny_model, groups, tmp_path):
     ids2, lps2 = sample(server, "m")
     assert lps2 != lps0
     torch.testing.assert_close(torch.tensor(lps2), torch.tensor(local_logprobs(model, ids2)), rtol=0, atol=1e-4)
-    assert [p.name for p in sorted((tmp_path / "weights").iterdir())] == ["v1", "v2"]
+    assert [p.name for p in sorted((tmp_path / "weights").iterdir())] == ["current.json", "v1", "v2"]
 
 
 def test_refused_weights_fail_with_the_servers_message(server, tmp_path):

@@ -97,6 +97,7 @@ def stateful_children(job: RFTJob, ctx: BuildContext) -> list[Obj]:
     if pvc is not None:
         out.append(pvc)
     out.append(inference.service_for(job, ctx))
+    out.append(inference.pods_service_for(job, ctx))
     if reward_required(job.spec):
         out.append(reward.service_for(job, ctx))
     out.append(trainer.service_for(job, ctx))

@@ -209,15 +209,16 @@ def http_probe(path: str, port: int, period: int = 5, failures: int = 3) -> Obj:
 
 
 def service(job: RFTJob, name: str, role: str, port: int, port_name: str, *, headless: bool = False,
-            extra_selector: Optional[dict[str, str]] = None) -> Obj:
-    """A Service selecting a role's pods."""
+            not_ready: bool = True, extra_selector: Optional[dict[str, str]] = None) -> Obj:
+    """A Service selecting a role's pods. ``headless``: no cluster IP, its DNS name resolves to the pods'
+    own addresses (``not_ready``: also of pods that are not Ready)."""
     spec: Obj = {
         "selector": {**names.selector(job.name, role), **(extra_selector or {})},
         "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
     }
     if headless:
         spec["clusterIP"] = "None"
-        spec["publishNotReadyAddresses"] = True
+        spec["publishNotReadyAddresses"] = not_ready
     else:
         spec["type"] = "ClusterIP"
     return {"apiVersion": "v1", "kind": "Service", "metadata": metadata(job, name, role), "spec": spec}

@@ -27,6 +27,7 @@ def runtime_config(job: RFTJob, ctx: BuildContext) -> runtime.RuntimeConfig:
         job,
         endpoints=runtime.Endpoints(
             inference=[service_url(job, names.inference(job.name), spec.inference.port)],
+            inference_replicas=service_url(job, names.inference_pods(job.name), spec.inference.port),
             served_model_name=job.name,
             reward=service_url(job, names.reward(job.name), ctx.reward_port) if remote else None,
             coordinator=service_url(job, names.trainer(job.name), ctx.coordinator_port),

@@ -2,7 +2,10 @@
 
 Every engine serves the policy under the job's name (``--served-model-name <job>``), on
 ``spec.inference.port``, with ``/health`` as readiness probe, and mounts the checkpoint claim
-read-only at ``/checkpoints`` to load the weights the trainer publishes there.
+read-only at ``/checkpoints`` to load the weights the trainer publishes there. Two Services: the
+ClusterIP one rollouts send requests to, and the headless ``<job>-inference-pods`` that resolves to
+every ready replica (the trainer publishes each version to each of them). A builtin replica that
+starts loads the current policy version (``--weights-dir``) before it answers ``/health``.
 
 - builtin: ``rft serve`` in the runtime image with the spec's ``model.dtype`` and
   ``inference.maxModelLen`` (weight reload: ``/update_weights_from_disk``).
@@ -24,7 +27,15 @@ from typing import Any
 
 from rft_api.constants import DEFAULT_VLLM_IMAGE, VLLM_LORA_RANKS
 from rft_api.job import RFTJob
-from rft_api.layout import CHAT_TEMPLATE_KEY, CONFIG_DIR, exported_model_path, model_path, tokenizer_path
+from rft_api.layout import (
+    CHAT_TEMPLATE_KEY,
+    CHECKPOINT_DIR,
+    CONFIG_DIR,
+    exported_model_path,
+    model_path,
+    published_weights_dir,
+    tokenizer_path,
+)
 
 from .. import names
 from .common import (
@@ -75,6 +86,8 @@ def command(job: RFTJob) -> list[str]:
                "--served-model-name", job.name, "--dtype", spec.model.dtype]
         if inf.max_model_len is not None:
             cmd += ["--max-model-len", str(inf.max_model_len)]
+        if inf.weight_sync != "none":
+            cmd += ["--weights-dir", published_weights_dir(CHECKPOINT_DIR)]
     elif inf.engine == "vllm":
         cmd = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", exported_model_path(spec),
                "--served-model-name", job.name, "--host", BIND_HOST, "--port", port,
@@ -149,5 +162,13 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
 
 
 def service_for(job: RFTJob, ctx: BuildContext) -> Obj:
-    """The inference Service (``http://<job>-inference.<ns>.svc:<port>``)."""
+    """The inference Service (``http://<job>-inference.<ns>.svc:<port>``): rollouts' requests, spread
+    over the ready replicas."""
     return service(job, names.inference(job.name), ROLE, job.spec.inference.port, "http")
+
+
+def pods_service_for(job: RFTJob, ctx: BuildContext) -> Obj:
+    """The headless Service ``<job>-inference-pods`` (ready pods only): its DNS name resolves to every
+    ready inference replica, to which the trainer publishes each policy version (docs/scale-out.md)."""
+    return service(job, names.inference_pods(job.name), ROLE, job.spec.inference.port, "http",
+                   headless=True, not_ready=False)

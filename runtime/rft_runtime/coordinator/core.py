@@ -472,7 +472,7 @@ class Coordinator:
             self._seen.popitem(last=False)
 
     def _fresh(self, version: int) -> bool:
-        return 0 <= self._version - version <= self.cfg.max_staleness
+        return version >= 0 and 0 <= self._version - version <= self.cfg.max_staleness
 
     @staticmethod
     def _prompt_mismatch(rec: TaskRecord, ep: Episode) -> str | None:

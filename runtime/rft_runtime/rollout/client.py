@@ -5,7 +5,9 @@ n samples per prompt are n parallel single-sample requests, each with its own se
 so a retry cannot change which sample a slot holds, and one slow or failed replica never costs the
 other samples. Retries: 425, 429, 5xx, connection errors and engine aborts, with capped exponential
 backoff and jitter, at most `retry.max_attempts` attempts within `retry.deadline_s`; any other 4xx
-raises `InferenceHTTPError` at once with the server's message. The concurrency limit counts HTTP
+raises `InferenceHTTPError` at once with the server's message. An answer from a replica serving an
+older policy version than the one the task was granted (`ReplicaBehind`: it restarted, or has not taken
+the newest version yet) is discarded and retried like an abort. The concurrency limit counts HTTP
 requests in flight (a request waiting out its backoff holds no slot). Replicas are used round-robin,
 so a retry normally lands on another replica.
 
@@ -32,7 +34,7 @@ from .. import auth
 from ..adapters import adapter_name
 from ..types import Sample
 from .concurrency import run_all
-from .errors import InferenceHTTPError, InferenceUnavailableError, SampleAborted, TokenContractError
+from .errors import InferenceHTTPError, InferenceUnavailableError, ReplicaBehind, SampleAborted, TokenContractError
 from .response import parse_completions
 from .retry import RetryPolicy, is_retryable_status, parse_retry_after
 from .sampling import SamplingParams, check_ids
@@ -79,7 +81,7 @@ class InferenceClient:
         headers = auth.client_headers(api_key)  # api_key, else the job's token ($RFT_JOB_TOKEN)
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
         self._http = httpx.AsyncClient(headers=headers, limits=limits, transport=transport, timeout=None)
-        self.stats = {"requests": 0, "retries": 0, "failures": 0}
+        self.stats = {"requests": 0, "retries": 0, "failures": 0, "replica_behind": 0}
 
     async def __aenter__(self) -> "InferenceClient":
         return self
@@ -135,7 +137,7 @@ class InferenceClient:
         def parse(resp_body: Any, headers: Mapping[str, str], url: str) -> Sample:
             if self.adapter_versions and isinstance(resp_body, dict) and resp_body.get("model") != model:
                 raise TokenContractError(f"{url}: asked for model {model!r}, the answer names {resp_body.get('model')!r}")
-            return parse_completions(
+            sample = parse_completions(
                 resp_body,
                 headers,
                 prompt_ids=prompt_ids,
@@ -146,6 +148,11 @@ class InferenceClient:
                 server=url,
                 require_prompt_echo=self.require_prompt_echo,
             )[0]
+            served = sample.policy_version
+            if policy_version is not None and served is not None and served < policy_version:
+                self.stats["replica_behind"] += 1
+                raise ReplicaBehind(f"{url} serves policy version {served}, the task was granted {policy_version}")
+            return sample
 
         return await self.post_json("/v1/completions", body, parse)
 

@@ -53,6 +53,12 @@ class SampleAborted(RolloutInfraError):
     """The engine aborted the sample (finish_reason "abort"); the request is retried."""
 
 
+class ReplicaBehind(SampleAborted):
+    """The replica that answered serves an older policy version than the one the task was granted
+    (it restarted, or has not taken the newest version yet): the sample is discarded and the request
+    retried, by when the trainer has brought that replica (or another answers) to the version."""
+
+
 class ChatTemplateError(RolloutError):
     """The chat template cannot be extended by appending token ids (it is not prefix-stable)."""
 

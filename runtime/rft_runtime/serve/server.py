@@ -8,13 +8,17 @@ start on a cluster.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from rft_api.layout import CURRENT_WEIGHTS_FILE
 
 from .. import auth
 from .engine import Engine
@@ -26,6 +30,10 @@ from .routes import VERSION_HEADER, ServeRoutes, max_body_bytes
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+UNPUBLISHED = -1
+"""The policy version ``rft serve --weights-dir`` reports until it serves a published one: never a
+version the trainer grants, so its samples are refused and the trainer loads the current version."""
 
 
 def _error_middleware(metrics: ServeMetrics, engine: Engine):
@@ -54,12 +62,40 @@ def _error_middleware(metrics: ServeMetrics, engine: Engine):
     return middleware
 
 
+def current_published(weights_dir: str | Path) -> tuple[int, Path] | None:
+    """The policy version the trainer last published to every replica and its weights directory
+    (``current.json`` in ``weights_dir``, see :data:`rft_api.layout.CURRENT_WEIGHTS_FILE`); None when
+    nothing usable is published yet (no file, or its directory pruned by a trainer that resumed)."""
+    root = Path(weights_dir)
+    try:
+        data = json.loads((root / CURRENT_WEIGHTS_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s/%s is unreadable (%s): serving the initial weights", root, CURRENT_WEIGHTS_FILE, exc)
+        return None
+    version, rel = (data.get("policy_version"), data.get("path")) if isinstance(data, dict) else (None, None)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0 or not isinstance(rel, str) \
+            or "/" in rel or rel in ("", ".", ".."):
+        log.warning("%s/%s does not name a policy version and its directory: %r", root, CURRENT_WEIGHTS_FILE, data)
+        return None
+    path = root / rel
+    if not path.is_dir():
+        log.warning("policy version %d is published at %s, which is gone: serving the initial weights", version, path)
+        return None
+    return version, path
+
+
 def create_app(engine: Engine, served_model_name: str, *, health_timeout: float = 10.0,
-               stop_engine_on_cleanup: bool = False, token: str | None = None, **limits: Any) -> web.Application:
+               stop_engine_on_cleanup: bool = False, token: str | None = None,
+               weights_dir: str | Path | None = None, **limits: Any) -> web.Application:
     """The aiohttp application serving ``engine`` as ``served_model_name``.
 
     The engine thread starts with the app; it stops with the app only if ``stop_engine_on_cleanup``.
     ``token``: the job token every route but ``/health`` and ``/metrics`` requires (None: open).
+    ``weights_dir``: where the trainer publishes policy versions; the version it last published to
+    every replica (:func:`current_published`) is loaded before the server accepts a connection, so
+    a replica that starts or restarts is Ready only once it serves the current policy.
     ``limits`` go to :class:`ServeRoutes` (``trust_request_chat_template``, ``render_timeout_s``,
     ``max_request_tokens``); the body cap is :func:`~.routes.max_body_bytes`.
     """
@@ -71,6 +107,12 @@ def create_app(engine: Engine, served_model_name: str, *, health_timeout: float 
 
     async def on_startup(_app: web.Application) -> None:
         engine.start()
+        current = current_published(weights_dir) if weights_dir is not None else None
+        if current is not None:
+            version, path = current
+            loaded, kind = await engine.load_weights(str(path), version)
+            metrics.policy_version.set(loaded)
+            log.info("loaded the current policy version %d (%s weights) from %s", loaded, kind, path)
 
     async def on_cleanup(_app: web.Application) -> None:
         if stop_engine_on_cleanup:
@@ -95,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
     p.add_argument("--policy-version", type=int, default=0, help="policy version of the initial weights")
+    p.add_argument("--weights-dir", default=None,
+                   help="where a trainer publishes policy versions: load the current one before serving "
+                        "(until one is loaded, the initial weights report policy version -1)")
     p.add_argument("--engine-process", action="store_true",
                    help="run the engine in its own process (the HTTP front end keeps only the tokenizer)")
     p.add_argument("--health-timeout", type=float, default=10.0, help="seconds /health waits for a token")
@@ -123,21 +168,25 @@ def main(argv: list[str] | None = None) -> int:
 
         args.served_model_name = args.served_model_name or args.model
         args.model = str(resolve_builtin_model(args.model))
+    # With a trainer publishing: the initial weights are no policy version until the current one is
+    # loaded (at startup, or by the trainer), so a replica never passes its initial weights off as a
+    # version the trainer published (they may differ: a warm start).
+    initial_version = UNPUBLISHED if args.weights_dir else args.policy_version
     if args.engine_process:
         from .procengine import ProcessEngine, served_model
 
         lm = served_model(args.model, args.max_model_len)
-        engine = ProcessEngine(lm, args.model, max_batch_size=args.max_batch_size, policy_version=args.policy_version,
+        engine = ProcessEngine(lm, args.model, max_batch_size=args.max_batch_size, policy_version=initial_version,
                                threads=args.threads, load_kwargs={"dtype": args.dtype, "device": args.device,
                                                                   "max_model_len": args.max_model_len})
         device, dtype = args.device, args.dtype
     else:
         lm = load_model(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
-        engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=args.policy_version)
+        engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=initial_version)
         device, dtype = lm.device, lm.dtype
     name = args.served_model_name or args.model
     app = create_app(engine, name, health_timeout=args.health_timeout, stop_engine_on_cleanup=True, token=token,
-                     trust_request_chat_template=args.trust_request_chat_template)
+                     weights_dir=args.weights_dir, trust_request_chat_template=args.trust_request_chat_template)
     log.info("serving %s as %r on %s:%d (device %s, dtype %s, max_model_len %d, max_batch_size %d)",
              args.model, name, args.host, args.port, device, dtype, lm.max_model_len, args.max_batch_size)
     # handler_cancellation: a client that disconnects cancels its request, freeing its batch rows

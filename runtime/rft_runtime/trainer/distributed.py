@@ -16,12 +16,15 @@ On the CPU everything is float32.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 NODE_ENV = "JOB_COMPLETION_INDEX"
 """The node (pod) index: set by Kubernetes in every pod of an Indexed Job."""
@@ -96,6 +99,8 @@ def ensure_group(ctx: DistContext) -> None:
     else:
         dist.init_process_group(ctx.backend, init_method=f"tcp://{ctx.master_address}:{ctx.port}",
                                 rank=ctx.rank, world_size=ctx.world_size, timeout=timeout, **kw)
+    log.info("rank %d of world size %d joined the process group (%s, device %s)", ctx.rank, ctx.world_size,
+             ctx.backend, ctx.device)
 
 
 def leave_group() -> None:

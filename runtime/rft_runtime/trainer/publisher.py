@@ -2,17 +2,22 @@
 
 :meth:`WeightPublisher.publish` saves the policy to ``<checkpoints>/weights/v<version>`` —
 safetensors of the whole model, or of the LoRA adapter only — written to a temporary directory
-and renamed, then makes every inference endpoint load it through the engine's reload protocol
-(:mod:`.reload`: ``/update_weights_from_disk`` for the builtin server, a named LoRA adapter per
-version for vLLM), and verifies that each endpoint reports the new version. Failures are retried
-with backoff (425/429/5xx, connection errors) until a deadline; a server that refuses the weights
-(4xx) fails the publication with its message. Only the newest ``keep`` versions stay: older weight
-directories are pruned, and an adapter engine unloads their adapters (``keep`` covers the versions
-that bounded-staleness rollouts may still request).
+and renamed, then makes every inference replica (:class:`.replicas.InferenceReplicas`: each ready
+pod of the inference Deployment) load it through the engine's reload protocol (:mod:`.reload`:
+``/update_weights_from_disk`` for the builtin server, a named LoRA adapter per version for vLLM), and
+verifies that each reports the new version; only then is ``current.json`` (the version a replica
+that starts loads, :data:`rft_api.layout.CURRENT_WEIGHTS_FILE`) pointed at it, and only then does the
+trainer grant the version to rollouts. Failures are retried with backoff (425/429/5xx, connection
+errors) until a deadline; a replica that stops answering and is no longer listed (its pod deleted,
+or no longer Ready) is skipped; a server that refuses the weights (4xx) fails the publication with
+its message. Only the newest ``keep`` versions stay: older weight directories are pruned, and an
+adapter engine unloads their adapters (``keep`` covers the versions that bounded-staleness rollouts
+may still request).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -24,12 +29,19 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
+from rft_api.layout import CURRENT_WEIGHTS_FILE
+
 from .. import auth
 from .checkpoint import fsync_tree
 from .reload import DiskReload, PublishError, ReloadProtocol
+from .replicas import InferenceReplicas
 
 log = logging.getLogger(__name__)
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+class ReplicaGone(PublishError):
+    """A replica stopped answering and is no longer listed among the replicas."""
 
 
 def save_policy_weights(model: Any, out_dir: Path, tokenizer: Any = None,
@@ -51,12 +63,12 @@ def save_policy_weights(model: Any, out_dir: Path, tokenizer: Any = None,
 class WeightPublisher:
     """Saves weights and makes every inference endpoint load them."""
 
-    def __init__(self, root: str | Path, endpoints: Sequence[str], *, keep: int = 2,
+    def __init__(self, root: str | Path, endpoints: Sequence[str] | InferenceReplicas, *, keep: int = 2,
                  deadline_s: float = 600.0, attempt_timeout_s: float = 300.0,
                  protocol: ReloadProtocol | None = None) -> None:
         self.root = Path(root)
         self.protocol: ReloadProtocol = protocol or DiskReload()
-        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.replicas = endpoints if isinstance(endpoints, InferenceReplicas) else InferenceReplicas(endpoints)
         self.keep = max(1, keep)
         self.deadline_s = deadline_s
         self.attempt_timeout_s = attempt_timeout_s
@@ -86,17 +98,39 @@ class WeightPublisher:
         self.prune(version)
         return path
 
-    def load(self, path: Path, version: int) -> None:
-        """POST the reload to every endpoint and verify the reported policy version."""
+    @property
+    def endpoints(self) -> list[str]:
+        """The inference replicas as of now."""
+        return self.replicas.urls()
+
+    def load(self, path: Path, version: int) -> list[str]:
+        """Load ``version`` into every replica and verify the policy version each reports (a replica
+        that went away meanwhile is skipped), then point ``current.json`` at it. Returns the replicas
+        that serve it."""
+        served = []
         for url in self.endpoints:
-            self.load_endpoint(url, path, version)
+            try:
+                self.load_endpoint(url, path, version)
+            except ReplicaGone as e:
+                log.warning("policy version %d not loaded into %s: %s", version, url, e)
+                continue
+            served.append(url)
+        self.write_current(version, path)
+        log.info("policy version %d served by %d inference replica(s): %s", version, len(served), ", ".join(served))
+        return served
+
+    def write_current(self, version: int, path: Path) -> None:
+        """Point ``current.json`` at ``version`` (atomically), for replicas that start later."""
+        tmp = self.root / f".{CURRENT_WEIGHTS_FILE}.{os.getpid()}"
+        tmp.write_text(json.dumps({"policy_version": version, "path": path.name}))
+        os.replace(tmp, self.root / CURRENT_WEIGHTS_FILE)
 
     def load_endpoint(self, url: str, path: Path, version: int) -> None:
         """Load ``version`` into one endpoint, retire the versions no longer kept, and verify the
-        policy version it reports."""
+        policy version it reports. :class:`ReplicaGone` when it stops answering and is no longer listed."""
         url = url.rstrip("/")
         with httpx.Client(timeout=self.attempt_timeout_s, headers=auth.client_headers()) as http:
-            call = self._caller(http)
+            call = self._caller(http, present=lambda: self.replicas.present(url))
             self.protocol.load(call, url, str(path), version)
             retired = self.protocol.retire(call, url, self.kept_versions(version))
             if retired:
@@ -145,16 +179,19 @@ class WeightPublisher:
             if (m := _VERSION_DIR.match(d.name)) and int(m.group(1)) not in kept:
                 shutil.rmtree(d, ignore_errors=True)
 
-    def _caller(self, http: httpx.Client, deadline_s: float | None = None) -> Callable[..., httpx.Response]:
-        """``call(method, url, body=None, accept=(200,))`` for a protocol, retrying on ``http``."""
+    def _caller(self, http: httpx.Client, deadline_s: float | None = None,
+                present: Callable[[], bool] | None = None) -> Callable[..., httpx.Response]:
+        """``call(method, url, body=None, accept=(200,))`` for a protocol, retrying on ``http``;
+        ``present``: whether the replica is still listed (asked when it does not answer)."""
         def call(method: str, url: str, body: dict[str, Any] | None = None,
                  accept: tuple[int, ...] = (200,)) -> httpx.Response:
             return self._request(http, method, url, body, accept,
-                                 self.deadline_s if deadline_s is None else deadline_s)
+                                 self.deadline_s if deadline_s is None else deadline_s, present)
         return call
 
     def _request(self, http: httpx.Client, method: str, url: str, body: dict[str, Any] | None,
-                 accept: tuple[int, ...], deadline_s: float) -> httpx.Response:
+                 accept: tuple[int, ...], deadline_s: float,
+                 present: Callable[[], bool] | None = None) -> httpx.Response:
         deadline = time.monotonic() + deadline_s
         attempt = 0
         while True:
@@ -170,6 +207,8 @@ class WeightPublisher:
                 if deadline_s <= 0:
                     raise
                 last = f"{type(e).__name__}: {e}"
+                if present is not None and not present():
+                    raise ReplicaGone(f"{method} {url}: {last}, and it is no longer an inference replica") from e
             delay = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + 0.5 * self._rng.random())
             if time.monotonic() + delay > deadline:
                 raise PublishError(f"{method} {url} failed after {attempt} attempts: {last}")

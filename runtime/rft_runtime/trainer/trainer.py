@@ -44,6 +44,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
+from rft_api.layout import published_weights_dir
 from rft_api.progress import FinalModel, Progress, ProgressCheckpoint, ProgressErrors, reward_curve
 from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
@@ -66,6 +67,7 @@ from .learner import Learner, Shard, build_optimizer, build_scheduler, learner_c
 from .model_io import Reference, compute_dtype, load_policy
 from .publisher import FINAL_DIR, WeightPublisher, export_final_model
 from .reload import reload_protocol
+from .replicas import InferenceReplicas
 from .signals import (
     advantage_metrics,
     advantages,
@@ -301,7 +303,8 @@ class Trainer:
         self._curve_rows = read_metrics(self.metrics.jsonl_path) if self.metrics.jsonl_path is not None else []
         self._start_coordinator(next_seq)
         inf = spec.inference
-        self.publisher = WeightPublisher(Path(cfg.paths.checkpoints) / "weights", cfg.endpoints.inference,
+        replicas = InferenceReplicas(cfg.endpoints.inference, cfg.endpoints.inference_replicas)
+        self.publisher = WeightPublisher(published_weights_dir(cfg.paths.checkpoints), replicas,
                                          keep=spec.rollout.policy_versions_served(),
                                          protocol=reload_protocol(inf.engine, inf.weight_sync, cfg.endpoints.served_model_name))
         if spec.inference.weight_sync != "none":
