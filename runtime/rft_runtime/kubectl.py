@@ -9,21 +9,33 @@
     kubectl rft suspend JOB           spec.suspend: true (role pods removed, checkpoint kept)
     kubectl rft resume JOB            spec.suspend: false (the trainer resumes from its checkpoint)
     kubectl rft curve JOB -o F.png    the reward curve from the job's progress record
+    kubectl rft export JOB DIR        copy the trained model (``status.finalModel``) out of its claim
+                                      into DIR (``--merged``: the merged copy of a LoRA adapter)
 
 Credentials and the default namespace come from the kubeconfig (``$KUBECONFIG`` or
 ``~/.kube/config``, its current context), as for kubectl; ``-n`` and ``--kubeconfig`` override them.
-It reads the RFTJob, its progress ConfigMap and its pods, and writes only ``spec.suspend``.
+It reads the RFTJob, its progress ConfigMap and its pods, and writes only ``spec.suspend``, except
+``export``: it starts a short-lived pod (``<job>-export-<random>``, the job's runtime image, the claim
+mounted read-only, non-root, no capabilities, RuntimeDefault seccomp), streams the model directory
+out of it as a tar archive through ``kubectl exec`` (the kubectl that runs the plugin), unpacks it
+into DIR refusing any member that would land outside it, and deletes the pod.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import secrets
+import shutil
+import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from rft_api.constants import API_VERSION, KIND
+from rft_api.constants import API_VERSION, DEFAULT_RUNTIME_IMAGE, KIND
 from rft_api.progress import PROGRESS_KEY, Progress, ProgressError, parse_text
 
 GROUP, VERSION = API_VERSION.split("/")
@@ -141,6 +153,36 @@ class Client:
         return sorted(self.core.list_namespaced_pod(self.namespace, label_selector=sel).items,
                       key=lambda p: p.metadata.name)
 
+    def create_pod(self, body: dict[str, Any]) -> None:
+        try:
+            self.core.create_namespaced_pod(self.namespace, body)
+        except Exception as e:
+            raise self._api_error(e, f"creating pod {body['metadata']['name']}") from None
+
+    def wait_running(self, pod: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                p = self.core.read_namespaced_pod(pod, self.namespace)
+            except Exception as e:
+                raise self._api_error(e, f"pod {pod}") from None
+            phase = p.status.phase if p.status else None
+            if phase == "Running":
+                return
+            if phase in ("Succeeded", "Failed") or time.monotonic() > deadline:
+                waiting = [cs.state.waiting.reason for cs in (p.status.container_statuses or [])
+                           if cs.state and cs.state.waiting] if p.status else []
+                raise PluginError(f"pod {pod} did not start within {timeout:.0f}s (phase {phase}"
+                                  f"{', ' + ', '.join(waiting) if waiting else ''})")
+            time.sleep(1.0)
+
+    def delete_pod(self, pod: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(pod, self.namespace, grace_period_seconds=0)
+        except Exception as e:
+            if getattr(e, "status", None) != 404:
+                print(f"warning: pod {pod} was not deleted: {getattr(e, 'reason', '') or e}", file=sys.stderr)
+
     def log(self, pod: str, container: str, tail: Optional[int], follow: bool) -> Any:
         kw: dict[str, Any] = {"container": container, "follow": follow, "_preload_content": not follow}
         if tail is not None:
@@ -149,6 +191,99 @@ class Client:
             return self.core.read_namespaced_pod_log(pod, self.namespace, **kw)
         except Exception as e:
             raise self._api_error(e, f"logs of pod {pod}") from None
+
+
+EXPORT_MOUNT = "/model-claim"
+EXPORT_UID = 1000  # the builders' uid (the runtime image's user)
+
+
+def export_source(job: dict[str, Any], merged: bool) -> tuple[str, str]:
+    """(claim, directory on it) of the job's trained model, from ``status.finalModel``."""
+    name = job["metadata"]["name"]
+    st = job.get("status") or {}
+    final = st.get("finalModel")
+    if not final:
+        raise PluginError(f"{name} has no final model (phase {st.get('phase') or 'Pending'}): the trainer writes "
+                          "it when the job Succeeds")
+    path = final.get("mergedPath") if merged else final.get("path")
+    if not path:
+        raise PluginError(f"{name}'s final model is a {final.get('format')} model without a merged copy "
+                          "(spec.checkpoint.mergeFinalAdapter): export it without --merged")
+    parts = Path(path).parts
+    if Path(path).is_absolute() or ".." in parts:
+        raise PluginError(f"{name}: status.finalModel names {path!r}, not a directory on its claim")
+    return final["claim"], path
+
+
+def export_pod(job: dict[str, Any], claim: str, name: str) -> dict[str, Any]:
+    """The short-lived pod that mounts ``claim`` read-only for ``kubectl rft export``."""
+    image = (job.get("spec") or {}).get("runtimeImage") or DEFAULT_RUNTIME_IMAGE
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "rft-export",
+                                              "app.kubernetes.io/instance": job["metadata"]["name"]}},
+        "spec": {
+            "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
+            "activeDeadlineSeconds": 3600,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": EXPORT_UID, "runAsGroup": EXPORT_UID,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "export", "image": image, "command": ["sleep", "3600"],
+                "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}},
+                "volumeMounts": [{"name": "model", "mountPath": EXPORT_MOUNT, "readOnly": True}],
+            }],
+            "volumes": [{"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+        },
+    }
+
+
+def unpack(stream: Any, dest: Path) -> list[str]:
+    """Extract a tar stream into ``dest``: regular files and directories only, none outside ``dest``."""
+    names = []
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for m in tar:
+            target = (dest / m.name).resolve()
+            if not (m.isfile() or m.isdir()) or (target != dest.resolve() and dest.resolve() not in target.parents):
+                raise PluginError(f"the archive holds {m.name!r}, which is not a file or directory inside {dest}")
+            tar.extract(m, dest, filter="data")
+            if m.isfile():
+                names.append(m.name.removeprefix("./"))
+    return sorted(names)
+
+
+def _export(c: Client, a: argparse.Namespace) -> int:
+    job = c.job(a.job)
+    claim, path = export_source(job, a.merged)
+    dest = Path(a.dir)
+    if dest.exists() and any(dest.iterdir()):
+        raise PluginError(f"{dest} is not empty")
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise PluginError("kubectl is not on PATH (export streams the model through kubectl exec)")
+    pod = f"{a.job}-export-{secrets.token_hex(3)}"[:63]
+    c.create_pod(export_pod(job, claim, pod))
+    try:
+        c.wait_running(pod, a.timeout)
+        cmd = [kubectl, "exec", "-n", c.namespace, pod, "-c", "export", "--",
+               "tar", "cf", "-", "-C", f"{EXPORT_MOUNT}/{path}", "."]
+        if a.kubeconfig:
+            cmd[1:1] = ["--kubeconfig", a.kubeconfig]
+        dest.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=os.environ.copy())
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            files = unpack(proc.stdout, dest)
+        finally:
+            err = proc.stderr.read().decode(errors="replace")
+            rc = proc.wait()
+        if rc != 0:
+            raise PluginError(f"reading {path} from claim {claim} failed: {err.strip()[-500:]}")
+    finally:
+        c.delete_pod(pod)
+    size = sum((dest / f).stat().st_size for f in files)
+    print(f"exported {claim}:{path} of {c.namespace}/{a.job} to {dest} ({len(files)} files, {size / 1e6:.1f} MB)")
+    return 0
 
 
 def _status(c: Client, a: argparse.Namespace) -> int:
@@ -212,10 +347,16 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     cv = sub.add_parser("curve", help="write the reward curve as a PNG")
     cv.add_argument("job")
     cv.add_argument("-o", "--output", required=True, type=Path)
+    ex = sub.add_parser("export", help="copy the trained model out of the job's claim")
+    ex.add_argument("job")
+    ex.add_argument("dir", type=Path, help="where to write it (created; must be empty)")
+    ex.add_argument("--merged", action="store_true", help="the merged copy of a LoRA adapter")
+    ex.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the export pod to start")
     return ap.parse_args(argv)
 
 
-COMMANDS = {"status": _status, "suspend": _suspend, "resume": _suspend, "logs": _logs, "curve": _curve}
+COMMANDS = {"status": _status, "suspend": _suspend, "resume": _suspend, "logs": _logs, "curve": _curve,
+            "export": _export}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -9,9 +9,13 @@ and checkpoints.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -245,7 +249,6 @@ def test_rollout_pod_runs_as_the_builders_uid_from_the_runtime_image(driver: Job
     driver.kubectl("delete", "rftjob", job, "--wait=false")
 
 
-@pytest.mark.timeout(2400)
 def _model_volume_example(driver: JobDriver, example: str, model_job: str) -> tuple[str, dict, list[dict]]:
     """Apply an example whose first documents make a model on a claim (a Job running ``rft
     make-tiny-model``), wait for that Job, then apply its RFTJob and wait for Succeeded. Returns the
@@ -268,14 +271,33 @@ def _model_volume_example(driver: JobDriver, example: str, model_job: str) -> tu
     return job, st, rows
 
 
-def test_model_from_volume_example(driver: JobDriver) -> None:
+@pytest.mark.timeout(2400)
+def test_model_from_volume_example(driver: JobDriver, tmp_path: Path) -> None:
     """``examples/05-model-from-volume.yaml``: a Job writes a Hugging Face-format tiny model into a claim
     (``rft make-tiny-model``); the RFTJob names it (not ``builtin:*``); inference, rollout and trainer
-    read it from the claim, and the job reaches Succeeded."""
-    _model_volume_example(driver, "05-model-from-volume.yaml", "make-tiny-model")
+    read it from the claim, and the job reaches Succeeded. ``kubectl rft export`` then copies the
+    trained model out of the job's claim, byte for byte what the trainer wrote there."""
+    job, st, _ = _model_volume_example(driver, "05-model-from-volume.yaml", "make-tiny-model")
+    final = st["finalModel"]
+    assert final["format"] == "full" and final["claim"] == names.checkpoints(job), final
+    out = tmp_path / "exported"
+    kubectl = driver.cluster.binary("kubectl")
+    env = {**os.environ, "KUBECONFIG": str(driver.cluster.kubeconfig),
+           "PATH": f"{Path(sys.executable).parent}:{Path(kubectl).parent}:{os.environ.get('PATH', '')}"}
+    r = subprocess.run([kubectl, "rft", "-n", driver.namespace, "export", job, str(out)], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert f"exported {final['claim']}:{final['path']}" in r.stdout, r.stdout
+    on_claim = driver.checkpoint_dir(job) / final["path"]
+    want = sorted(str(p.relative_to(on_claim)) for p in on_claim.rglob("*") if p.is_file())
+    got = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert got == want and "config.json" in got and any(f.endswith(".safetensors") for f in got), (got, want)
+    assert all((out / f).read_bytes() == (on_claim / f).read_bytes() for f in got)
+    assert not [p for p in driver.api.list("Pod", driver.namespace, "app.kubernetes.io/name=rft-export")
+                if not p["metadata"].get("deletionTimestamp")], "the export pod was not deleted"
 
 
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(2400)
 def test_scale_out_example(driver: JobDriver) -> None:
     """``examples/06-scale-out.yaml``: two trainer pods in one process group, two inference replicas
     and two rollout pods on a model from a volume reach Succeeded; both trainer ranks trained every

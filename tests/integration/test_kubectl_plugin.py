@@ -84,3 +84,48 @@ def test_errors_name_what_is_missing(cluster, api, crd, namespace) -> None:
     assert r.returncode == 1 and "no reward curve yet" in r.stderr
     r = kubectl_rft(cluster, namespace, "logs", "fresh", "--role", "reward", check=False)
     assert r.returncode == 1 and "has no reward pod" in r.stderr
+    r = kubectl_rft(cluster, namespace, "export", "fresh", "/tmp/unused-export-dir", check=False)
+    assert r.returncode == 1 and "fresh has no final model" in r.stderr and "Succeeds" in r.stderr
+
+
+def test_export_refuses_an_archive_that_escapes_its_directory(tmp_path) -> None:
+    """``kubectl rft export`` unpacks what the pod streams, but never outside the target directory, and
+    never a link or device (the claim's contents are the trainer's, the tar stream is not trusted)."""
+    import io
+    import tarfile
+
+    from rft_runtime.kubectl import PluginError, export_source, unpack
+
+    def archive(*members: tuple[str, bytes | None, bytes]) -> io.BytesIO:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, link, data in members:
+                info = tarfile.TarInfo(name)
+                if link is not None:
+                    info.type, info.linkname = tarfile.SYMTYPE, link.decode()
+                else:
+                    info.size = len(data)
+                tar.addfile(info, io.BytesIO(data) if link is None else None)
+        buf.seek(0)
+        return buf
+
+    good = tmp_path / "good"
+    good.mkdir()
+    assert unpack(archive(("./config.json", None, b"{}"), ("./sub/w.safetensors", None, b"x")), good) == [
+        "config.json", "sub/w.safetensors"]
+    assert (good / "sub" / "w.safetensors").read_bytes() == b"x"
+    for bad in (archive(("../escape", None, b"x")), archive(("./link", b"/etc/passwd", b""))):
+        d = tmp_path / f"bad{id(bad)}"
+        d.mkdir()
+        with pytest.raises(PluginError, match="not a file or directory inside"):
+            unpack(bad, d)
+    assert not (tmp_path / "escape").exists()
+
+    job = {"metadata": {"name": "j"}, "status": {"phase": "Succeeded", "finalModel": {
+        "claim": "j-checkpoints", "path": "final", "format": "lora"}}}
+    assert export_source(job, merged=False) == ("j-checkpoints", "final")
+    with pytest.raises(PluginError, match="without a merged copy"):
+        export_source(job, merged=True)
+    job["status"]["finalModel"]["path"] = "../other-job"
+    with pytest.raises(PluginError, match="not a directory on its claim"):
+        export_source(job, merged=False)
