@@ -117,6 +117,47 @@ def test_trainer_pod_deleted_resumes_from_latest_checkpoint(driver: JobDriver) -
     assert_every_step_once(driver, name, steps)
 
 
+def test_trainer_rank_1_killed_the_whole_group_restarts_from_the_last_checkpoint(driver: JobDriver) -> None:
+    """``trainer.nodes: 2``: SIGKILL every process of rank 1's pod (as the OOM killer would) after a
+    checkpoint. Rank 0 cannot go on alone: the Indexed Job fails, the operator spends one restart and
+    starts both ranks again; they resume together from the latest complete checkpoint, and every step
+    is trained exactly once into the final weights."""
+    name, steps = "rank-kill", 12
+    trainer_logs = driver.keep_logs(name, "trainer")
+    driver.apply_docs(small_job(name, trainer={"maxSteps": steps, "nodes": 2}))
+    driver.wait_job(name, "a checkpoint and a step after it",
+                    lambda st: (st.get("lastCheckpoint") or {}).get("step", 0) >= 2 and st.get("step", 0) >= 3,
+                    START_S, interval=0.5)
+
+    def rank1() -> dict | None:
+        return next((p for p in _ready_pods(driver, name, "trainer")
+                     if p["metadata"]["labels"].get(names.LABEL_COMPLETION_INDEX) == "1"), None)
+    pod = wait_for("rank 1's trainer pod", rank1, 30)
+    step_at_kill = driver.progress(name)["step"]
+    assert step_at_kill < steps, "the job finished before the fault could be injected"
+    kill_pod_processes(pod)
+
+    st = driver.wait_phase(name, "Succeeded", FINISH_S)
+    assert_finished(st, steps)
+    assert st["restarts"] == 1, f"one group failure, one restart: {st['restarts']}"
+    assert driver.progress(name)["attempt"] == 1
+    # Rank 0 logs the steps. Attempt 0 trained 1..s0; attempt 1 (both ranks) resumed from the latest
+    # complete checkpoint k and trained exactly k+1..steps.
+    logs = trainer_attempt_logs(trainer_logs)
+    assert len(logs) == 4, f"two ranks in each of two attempts, got {len(logs)} trainer logs"
+    rank0 = [log for log in logs if logged_steps(log)]
+    assert len(rank0) == 2, [log[-500:] for log in logs]
+    first, second = rank0
+    s0_steps, s1_steps = logged_steps(first), logged_steps(second)
+    assert s0_steps == list(range(1, len(s0_steps) + 1)) and len(s0_steps) >= step_at_kill, s0_steps
+    resumed = RESUMED_LINE.search(second)  # rank 0 restores, then has every rank load the checkpoint
+    assert resumed, f"attempt 1 did not resume from a checkpoint:\n{second[-3000:]}"
+    k = int(resumed.group(1))
+    assert 2 <= k <= len(s0_steps), (k, s0_steps)
+    assert s1_steps == list(range(k + 1, steps + 1)), f"attempt 1 steps {s1_steps} after resuming from {k}"
+    assert_every_step_once(driver, name, steps)
+
+
 # -------------------------------------------------------------------------------------- operator
 
 
