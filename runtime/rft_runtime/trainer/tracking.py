@@ -1,0 +1,212 @@
+"""Experiment tracking beyond TensorBoard: an MLflow run per job (``spec.tracking.mlflow``).
+
+:class:`MlflowTracker` speaks MLflow's REST API (``/api/2.0/mlflow/...``) with httpx, so the runtime
+needs no MLflow client library; the tests run it against a real ``mlflow server``. Credentials are
+read from the environment as MLflow's own client reads them: ``MLFLOW_TRACKING_TOKEN`` (bearer), else
+``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD`` (basic); on a cluster they come from
+``trainer.env`` by secretKeyRef and never appear in the config, a log or the status.
+
+- One run per job, kept across trainer restarts: its id is stored on the checkpoint volume
+  (``tracking/mlflow.json``), so a resumed attempt logs into the same run (status back to RUNNING).
+- Parameters: the job's spec, flattened (``trainer.learningRate``), plus the job's identity as tags.
+- Metrics: every step's finite metrics at that step, the reward curve included (``reward_mean``).
+- The run ends FINISHED with the job, or FAILED when the trainer fails.
+
+A tracker never stops training. Requests run on a background thread from a bounded queue (a step
+never waits for the tracker); a failure (unreachable, an HTTP error, a full queue) is counted in
+:attr:`MlflowTracker.errors` (the ``tracking_errors`` metric) and logged once as a warning, and the
+tracker keeps trying with the next step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+API = "/api/2.0/mlflow"
+MAX_PARAMS_PER_BATCH = 100  # MLflow's limits for runs/log-batch
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAM_VALUE = 6000
+STATE_FILE = "mlflow.json"
+
+
+class TrackerError(RuntimeError):
+    """The tracking server refused a request or could not be reached."""
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
+    """``{"trainer": {"learningRate": 1e-3}}`` → ``{"trainer.learningRate": "0.001"}`` (lists as JSON)."""
+    out: dict[str, str] = {}
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif obj is not None:
+        text = json.dumps(obj) if isinstance(obj, (list, bool)) else str(obj)
+        out[prefix] = text[:MAX_PARAM_VALUE]
+    return out
+
+
+def auth_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Authorization header MLflow's client would send, from MLflow's environment variables."""
+    env = os.environ if env is None else env
+    if env.get("MLFLOW_TRACKING_TOKEN"):
+        return {"Authorization": f"Bearer {env['MLFLOW_TRACKING_TOKEN']}"}
+    user, password = env.get("MLFLOW_TRACKING_USERNAME"), env.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password is not None:
+        import base64
+
+        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    return {}
+
+
+class MlflowTracker:
+    """Logs a job's run to an MLflow tracking server, on a background thread, never failing training."""
+
+    def __init__(self, uri: str, experiment: str, run_name: str, state_dir: Path | None, *,
+                 tags: Mapping[str, str] | None = None, timeout_s: float = 10.0, max_queue: int = 256) -> None:
+        self.uri = uri.rstrip("/")
+        self.experiment = experiment
+        self.run_name = run_name
+        self.state_file = state_dir / STATE_FILE if state_dir is not None else None
+        self.tags = dict(tags or {})
+        self.run_id: str | None = None
+        self.errors = 0
+        self.dropped = 0
+        self._warned = False
+        self._http = httpx.Client(timeout=timeout_s, headers=auth_headers())
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
+
+    # ------------------------------------------------------------------ public (trainer thread)
+    def start(self, params: Mapping[str, str]) -> "MlflowTracker":
+        """Open (or resume) the job's run and log ``params``; returns self."""
+        self._thread.start()
+        self._submit(lambda: self._open(dict(params)))
+        return self
+
+    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Queue the finite numeric ``metrics`` of ``step``."""
+        now = int(time.time() * 1000)
+        rows = [{"key": k, "value": float(v), "timestamp": now, "step": int(step)}
+                for k, v in sorted(metrics.items())
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        if rows:
+            self._submit(lambda: self._batch(metrics=rows))
+
+    def finish(self, status: str = "FINISHED", timeout_s: float = 30.0) -> None:
+        """End the run (``FINISHED`` or ``FAILED``), wait up to ``timeout_s`` for what is queued, and stop."""
+        self._submit(lambda: self._end(status))
+        self._queue.put(None)
+        self._thread.join(timeout=timeout_s)
+        self._http.close()
+
+    # ------------------------------------------------------------------ background thread
+    def _submit(self, fn: Callable[[], None]) -> None:
+        try:
+            self._queue.put_nowait(fn)
+        except queue.Full:
+            self.dropped += 1
+            self._failed(TrackerError(f"the queue of {self._queue.maxsize} requests is full (the server is slow "
+                                      "or down): metrics dropped"))
+
+    def _run(self) -> None:
+        while True:
+            fn = self._queue.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except (TrackerError, httpx.HTTPError, OSError, ValueError) as e:
+                self._failed(e)
+
+    def _failed(self, e: Exception) -> None:
+        self.errors += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("MLflow tracking at %s failed (training goes on; further failures are only counted "
+                        "in tracking_errors): %s", self.uri, e)
+
+    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None,
+              params: Mapping[str, str] | None = None, ok_missing: bool = False) -> dict[str, Any] | None:
+        r = self._http.request(method, f"{self.uri}{API}{path}", json=body, params=params)
+        if ok_missing and r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            try:
+                detail = r.json().get("message") or r.text[:300]
+            except ValueError:
+                detail = r.text[:300]
+            raise TrackerError(f"{method} {API}{path}: HTTP {r.status_code}: {detail}")
+        data = r.json() if r.content else {}
+        return data if isinstance(data, dict) else {}
+
+    def _open(self, params: dict[str, str]) -> None:
+        run_id = self._stored_run()
+        if run_id is not None:
+            got = self._call("GET", "/runs/get", params={"run_id": run_id}, ok_missing=True)
+            if got is not None:
+                self.run_id = run_id
+                self._call("POST", "/runs/update", {"run_id": run_id, "status": "RUNNING"})
+                log.info("MLflow: resuming run %s in %s", run_id, self.uri)
+                return
+        exp = self._call("GET", "/experiments/get-by-name", params={"experiment_name": self.experiment},
+                         ok_missing=True)
+        if exp is not None:
+            exp_id = exp["experiment"]["experiment_id"]
+        else:
+            exp_id = (self._call("POST", "/experiments/create", {"name": self.experiment}) or {})["experiment_id"]
+        run = self._call("POST", "/runs/create", {
+            "experiment_id": exp_id, "run_name": self.run_name, "start_time": int(time.time() * 1000),
+            "tags": [{"key": k, "value": v} for k, v in sorted(self.tags.items())]}) or {}
+        self.run_id = run["run"]["info"]["run_id"]
+        self._store_run(self.run_id)
+        items = sorted(params.items())
+        for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
+            self._batch(params=[{"key": k, "value": v} for k, v in items[i:i + MAX_PARAMS_PER_BATCH]])
+        log.info("MLflow: run %s (%s) in experiment %r at %s", self.run_id, self.run_name, self.experiment, self.uri)
+
+    def _batch(self, metrics: list[dict[str, Any]] | None = None, params: list[dict[str, str]] | None = None) -> None:
+        if self.run_id is None:
+            raise TrackerError("no run is open (opening it failed)")
+        for i in range(0, max(1, len(metrics or [])), MAX_METRICS_PER_BATCH):
+            body: dict[str, Any] = {"run_id": self.run_id}
+            if metrics:
+                body["metrics"] = metrics[i:i + MAX_METRICS_PER_BATCH]
+            if params and i == 0:
+                body["params"] = params
+            self._call("POST", "/runs/log-batch", body)
+
+    def _end(self, status: str) -> None:
+        if self.run_id is not None:
+            self._call("POST", "/runs/update", {"run_id": self.run_id, "status": status,
+                                                "end_time": int(time.time() * 1000)})
+
+    def _stored_run(self) -> str | None:
+        if self.state_file is None:
+            return None
+        try:
+            data = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+        if isinstance(data, dict) and data.get("uri") == self.uri and isinstance(data.get("run_id"), str):
+            return str(data["run_id"])
+        return None
+
+    def _store_run(self, run_id: str) -> None:
+        if self.state_file is None:
+            return
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"uri": self.uri, "experiment": self.experiment, "run_id": run_id}))
+        os.replace(tmp, self.state_file)

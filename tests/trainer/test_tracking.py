@@ -1,0 +1,144 @@
+"""Experiment tracking against a real MLflow tracking server (``mlflow server`` from PyPI, on loopback,
+its store a SQLite file, as MLflow 3 recommends; hack/mlflow-venv.sh builds its venv once): the tracker's run, parameters and metric
+history as MLflow itself reports them, a resumed run, credentials, a server that is down, and a whole
+``rft run`` whose reward curve lands in MLflow."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rft_runtime.trainer.tracking import MlflowTracker, auth_headers, flatten
+from tests.local.conftest import read_rows, run_rft, write_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+API = "/api/2.0/mlflow"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    exe = subprocess.run(["bash", str(ROOT / "hack" / "mlflow-venv.sh")], capture_output=True, text=True,
+                         check=True, timeout=1800).stdout.strip()
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    log = (root / "server.log").open("w")
+    proc = subprocess.Popen([exe, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                             "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                             "--default-artifact-root", f"file://{root / 'artifacts'}"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _run(url: str, run_id: str) -> dict:
+    return httpx.get(url + API + "/runs/get", params={"run_id": run_id}, timeout=10).json()["run"]
+
+
+def _history(url: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    r = httpx.get(url + API + "/metrics/get-history", params={"run_id": run_id, "metric_key": key}, timeout=10)
+    return sorted((int(m["step"]), float(m["value"])) for m in r.json().get("metrics", []))
+
+
+def _finished(tracker: MlflowTracker, status: str = "FINISHED") -> None:
+    tracker.finish(status)
+    assert tracker.errors == 0, tracker.errors
+
+
+def test_a_run_with_its_spec_and_metrics_and_a_resumed_attempt(mlflow_server, tmp_path):
+    state = tmp_path / "tracking"
+    spec = {"trainer": {"learningRate": 0.002, "maxSteps": 3}, "rollout": {"samplesPerPrompt": 4},
+            "evaluator": {"builtin": "math"}, "trainer.tags": ["a", "b"]}
+    t = MlflowTracker(mlflow_server, "ns/job", "job", state, tags={"rft.job": "job"}).start(flatten(spec))
+    for step in (1, 2):
+        t.log_metrics(step, {"reward_mean": 0.1 * step, "time/generate": 1.5, "skip": float("nan"), "flag": True,
+                             "note": "text"})
+    _finished(t, "KILLED")  # a trainer stopped (suspend) after step 2
+    run = _run(mlflow_server, t.run_id)
+    assert run["info"]["status"] == "KILLED" and run["info"]["run_name"] == "job"
+    params = {p["key"]: p["value"] for p in run["data"]["params"]}
+    assert params["trainer.learningRate"] == "0.002" and params["trainer.tags"] == '["a", "b"]'
+    assert params["evaluator.builtin"] == "math"
+    assert {"key": "rft.job", "value": "job"} in run["data"]["tags"]
+    keys = {m["key"] for m in run["data"]["metrics"]}
+    assert keys == {"reward_mean", "time/generate"}  # NaN, booleans and text are not metrics
+
+    # The next attempt (same checkpoint volume) logs into the same run.
+    again = MlflowTracker(mlflow_server, "ns/job", "job", state).start(flatten(spec))
+    again.log_metrics(3, {"reward_mean": 0.3})
+    _finished(again)
+    assert again.run_id == t.run_id
+    assert _run(mlflow_server, t.run_id)["info"]["status"] == "FINISHED"
+    assert _history(mlflow_server, t.run_id, "reward_mean") == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    exp = httpx.get(mlflow_server + API + "/experiments/get-by-name", params={"experiment_name": "ns/job"},
+                    timeout=10).json()["experiment"]
+    runs = httpx.post(mlflow_server + API + "/runs/search", json={"experiment_ids": [exp["experiment_id"]]},
+                      timeout=10).json()["runs"]
+    assert [r["info"]["run_id"] for r in runs] == [t.run_id]
+
+
+def test_a_tracker_that_is_down_never_stops_training_and_warns_once(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="rft_runtime.trainer.tracking")
+    t = MlflowTracker(f"http://127.0.0.1:{_free_port()}", "e", "r", tmp_path, timeout_s=1).start({"a": "1"})
+    for step in range(1, 6):
+        t.log_metrics(step, {"reward_mean": 0.5})
+    t.finish("FINISHED")
+    assert t.errors >= 1 and t.run_id is None
+    warnings = [r for r in caplog.records if "MLflow tracking" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
+def test_credentials_are_read_as_mlflow_reads_them():
+    assert auth_headers({"MLFLOW_TRACKING_TOKEN": "t0k"}) == {"Authorization": "Bearer t0k"}
+    assert auth_headers({"MLFLOW_TRACKING_USERNAME": "u", "MLFLOW_TRACKING_PASSWORD": "p"}) == {
+        "Authorization": "Basic dTpw"}
+    assert auth_headers({}) == {}
+
+
+def test_rft_run_logs_its_reward_curve_to_mlflow(mlflow_server, tmp_path):
+    steps = 3
+    path = write_manifest(tmp_path / "job.yaml", "tracked", trainer={"maxSteps": steps},
+                          tracking={"mlflow": {"uri": mlflow_server, "experiment": "rft-run-test"}})
+    out = tmp_path / "out"
+    assert run_rft(["run", str(path), "--out", str(out), "--no-progress"], tmp_path / "rft.log") == 0, \
+        (tmp_path / "rft.log").read_text()[-3000:]
+    rows = read_rows(out)
+    exp = httpx.get(mlflow_server + API + "/experiments/get-by-name", params={"experiment_name": "rft-run-test"},
+                    timeout=10).json()["experiment"]
+    (run,) = httpx.post(mlflow_server + API + "/runs/search", json={"experiment_ids": [exp["experiment_id"]]},
+                        timeout=10).json()["runs"]
+    assert run["info"]["status"] == "FINISHED" and run["info"]["run_name"] == "tracked"
+    curve = _history(mlflow_server, run["info"]["run_id"], "reward_mean")
+    assert [s for s, _ in curve] == list(range(1, steps + 1))
+    assert [v for _, v in curve] == pytest.approx([r["reward_mean"] for r in rows])
+    assert all(r["tracking_errors"] == 0 for r in rows)
