@@ -94,6 +94,8 @@ def _convert(node: Any, defs: dict, classes: dict[str, type[BaseModel]]) -> Any:
             out[k] = {pk: _convert(pv, defs, classes) for pk, pv in v.items()}
         else:
             out[k] = _convert(v, defs, classes)
+    if "const" in out:  # a one-value Literal: structural schemas have no const
+        out["enum"] = [out.pop("const")]
     for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(node.get(bound), (int, float)) and not isinstance(node.get(bound), bool):
             out[plain] = node[bound]

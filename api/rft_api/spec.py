@@ -607,7 +607,18 @@ class MlflowTracking(ApiModel):
     """Experiment name, created when missing; default: <namespace>/<job name>."""
 
 
+class WandbTracking(ApiModel):
+    project: Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[^/\\#?%:]+$")]
+    """W&B project name."""
+    entity: Optional[Annotated[str, StringConstraints(min_length=1, max_length=128)]] = None
+    """W&B entity (team or user) the run belongs to when it is synced."""
+    mode: Literal["offline"] = "offline"
+    """offline: the run is written on the checkpoint volume (tracking/wandb/), one run across trainer restarts; upload it with `wandb sync`. (Online logging is not offered yet.)"""
+
+
 class TrackingSpec(ApiModel):
+    wandb: Optional[WandbTracking] = None
+    """Also write the run as a Weights & Biases offline run: the spec as its config and every step's metrics (the reward curve included). Failures are counted (tracking_errors) and warned once; training goes on."""
     mlflow: Optional[MlflowTracking] = None
     """Also log the run to MLflow: one run per job (kept across trainer restarts) with the spec as parameters and every step's metrics (the reward curve included). A tracker that cannot be reached never stops training: its failures are counted (tracking_errors) and warned once. TensorBoard event files and metrics.jsonl are always written on the checkpoint volume."""
 

@@ -1,12 +1,15 @@
 """Experiment tracking against a real MLflow tracking server (``mlflow server`` from PyPI, on loopback,
 its store a SQLite file, as MLflow 3 recommends; hack/mlflow-venv.sh builds its venv once): the tracker's run, parameters and metric
 history as MLflow itself reports them, a resumed run, credentials, a server that is down, and a whole
-``rft run`` whose reward curve lands in MLflow."""
+``rft run`` whose reward curve lands in MLflow; and Weights & Biases offline runs written by the real
+``wandb`` SDK, read back record by record from its ``.wandb`` files."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rft_runtime.trainer.tracking import MlflowTracker, auth_headers, flatten
+from rft_runtime.trainer.tracking import MlflowTracker, WandbTracker, auth_headers, flatten
 from tests.local.conftest import read_rows, run_rft, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,10 +128,11 @@ def test_credentials_are_read_as_mlflow_reads_them():
     assert auth_headers({}) == {}
 
 
-def test_rft_run_logs_its_reward_curve_to_mlflow(mlflow_server, tmp_path):
+def test_rft_run_logs_its_reward_curve_to_mlflow_and_wandb(mlflow_server, tmp_path):
     steps = 3
     path = write_manifest(tmp_path / "job.yaml", "tracked", trainer={"maxSteps": steps},
-                          tracking={"mlflow": {"uri": mlflow_server, "experiment": "rft-run-test"}})
+                          tracking={"mlflow": {"uri": mlflow_server, "experiment": "rft-run-test"},
+                                    "wandb": {"project": "rft-run-test"}})
     out = tmp_path / "out"
     assert run_rft(["run", str(path), "--out", str(out), "--no-progress"], tmp_path / "rft.log") == 0, \
         (tmp_path / "rft.log").read_text()[-3000:]
@@ -142,3 +146,75 @@ def test_rft_run_logs_its_reward_curve_to_mlflow(mlflow_server, tmp_path):
     assert [s for s, _ in curve] == list(range(1, steps + 1))
     assert [v for _, v in curve] == pytest.approx([r["reward_mean"] for r in rows])
     assert all(r["tracking_errors"] == 0 for r in rows)
+    # the same curve in the W&B offline run on the checkpoint volume
+    (run_file,) = (out / "checkpoints" / "tracking" / "wandb").glob("wandb/offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    history = {int(h["_step"]): h for h in records["history"]}
+    assert sorted(history) == list(range(1, steps + 1))
+    assert [history[s]["reward_mean"] for s in sorted(history)] == pytest.approx([r["reward_mean"] for r in rows])
+    assert records["config"]["trainer"]["maxSteps"] == steps
+
+
+# ------------------------------------------------------------------------------------------- W&B
+def wandb_records(path: Path) -> dict:
+    """The run, config and history records of a ``.wandb`` file (the SDK's log format: a 7-byte header,
+    then 32 KiB blocks of records, each ``crc32 (4) | length (2) | type (1) | data``, type 1 a whole
+    record, 2/3/4 its first/middle/last fragment; each record a ``wandb_internal_pb2.Record``)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block, pos = path.read_bytes(), 32768, 7
+    assert data[:4] == b":W&B", data[:8]
+    raw: list[bytes] = []
+    part = b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if length == 0 and kind == 0:
+            break
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind == 1:
+            raw.append(chunk)
+        elif kind == 2:
+            part = chunk
+        elif kind == 3:
+            part += chunk
+        elif kind == 4:
+            raw.append(part + chunk)
+    out: dict = {"run": [], "config": {}, "history": []}
+    for r in raw:
+        rec = pb.Record()
+        rec.ParseFromString(r)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            out["run"].append(rec.run)
+            for item in rec.run.config.update:
+                out["config"][item.key] = json.loads(item.value_json)
+        elif kind == "config":
+            for item in rec.config.update:
+                out["config"][item.key] = json.loads(item.value_json)
+        elif kind == "history":
+            out["history"].append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                                   for i in rec.history.item})
+    return out
+
+
+def test_wandb_offline_run_holds_the_spec_and_every_step_across_attempts(tmp_path):
+    spec = {"trainer": {"learningRate": 0.002, "maxSteps": 3}, "evaluator": {"builtin": "math"}}
+    first = WandbTracker("proj", "job", tmp_path, tags={"rft.job": "job"}).start(spec)
+    for step in (1, 2):
+        first.log_metrics(step, {"reward_mean": 0.1 * step, "time/generate": 1.5, "skip": float("inf"), "flag": True})
+    first.finish("KILLED")
+    again = WandbTracker("proj", "job", tmp_path).start(spec)
+    again.log_metrics(3, {"reward_mean": 0.3})
+    again.finish("FINISHED")
+    assert first.errors == again.errors == 0
+    runs = sorted((tmp_path / "wandb").glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(runs) == 2 and len({p.name for p in runs}) == 1, runs  # one run id, written by two attempts
+    recs = [wandb_records(p) for p in runs]
+    assert recs[0]["config"]["trainer"] == {"learningRate": 0.002, "maxSteps": 3}
+    assert recs[0]["run"][0].display_name == "job" and recs[0]["run"][0].project == "proj"
+    steps = {int(h["_step"]): h for r in recs for h in r["history"]}
+    assert sorted(steps) == [1, 2, 3] and steps[3]["reward_mean"] == pytest.approx(0.3)
+    assert "skip" not in steps[1] and "flag" not in steps[1] and steps[1]["time/generate"] == 1.5

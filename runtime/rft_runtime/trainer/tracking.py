@@ -1,4 +1,5 @@
-"""Experiment tracking beyond TensorBoard: an MLflow run per job (``spec.tracking.mlflow``).
+"""Experiment tracking beyond TensorBoard: an MLflow run (``spec.tracking.mlflow``) and a Weights &
+Biases offline run (``spec.tracking.wandb``) per job. :func:`start_trackers` opens those a spec names.
 
 :class:`MlflowTracker` speaks MLflow's REST API (``/api/2.0/mlflow/...``) with httpx, so the runtime
 needs no MLflow client library; the tests run it against a real ``mlflow server``. Credentials are
@@ -16,6 +17,11 @@ A tracker never stops training. Requests run on a background thread from a bound
 never waits for the tracker); a failure (unreachable, an HTTP error, a full queue) is counted in
 :attr:`MlflowTracker.errors` (the ``tracking_errors`` metric) and logged once as a warning, and the
 tracker keeps trying with the next step.
+
+:class:`WandbTracker` uses the real ``wandb`` SDK in offline mode: the run is written under the
+checkpoint volume (``tracking/wandb/``), to be uploaded later with ``wandb sync``; its run id is kept
+(``tracking/wandb.json``) so that every trainer attempt writes the same run. Its failures are counted
+and warned once in the same way.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ MAX_PARAMS_PER_BATCH = 100  # MLflow's limits for runs/log-batch
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAM_VALUE = 6000
 STATE_FILE = "mlflow.json"
+WANDB_STATE_FILE = "wandb.json"
 
 
 class TrackerError(RuntimeError):
@@ -210,3 +217,94 @@ class MlflowTracker:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"uri": self.uri, "experiment": self.experiment, "run_id": run_id}))
         os.replace(tmp, self.state_file)
+
+
+class WandbTracker:
+    """A Weights & Biases run in offline mode under ``state_dir`` (one run id across attempts)."""
+
+    def __init__(self, project: str, run_name: str, state_dir: Path, *, entity: str | None = None,
+                 tags: Mapping[str, str] | None = None) -> None:
+        self.project, self.run_name, self.entity = project, run_name, entity
+        self.state_dir = state_dir
+        self.tags = dict(tags or {})
+        self.errors = 0
+        self.run: Any = None
+        self._warned = False
+
+    def start(self, config: Mapping[str, Any]) -> "WandbTracker":
+        try:
+            self._open(dict(config))
+        except Exception as e:  # noqa: BLE001 - the tracker never stops training
+            self._failed(e)
+        return self
+
+    def _open(self, config: dict[str, Any]) -> None:
+        root = self.state_dir / "wandb"
+        root.mkdir(parents=True, exist_ok=True)
+        # everything the SDK writes stays on the volume (the pods' root file systems are read-only)
+        for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data")):
+            os.environ.setdefault(var, str(root / sub))
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        state = self.state_dir / WANDB_STATE_FILE
+        try:
+            run_id = json.loads(state.read_text()).get("run_id")
+        except (OSError, ValueError, AttributeError):
+            run_id = None
+        self.run = wandb.init(mode="offline", dir=str(root), project=self.project, entity=self.entity,
+                              name=self.run_name, id=run_id, resume="allow" if run_id else None,
+                              config=config, tags=[f"{k}={v}" for k, v in sorted(self.tags.items())],
+                              settings=wandb.Settings(console="off", x_disable_stats=True))
+        if run_id is None:
+            tmp = state.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"run_id": self.run.id, "project": self.project}))
+            os.replace(tmp, state)
+        log.info("W&B: offline run %s (%s) in %s (upload with: wandb sync %s)", self.run.id, self.project, root,
+                 root)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if self.run is None:
+            return
+        row = {k: float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        try:
+            self.run.log(row, step=int(step))
+        except Exception as e:  # noqa: BLE001 - the tracker never stops training
+            self._failed(e)
+
+    def finish(self, status: str = "FINISHED", timeout_s: float = 30.0) -> None:
+        if self.run is None:
+            return
+        try:
+            self.run.finish(exit_code=0 if status in ("FINISHED", "KILLED") else 1)
+            import wandb
+
+            wandb.teardown()  # the SDK's service flushes the run to disk before the trainer exits
+        except Exception as e:  # noqa: BLE001 - the tracker never stops training
+            self._failed(e)
+        self.run = None
+
+    def _failed(self, e: Exception) -> None:
+        self.errors += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("W&B tracking failed (training goes on; further failures are only counted in "
+                        "tracking_errors): %s", e)
+
+
+Tracker = MlflowTracker | WandbTracker
+
+
+def start_trackers(tracking: Any, job_name: str, namespace: str, state_dir: Path, spec: Mapping[str, Any],
+                   tags: Mapping[str, str]) -> list[Tracker]:
+    """The trackers ``spec.tracking`` names, started (each in its own way never failing)."""
+    out: list[Tracker] = []
+    if tracking.mlflow is not None:
+        ml = tracking.mlflow
+        out.append(MlflowTracker(ml.uri, ml.experiment or f"{namespace}/{job_name}", job_name, state_dir,
+                                 tags=tags).start(flatten(spec)))
+    if tracking.wandb is not None:
+        wb = tracking.wandb
+        out.append(WandbTracker(wb.project, job_name, state_dir, entity=wb.entity, tags=tags).start(spec))
+    return out

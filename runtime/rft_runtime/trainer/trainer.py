@@ -77,7 +77,7 @@ from .signals import (
     staleness_metrics,
 )
 from .state import ResumeError, TrainerState, check_checkpoint, load_checkpoint, write_checkpoint
-from .tracking import MlflowTracker, flatten
+from .tracking import Tracker, start_trackers
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class Trainer:
         self.resumed_from: int | None = None
         self._server: CoordinatorServer | None = None
         self._inference_sync: InferenceSync | None = None
-        self.tracker: MlflowTracker | None = None
+        self.trackers: list[Tracker] = []
         self._tracker_status = "FAILED"
 
     # ---------------------------------------------------------------- setup
@@ -304,7 +304,7 @@ class Trainer:
         self.metrics.truncate_after(self.step_count)
         # the whole job's per-step rows (earlier attempts' too) for the progress record's reward curve
         self._curve_rows = read_metrics(self.metrics.jsonl_path) if self.metrics.jsonl_path is not None else []
-        self.tracker = self._start_tracker()
+        self.trackers = self._start_trackers()
         self._start_coordinator(next_seq)
         inf = spec.inference
         replicas = InferenceReplicas(cfg.endpoints.inference, cfg.endpoints.inference_replicas)
@@ -318,17 +318,13 @@ class Trainer:
         self._report(message=f"resumed from step {self.resumed_from}" if self.resumed_from is not None else "started")
         return self
 
-    def _start_tracker(self) -> MlflowTracker | None:
-        """The MLflow run of ``spec.tracking.mlflow`` (None without it), opened in the background."""
-        ml = self.spec.tracking.mlflow
-        if ml is None:
-            return None
+    def _start_trackers(self) -> list[Tracker]:
+        """The experiment trackers of ``spec.tracking`` (MLflow, W&B offline), started."""
         job = self.cfg.job
-        tracker = MlflowTracker(ml.uri, ml.experiment or f"{job.namespace}/{job.name}", job.name,
-                                Path(self.cfg.paths.checkpoints) / "tracking",
-                                tags={"rft.job": job.name, "rft.namespace": job.namespace,
-                                      "rft.algorithm": self.cfg.algorithm.name})
-        return tracker.start(flatten(self.spec.model_dump(by_alias=True, mode="json", exclude_none=True)))
+        return start_trackers(self.spec.tracking, job.name, job.namespace, Path(self.cfg.paths.checkpoints) / "tracking",
+                              self.spec.model_dump(by_alias=True, mode="json", exclude_none=True),
+                              {"rft.job": job.name, "rft.namespace": job.namespace,
+                               "rft.algorithm": self.cfg.algorithm.name})
 
     def _load_learner(self) -> None:
         """This rank's :class:`Worker`: tokenizer, sharded policy, reference, optimiser, scheduler."""
@@ -522,11 +518,11 @@ class Trainer:
                     self.save_checkpoint()
         metrics.update(self._step_metrics(seqs, sequences_from_groups(everything), everything, adv, upd, ds,
                                           times.seconds))
-        if self.tracker is not None:
-            metrics["tracking_errors"] = self.tracker.errors
+        if self.trackers:
+            metrics["tracking_errors"] = sum(t.errors for t in self.trackers)
         row = self.metrics.log(step_no, metrics)
-        if self.tracker is not None:
-            self.tracker.log_metrics(step_no, row)
+        for tracker in self.trackers:
+            tracker.log_metrics(step_no, row)
         self.history.append(row)
         self._curve_rows.append(row)
         self._report()
@@ -682,8 +678,8 @@ class Trainer:
             time.sleep(0.2)  # let polling workers see "done"
             self._server.stop()
             self._server = None
-        if getattr(self, "tracker", None) is not None:
-            self.tracker.finish(self._tracker_status)  # FAILED unless finished or stopped
-            self.tracker = None
+        for tracker in getattr(self, "trackers", []):
+            tracker.finish(self._tracker_status)  # FAILED unless finished or stopped
+        self.trackers = []
         if hasattr(self, "metrics"):
             self.metrics.close()
