@@ -316,7 +316,10 @@ def test_one_of_three_inference_replicas_deleted_every_replica_serves_each_versi
     (log,) = trainer_attempt_logs(trainer_logs)
     served = [int(n) for n in re.findall(r"policy version \d+ served by (\d+) inference replica", log)]
     assert len(served) == steps + 1, log[-3000:]  # version 0 at start, then one per step
-    assert served[-1] == 3 and max(served) == 3, served  # (version 0 may precede some replicas being Ready)
+    # Once all three were Ready, each publication reached every listed replica: three, or two while the
+    # deleted one was gone and its replacement not yet Ready (it then loads current.json itself).
+    first_three = served.index(3)
+    assert all(n >= 2 for n in served[first_three:]) and served.count(3) >= 2, served
 
 
 def _adapter_versions(driver: JobDriver, pod: dict, job: str) -> list[int] | None:

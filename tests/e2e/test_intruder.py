@@ -14,16 +14,15 @@ import json
 import pytest
 
 from rft_api.constants import DEFAULT_RUNTIME_IMAGE
-from rft_operator.builders.common import RUN_AS, BuildContext
+from rft_operator import names
+from rft_operator.builders.common import RUN_AS
 from tests.e2e.stack import EXAMPLES, JobDriver, example_job, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 ATTACK = r"""
 import json, os, httpx
-job, ns, coord = os.environ["JOB"], os.environ["NS"], os.environ["COORD_PORT"]
-inf = f"http://{job}-inference.{ns}.svc:8000"
-trainer = f"http://{job}-trainer.{ns}.svc:{coord}"
+job, inf, trainer = os.environ["JOB"], os.environ["INFERENCE_URL"], os.environ["COORDINATOR_URL"]
 forged = {"id": "t0:0", "task_id": "t0", "rollout_idx": 0, "trajectories": [{"name": "default", "reward": 1.0,
           "steps": [{"prompt_ids": [1], "response_ids": [2], "logprobs": [-0.1], "response_mask": [1],
                      "finish_reason": "stop", "policy_version": 0}]}]}
@@ -55,6 +54,10 @@ def test_a_pod_without_the_job_token_is_refused_by_every_data_plane_server(drive
     driver.apply_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", job, trainer={"maxSteps": steps},
                                   rollout={"promptsPerStep": 4, "samplesPerPrompt": 4}))
     driver.wait_step(job, 1, 600)
+    # the Service URLs the job's own pods use, from the runtime config the operator wrote
+    config = driver.api.get("ConfigMap", driver.namespace, names.config(job))
+    assert config is not None
+    endpoints = json.loads(config["data"][names.CONFIG_KEY])["endpoints"]
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder"},
         "spec": {
@@ -64,8 +67,8 @@ def test_a_pod_without_the_job_token_is_refused_by_every_data_plane_server(drive
             "containers": [{
                 "name": "attack", "image": DEFAULT_RUNTIME_IMAGE, "imagePullPolicy": "Never",
                 "command": ["python", "-c", ATTACK],
-                "env": [{"name": "JOB", "value": job}, {"name": "NS", "value": driver.namespace},
-                        {"name": "COORD_PORT", "value": str(BuildContext().coordinator_port)}],
+                "env": [{"name": "JOB", "value": job}, {"name": "INFERENCE_URL", "value": endpoints["inference"][0]},
+                        {"name": "COORDINATOR_URL", "value": endpoints["coordinator"]}],
                 "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}},
             }],
@@ -83,8 +86,9 @@ def test_a_pod_without_the_job_token_is_refused_by_every_data_plane_server(drive
         return json.loads(line.removeprefix("RESULT "))
     out = wait_for("the intruder pod's result", result, 300, interval=1.0, on_timeout=lambda: driver.diagnostics(job))
     refused = {k: v for k, v in out.items() if k != "health"}
-    assert refused and all(v == 401 for v in refused.values()), out
-    assert out["health"] == 200, out  # the kubelet's probes need no token
+    if not (len(refused) == 14 and all(v == 401 for v in refused.values()) and out["health"] == 200):
+        pytest.fail("every data-plane call without the job token must get 401, /health 200: "
+                    + json.dumps(out, indent=1))
 
     st = driver.wait_phase(job, "Succeeded", 900)
     assert st["step"] == steps and st["policyVersion"] == steps, st
