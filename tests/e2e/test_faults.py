@@ -284,9 +284,11 @@ def test_one_of_three_inference_replicas_deleted_every_replica_serves_each_versi
     the trainer's version. One replica is deleted mid-run: the publication in flight skips it, its
     replacement loads the current version (``current.json``) before it turns Ready, and the job
     Succeeds on-policy with every step trained once."""
-    name, steps = "replicas", 10
+    # Long enough that the fault lands mid-run with all three Ready, and the job still trains while the
+    # replacement starts (a new pod takes about a minute on 2 cores; a step of 32 prompts about a second).
+    name, steps = "replicas", 100
     driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, inference={"replicas": 3},
-                                rollout={"promptsPerStep": 8}))
+                                rollout={"promptsPerStep": 32}, checkpoint={"everySteps": 25}))
     trainer_logs = driver.keep_logs(name, "trainer")
     driver.wait_step(name, 2, START_S)
 
