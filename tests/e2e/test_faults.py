@@ -66,10 +66,10 @@ def assert_finished(st: dict, max_steps: int = MAX_STEPS) -> None:
     assert st["lastCheckpoint"]["step"] == max_steps, st
 
 
-def assert_finished_on_policy(driver: JobDriver, name: str, steps: int) -> list[dict]:
+def assert_finished_on_policy(driver: JobDriver, name: str, steps: int, timeout: float = FINISH_S) -> list[dict]:
     """The job Succeeds with no trainer restart, every step trained once, and every sample trained on
     sampled from the version it was granted (on-policy: staleness 0). Returns the metrics rows."""
-    st = driver.wait_phase(name, "Succeeded", FINISH_S)
+    st = driver.wait_phase(name, "Succeeded", timeout)
     assert_finished(st, steps)
     assert st["restarts"] == 0, "the trainer did not fail"
     rows = driver.metrics_rows(name)
@@ -286,7 +286,7 @@ def test_one_of_three_inference_replicas_deleted_every_replica_serves_each_versi
     Succeeds on-policy with every step trained once."""
     # Long enough that the fault lands mid-run with all three Ready, and the job still trains while the
     # replacement starts (a new pod takes about a minute on 2 cores; a step of 32 prompts about a second).
-    name, steps = "replicas", 100
+    name, steps = "replicas", 150
     driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, inference={"replicas": 3},
                                 rollout={"promptsPerStep": 32}, checkpoint={"everySteps": 25}))
     trainer_logs = driver.keep_logs(name, "trainer")
@@ -314,7 +314,7 @@ def test_one_of_three_inference_replicas_deleted_every_replica_serves_each_versi
                      on_timeout=lambda: driver.diagnostics(name))
     assert first[0] not in later and len(set(later) - set(first)) == 1, (first, later)
 
-    assert_finished_on_policy(driver, name, steps)
+    assert_finished_on_policy(driver, name, steps, timeout=2 * FINISH_S)
     (log,) = trainer_attempt_logs(trainer_logs)
     served = [int(n) for n in re.findall(r"policy version \d+ served by (\d+) inference replica", log)]
     assert len(served) == steps + 1, log[-3000:]  # version 0 at start, then one per step
