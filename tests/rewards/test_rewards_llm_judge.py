@@ -18,6 +18,7 @@ import pytest
 from rft_runtime.rewards import ConfigError, EvaluatorError, Item, Sample
 from rft_runtime.rewards.builtins import LLMJudgeEvaluator
 from rft_runtime.rewards.builtins.llm_judge import chat_completions_url
+from tests.processes import stop
 
 from .conftest import ChatServer, free_port
 
@@ -199,11 +200,6 @@ async def test_judge_against_builtin_inference_server(tmp_path: Path) -> None:
             else:
                 assert error is not None and error.kind == "parse_error", error
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         if proc.stderr:
             proc.stderr.close()

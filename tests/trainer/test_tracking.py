@@ -20,6 +20,7 @@ import pytest
 
 from rft_runtime.trainer.tracking import MlflowTracker, WandbTracker, auth_headers, flatten
 from tests.local.conftest import read_rows, run_rft, write_manifest
+from tests.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 API = "/api/2.0/mlflow"
@@ -56,11 +57,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
 
 
