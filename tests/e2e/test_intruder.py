@@ -50,9 +50,12 @@ print("RESULT " + json.dumps(out), flush=True)
 
 @pytest.mark.timeout(1800)
 def test_a_pod_without_the_job_token_is_refused_by_every_data_plane_server(driver: JobDriver) -> None:
-    job, steps = "intruded", 6
+    # long enough that the servers are still up when the intruder pod runs (it starts in ~30 s; a step
+    # of 4 prompts takes well under a second on an idle machine)
+    job, steps = "intruded", 200
     driver.apply_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", job, trainer={"maxSteps": steps},
-                                  rollout={"promptsPerStep": 4, "samplesPerPrompt": 4}))
+                                  rollout={"promptsPerStep": 4, "samplesPerPrompt": 4},
+                                  checkpoint={"everySteps": 50}))
     driver.wait_step(job, 1, 600)
     # the Service URLs the job's own pods use, from the runtime config the operator wrote
     config = driver.api.get("ConfigMap", driver.namespace, names.config(job))
@@ -85,6 +88,7 @@ def test_a_pod_without_the_job_token_is_refused_by_every_data_plane_server(drive
         assert line, f"the intruder pod ended without a result:\n{logs[-3000:]}"
         return json.loads(line.removeprefix("RESULT "))
     out = wait_for("the intruder pod's result", result, 300, interval=1.0, on_timeout=lambda: driver.diagnostics(job))
+    assert driver.progress(job)["step"] < steps, "the job ended before the intruder was done: nothing was attacked"
     refused = {k: v for k, v in out.items() if k != "health"}
     if not (len(refused) == 14 and all(v == 401 for v in refused.values()) and out["health"] == 200):
         pytest.fail("every data-plane call without the job token must get 401, /health 200: "
