@@ -103,7 +103,7 @@ def test_each_version_is_an_adapter_with_the_trainers_logprobs(vllm, publisher, 
     _perturb_adapter(lora_model, 2)
     publisher.publish(lora_model, 2)
     assert _adapters(vllm) == [adapter_name(SERVED, 1), adapter_name(SERVED, 2)]
-    assert sorted(p.name for p in publisher.root.iterdir()) == ["v1", "v2"]
+    assert sorted(p.name for p in publisher.root.iterdir()) == ["current.json", "v1", "v2"]
     assert publisher.current_versions() == {vllm: 2}
     ids2, lps2 = sample(vllm, adapter_name(SERVED, 2))
     torch.testing.assert_close(torch.tensor(lps2), torch.tensor(local_logprobs(lora_model, ids2)), rtol=0, atol=TOL)
