@@ -69,7 +69,7 @@ def test_operator_runs_with_its_declared_permissions_only(cluster, api, namespac
     try:
         doc = job_manifest(JOB)
         create_job(api, namespace, doc)
-        wait_for("children", lambda: len(children(api, namespace, JOB)) == 14)  # 11 + 3 NetworkPolicies
+        wait_for("children", lambda: len(children(api, namespace, JOB)) == 15)  # 12 + 3 NetworkPolicies
         wait_phase(api, namespace, JOB, "Provisioning")
         api.patch("RFTJob", namespace, JOB, {"spec": {"suspend": True}})
         wait_phase(api, namespace, JOB, "Suspended")
