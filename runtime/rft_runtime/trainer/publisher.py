@@ -32,7 +32,7 @@ import httpx
 from rft_api.layout import CURRENT_WEIGHTS_FILE
 
 from .. import auth
-from .checkpoint import fsync_tree
+from .checkpoint import fsync_tree, write_text_atomic
 from .reload import DiskReload, PublishError, ReloadProtocol
 from .replicas import InferenceReplicas
 
@@ -121,9 +121,7 @@ class WeightPublisher:
 
     def write_current(self, version: int, path: Path) -> None:
         """Point ``current.json`` at ``version`` (atomically), for replicas that start later."""
-        tmp = self.root / f".{CURRENT_WEIGHTS_FILE}.{os.getpid()}"
-        tmp.write_text(json.dumps({"policy_version": version, "path": path.name}))
-        os.replace(tmp, self.root / CURRENT_WEIGHTS_FILE)
+        write_text_atomic(self.root / CURRENT_WEIGHTS_FILE, json.dumps({"policy_version": version, "path": path.name}))
 
     def load_endpoint(self, url: str, path: Path, version: int) -> None:
         """Load ``version`` into one endpoint, retire the versions no longer kept, and verify the

@@ -38,6 +38,8 @@ from typing import Any, Callable, Mapping
 
 import httpx
 
+from .checkpoint import write_text_atomic
+
 log = logging.getLogger(__name__)
 
 API = "/api/2.0/mlflow"
@@ -64,6 +66,45 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``metrics`` (no booleans, text, NaN or infinities), sorted by name."""
+    return {k: float(v) for k, v in sorted(metrics.items())
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def read_state(path: Path | None) -> dict[str, Any]:
+    """A tracker's state file on the checkpoint volume ({} when absent or unreadable)."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_state(path: Path, state: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(dict(state)))
+
+
+class _Failures:
+    """Counts a tracker's failures (``tracking_errors``) and warns about the first one only."""
+
+    what = "tracking"
+
+    def __init__(self) -> None:
+        self.errors = 0
+        self._warned = False
+
+    def _failed(self, e: Exception) -> None:
+        self.errors += 1
+        if not self._warned:
+            self._warned = True
+            log.warning("%s failed (training goes on; further failures are only counted in tracking_errors): %s",
+                        self.what, e)
+
+
 def auth_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Authorization header MLflow's client would send, from MLflow's environment variables."""
     env = os.environ if env is None else env
@@ -77,20 +118,19 @@ def auth_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {}
 
 
-class MlflowTracker:
+class MlflowTracker(_Failures):
     """Logs a job's run to an MLflow tracking server, on a background thread, never failing training."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, state_dir: Path | None, *,
                  tags: Mapping[str, str] | None = None, timeout_s: float = 10.0, max_queue: int = 256) -> None:
+        super().__init__()
         self.uri = uri.rstrip("/")
+        self.what = f"MLflow tracking at {self.uri}"
         self.experiment = experiment
         self.run_name = run_name
         self.state_file = state_dir / STATE_FILE if state_dir is not None else None
         self.tags = dict(tags or {})
         self.run_id: str | None = None
-        self.errors = 0
-        self.dropped = 0
-        self._warned = False
         self._http = httpx.Client(timeout=timeout_s, headers=auth_headers())
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
@@ -105,9 +145,7 @@ class MlflowTracker:
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Queue the finite numeric ``metrics`` of ``step``."""
         now = int(time.time() * 1000)
-        rows = [{"key": k, "value": float(v), "timestamp": now, "step": int(step)}
-                for k, v in sorted(metrics.items())
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+        rows = [{"key": k, "value": v, "timestamp": now, "step": int(step)} for k, v in finite_metrics(metrics).items()]
         if rows:
             self._submit(lambda: self._batch(metrics=rows))
 
@@ -123,7 +161,6 @@ class MlflowTracker:
         try:
             self._queue.put_nowait(fn)
         except queue.Full:
-            self.dropped += 1
             self._failed(TrackerError(f"the queue of {self._queue.maxsize} requests is full (the server is slow "
                                       "or down): metrics dropped"))
 
@@ -136,13 +173,6 @@ class MlflowTracker:
                 fn()
             except (TrackerError, httpx.HTTPError, OSError, ValueError) as e:
                 self._failed(e)
-
-    def _failed(self, e: Exception) -> None:
-        self.errors += 1
-        if not self._warned:
-            self._warned = True
-            log.warning("MLflow tracking at %s failed (training goes on; further failures are only counted "
-                        "in tracking_errors): %s", self.uri, e)
 
     def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None,
               params: Mapping[str, str] | None = None, ok_missing: bool = False) -> dict[str, Any] | None:
@@ -159,8 +189,9 @@ class MlflowTracker:
         return data if isinstance(data, dict) else {}
 
     def _open(self, params: dict[str, str]) -> None:
-        run_id = self._stored_run()
-        if run_id is not None:
+        stored = read_state(self.state_file)
+        run_id = stored.get("run_id") if stored.get("uri") == self.uri else None
+        if isinstance(run_id, str):
             got = self._call("GET", "/runs/get", params={"run_id": run_id}, ok_missing=True)
             if got is not None:
                 self.run_id = run_id
@@ -177,7 +208,8 @@ class MlflowTracker:
             "experiment_id": exp_id, "run_name": self.run_name, "start_time": int(time.time() * 1000),
             "tags": [{"key": k, "value": v} for k, v in sorted(self.tags.items())]}) or {}
         self.run_id = run["run"]["info"]["run_id"]
-        self._store_run(self.run_id)
+        if self.state_file is not None:
+            write_state(self.state_file, {"uri": self.uri, "experiment": self.experiment, "run_id": self.run_id})
         items = sorted(params.items())
         for i in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self._batch(params=[{"key": k, "value": v} for k, v in items[i:i + MAX_PARAMS_PER_BATCH]])
@@ -199,37 +231,19 @@ class MlflowTracker:
             self._call("POST", "/runs/update", {"run_id": self.run_id, "status": status,
                                                 "end_time": int(time.time() * 1000)})
 
-    def _stored_run(self) -> str | None:
-        if self.state_file is None:
-            return None
-        try:
-            data = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return None
-        if isinstance(data, dict) and data.get("uri") == self.uri and isinstance(data.get("run_id"), str):
-            return str(data["run_id"])
-        return None
 
-    def _store_run(self, run_id: str) -> None:
-        if self.state_file is None:
-            return
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"uri": self.uri, "experiment": self.experiment, "run_id": run_id}))
-        os.replace(tmp, self.state_file)
-
-
-class WandbTracker:
+class WandbTracker(_Failures):
     """A Weights & Biases run in offline mode under ``state_dir`` (one run id across attempts)."""
+
+    what = "W&B tracking"
 
     def __init__(self, project: str, run_name: str, state_dir: Path, *, entity: str | None = None,
                  tags: Mapping[str, str] | None = None) -> None:
+        super().__init__()
         self.project, self.run_name, self.entity = project, run_name, entity
         self.state_dir = state_dir
         self.tags = dict(tags or {})
-        self.errors = 0
         self.run: Any = None
-        self._warned = False
 
     def start(self, config: Mapping[str, Any]) -> "WandbTracker":
         try:
@@ -248,32 +262,25 @@ class WandbTracker:
         import wandb
 
         state = self.state_dir / WANDB_STATE_FILE
-        try:
-            run_id = json.loads(state.read_text()).get("run_id")
-        except (OSError, ValueError, AttributeError):
-            run_id = None
+        run_id = read_state(state).get("run_id")
         self.run = wandb.init(mode="offline", dir=str(root), project=self.project, entity=self.entity,
                               name=self.run_name, id=run_id, resume="allow" if run_id else None,
                               config=config, tags=[f"{k}={v}" for k, v in sorted(self.tags.items())],
                               settings=wandb.Settings(console="off", x_disable_stats=True))
         if run_id is None:
-            tmp = state.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"run_id": self.run.id, "project": self.project}))
-            os.replace(tmp, state)
+            write_state(state, {"run_id": self.run.id, "project": self.project})
         log.info("W&B: offline run %s (%s) in %s (upload with: wandb sync %s)", self.run.id, self.project, root,
                  root)
 
     def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
         if self.run is None:
             return
-        row = {k: float(v) for k, v in metrics.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         try:
-            self.run.log(row, step=int(step))
+            self.run.log(finite_metrics(metrics), step=int(step))
         except Exception as e:  # noqa: BLE001 - the tracker never stops training
             self._failed(e)
 
-    def finish(self, status: str = "FINISHED", timeout_s: float = 30.0) -> None:
+    def finish(self, status: str = "FINISHED") -> None:
         if self.run is None:
             return
         try:
@@ -284,13 +291,6 @@ class WandbTracker:
         except Exception as e:  # noqa: BLE001 - the tracker never stops training
             self._failed(e)
         self.run = None
-
-    def _failed(self, e: Exception) -> None:
-        self.errors += 1
-        if not self._warned:
-            self._warned = True
-            log.warning("W&B tracking failed (training goes on; further failures are only counted in "
-                        "tracking_errors): %s", e)
 
 
 Tracker = MlflowTracker | WandbTracker
