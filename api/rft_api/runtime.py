@@ -207,7 +207,7 @@ class RuntimeConfig(_Model):
         out = []
         for i, e in enumerate(self.spec.evaluator.entries()):
             f = files.get(i)
-            if e.file is not None and f is None:
+            if e.file_ref() is not None and f is None:
                 raise ConfigError(f"config: evaluator {i} is a file evaluator but paths.evaluatorFiles has no "
                                   "entry for it")
             out.append(ResolvedEvaluator(index=i, entry=e, file_path=f.path if f else None,
@@ -278,9 +278,14 @@ def build(job: RFTJob, *, endpoints: Endpoints, ports: Ports, paths: Paths, scor
 
 def evaluator_files(spec: RFTJobSpec, evaluator_dir: str = layout.EVALUATOR_DIR) -> list[EvaluatorFile]:
     """File evaluators mounted at ``<dir>/<index>/<key>``."""
-    return [EvaluatorFile(index=i, path=layout.evaluator_file_path(i, e.file.config_map_key_ref.key, evaluator_dir),
-                          function=e.file.function, rollout=e.file.rollout)
-            for i, e in enumerate(spec.evaluator.entries()) if e.file is not None]
+    out = []
+    for i, e in enumerate(spec.evaluator.entries()):
+        ref = e.file_ref()
+        if ref is not None:
+            out.append(EvaluatorFile(index=i, path=layout.evaluator_file_path(i, ref.key, evaluator_dir),
+                                     function=e.file.function if e.file is not None else "score",
+                                     rollout=e.file.rollout if e.file is not None else None))
+    return out
 
 
 def spec_paths(spec: RFTJobSpec, *, checkpoints: str, model_cache: Optional[str], output: Optional[str] = None,

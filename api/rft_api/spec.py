@@ -191,6 +191,23 @@ class FileEvaluatorSpec(ApiModel):
     """Optional rollout function in that file."""
 
 
+@rules(Rule(
+    cel="has(self.configMapKeyRef) != has(self.entrypoint)",
+    message="evalProtocol needs exactly one of configMapKeyRef (a Python file) or entrypoint (an importable module)",
+    field="",
+    check=lambda e: (e.config_map_key_ref is None) != (e.entrypoint is None),
+))
+class EvalProtocolEvaluatorSpec(ApiModel):
+    """An Eval Protocol evaluator, run unchanged as the reward: an `@evaluation_test` (pointwise or groupwise) or a `@reward_function` (pointwise or batch)."""
+
+    config_map_key_ref: Optional[ConfigMapKeySelector] = None
+    """A ConfigMap key holding the Python file that defines it; it runs in the runtime image, which has eval-protocol."""
+    entrypoint: Optional[Annotated[str, StringConstraints(max_length=512, pattern=r"^[A-Za-z_][\w.]*$")]] = None
+    """A module that defines it, importable where scoring runs (the bundle image when the job has one and scores in the rollout pods, else the runtime image)."""
+    test: Optional[Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z_]\w*$")]] = None
+    """The decorated function's name; defaults to the only `@evaluation_test` or `@reward_function` the file or module defines."""
+
+
 class EvaluatorConfig(ApiModel):
     """Settings of one evaluator. The fields below are the ones rules check; any other key is kept
     and passed to the evaluator as is (string_check: operation, reference; regex: flags, fullMatch;
@@ -219,10 +236,10 @@ _REGEX_PATTERN = Rule(
 
 
 @rules(Rule(
-    cel="[has(self.builtin), has(self.bundle), has(self.file)].filter(x, x).size() == 1",
-    message="exactly one of builtin, bundle or file must be set",
+    cel="[has(self.builtin), has(self.bundle), has(self.file), has(self.evalProtocol)].filter(x, x).size() == 1",
+    message="exactly one of builtin, bundle, file or evalProtocol must be set",
     field="",
-    check=lambda e: sum(x is not None for x in (e.builtin, e.bundle, e.file)) == 1,
+    check=lambda e: sum(x is not None for x in (e.builtin, e.bundle, e.file, e.eval_protocol)) == 1,
 ), _JUDGE_ENDPOINT, _REGEX_PATTERN)
 class EvaluatorEntry(ApiModel):
     name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$")]] = None
@@ -233,6 +250,8 @@ class EvaluatorEntry(ApiModel):
     """The user's evaluator bundle in an image."""
     file: Optional[FileEvaluatorSpec] = None
     """The user's evaluator as a Python file from a ConfigMap."""
+    eval_protocol: Optional[EvalProtocolEvaluatorSpec] = None
+    """An Eval Protocol `@evaluation_test` or `@reward_function`, run unchanged: each sample becomes an `EvaluationRow` and `evaluation_result.score` is the reward (docs/eval-protocol.md)."""
     config: Optional[EvaluatorConfig] = None
     """Evaluator settings (e.g. string_check: operation, reference; regex: pattern; llm_judge: endpoint, model, promptTemplate; code_sandbox: timeoutSeconds, memoryMB)."""
     api_key_secret_ref: Optional[SecretKeySelector] = None
@@ -242,12 +261,25 @@ class EvaluatorEntry(ApiModel):
     timeout_seconds: Optional[float] = Field(None, gt=0, le=3600)
     """Per-sample timeout for this evaluator; defaults to evaluator.timeoutSeconds."""
 
+    def file_ref(self) -> Optional[ConfigMapKeySelector]:
+        """The ConfigMap key holding this evaluator's Python file (file and evalProtocol evaluators)."""
+        if self.file is not None:
+            return self.file.config_map_key_ref
+        if self.eval_protocol is not None:
+            return self.eval_protocol.config_map_key_ref
+        return None
+
 
 @rules(Rule(
-    cel="has(self.evaluators) != ([has(self.builtin), has(self.bundle), has(self.file)].exists(x, x))",
-    message="set either one evaluator (builtin, bundle or file) or a list in evaluators, not both",
+    cel="has(self.evaluators) != ([has(self.builtin), has(self.bundle), has(self.file), has(self.evalProtocol)].exists(x, x))",
+    message="set either one evaluator (builtin, bundle, file or evalProtocol) or a list in evaluators, not both",
     field="",
-    check=lambda e: (e.evaluators is not None) != any(x is not None for x in (e.builtin, e.bundle, e.file)),
+    check=lambda e: (e.evaluators is not None) != any(x is not None for x in (e.builtin, e.bundle, e.file, e.eval_protocol)),
+), Rule(
+    cel="has(self.evaluators) || [has(self.builtin), has(self.bundle), has(self.file), has(self.evalProtocol)].filter(x, x).size() == 1",
+    message="exactly one of builtin, bundle, file or evalProtocol must be set",
+    field="",
+    check=lambda e: e.evaluators is not None or sum(x is not None for x in (e.builtin, e.bundle, e.file, e.eval_protocol)) == 1,
 ), Rule(
     cel="!has(self.evaluators) || self.evaluators.filter(x, has(x.bundle)).size() <= 1",
     message="at most one evaluator may be a bundle image (the rollout pods run that image)",

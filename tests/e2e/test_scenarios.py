@@ -177,6 +177,25 @@ def test_custom_evaluator_file_from_configmap(driver: JobDriver) -> None:
     assert fractional, f"every step's mean reward is a multiple of 1/{per_step}: {[r['reward_mean'] for r in rows]}"
 
 
+def test_eval_protocol_evaluation_test_as_the_reward(driver: JobDriver) -> None:
+    """Scenario 3c: ``examples/07-eval-protocol.yaml`` (a ConfigMap holding an Eval Protocol
+    ``@evaluation_test`` written as its docs show) trains to Succeeded in the runtime image, each sample
+    scored by that test as an ``EvaluationRow``, and the reward rises."""
+    job = "eval-protocol"
+    driver.apply_file(EXAMPLES / "07-eval-protocol.yaml")
+    max_steps = driver.job(job)["spec"]["trainer"]["maxSteps"]
+    st = driver.wait_phase(job, "Succeeded", START_S + 420)
+    assert st["step"] == max_steps and st["lastCheckpoint"]["step"] == max_steps, st
+    assert st["errors"]["runtimeErrors"] == 0 and st["errors"]["timeouts"] == 0, st["errors"]
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    assert all(abs(r["reward/test_arithmetic"] - r["reward_mean"]) < 1e-9 for r in rows), sorted(rows[0])
+    rewards = [r["reward_mean"] for r in rows]
+    assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.05, rewards
+    log = driver.role_logs(job, "rollout")
+    assert "model cost map" not in log and "Traceback" not in log, log[-3000:]
+
+
 def _reward_samples_scored(pod: dict) -> float | None:
     """``rft_reward_samples_total`` from the reward pod's /metrics (None when it does not answer)."""
     url = f"http://{pod['status']['podIP']}:8200/metrics"

@@ -27,12 +27,12 @@ def secret_envs(spec: RFTJobSpec) -> list[Obj]:
 
 
 def file_volumes(job: RFTJob, rollout_only: bool = False) -> tuple[list[Obj], list[Obj]]:
-    """A projected volume at ``/etc/rft/evaluator`` with each file evaluator at ``<index>/<key>``
+    """A projected volume at ``/etc/rft/evaluator`` with each file (and Eval Protocol file) evaluator at ``<index>/<key>``
     (``rollout_only``: just the files that define a rollout function, for rollout pods that do not score)."""
     sources = []
     for i, e in enumerate(job.spec.evaluator.entries()):
-        if e.file is not None and (not rollout_only or e.file.rollout):
-            ref = e.file.config_map_key_ref
+        ref = e.file_ref()
+        if ref is not None and (not rollout_only or (e.file is not None and e.file.rollout)):
             sources.append({"configMap": {"name": ref.name, "items": [{"key": ref.key, "path": f"{i}/{ref.key}"}]}})
     if not sources:
         return [], []

@@ -208,9 +208,10 @@ def local_paths(job: RFTJob, manifest: str, out: Path, model_cache: Path) -> run
             place(f"spec.dataset.{split}", src.config_map_key_ref,
                   dataset_dir / split / src.config_map_key_ref.key)
     for i, e in enumerate(spec.evaluator.entries()):
-        if e.file is not None:
-            ref = e.file.config_map_key_ref
-            place(f"spec.evaluator (evaluator {i}).file", ref, evaluator_dir / str(i) / ref.key)
+        ref = e.file_ref()
+        if ref is not None:
+            kind = "file" if e.file is not None else "evalProtocol"
+            place(f"spec.evaluator (evaluator {i}).{kind}", ref, evaluator_dir / str(i) / ref.key)
     return runtime.spec_paths(spec, checkpoints=str(out / "checkpoints"), model_cache=str(model_cache),
                               output=str(out), dataset_dir=str(dataset_dir), evaluator_dir=str(evaluator_dir))
 

@@ -12,8 +12,10 @@ outcome is about the sample, not a failure of the evaluator.
 
 Timeouts: async evaluators are cancelled by ``asyncio.wait_for``; sync ones run in a thread pool and
 are abandoned (a Python thread cannot be killed): the sample is reported as a timeout at once, the
-thread finishes in the background. Builtins that may run long (code_sandbox, the sympy part of
-math) enforce their own limits in child processes, which are killed.
+thread finishes in the background. A groupwise evaluator (``grouped``: it scores the samples of one
+task together, :meth:`CompositeEvaluator.score_group`) gets one timeout for the whole group.
+Builtins that may run long (code_sandbox, the sympy part of math) enforce their own limits in child
+processes, which are killed.
 """
 
 from __future__ import annotations
@@ -70,31 +72,53 @@ class CompositeEvaluator:
     def _failed(self, kind: str, reason: str) -> ScoreResult:
         return ScoreResult(0.0 if self.on_error == "zero" else None, reason, error=kind)  # type: ignore[arg-type]
 
-    async def _call(self, slot: Slot, sample: Sample, item: Item) -> ScoreResult:
+    async def _invoke(self, slot: Slot, sample: Sample, item: Item) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + slot.timeout_seconds
-        try:
-            if _is_async(slot.evaluator):
-                value = await asyncio.wait_for(slot.evaluator.score(sample, item), slot.timeout_seconds)
-            else:
-                future = loop.run_in_executor(self._pool, slot.evaluator.score, sample, item)
-                value = await asyncio.wait_for(future, slot.timeout_seconds)
-                if inspect.isawaitable(value):  # a sync wrapper that returned a coroutine
-                    value = await asyncio.wait_for(value, max(0.0, deadline - loop.time()))
-            return normalise_result(value)
-        except asyncio.TimeoutError:
+        if _is_async(slot.evaluator):
+            return await asyncio.wait_for(slot.evaluator.score(sample, item), slot.timeout_seconds)
+        future = loop.run_in_executor(self._pool, slot.evaluator.score, sample, item)
+        value = await asyncio.wait_for(future, slot.timeout_seconds)
+        if inspect.isawaitable(value):  # a sync wrapper that returned a coroutine
+            value = await asyncio.wait_for(value, max(0.0, deadline - loop.time()))
+        return value
+
+    def _failure(self, slot: Slot, exc: BaseException) -> ScoreResult:
+        if isinstance(exc, asyncio.TimeoutError):
             return self._failed("timeout", f"{slot.name}: no result within {slot.timeout_seconds:g}s")
-        except EvaluatorError as exc:
+        if isinstance(exc, EvaluatorError):
             return self._failed(exc.kind, str(exc))
-        except ValueError as exc:
+        if isinstance(exc, ValueError):
             return self._failed("runtime_error", f"{slot.name}: invalid result: {exc}")
+        return self._failed("runtime_error", f"{slot.name}: {type(exc).__name__}: {exc}")
+
+    async def _call(self, slot: Slot, sample: Sample, item: Item) -> ScoreResult:
+        try:
+            return normalise_result(await self._invoke(slot, sample, item))
         except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
-            return self._failed("runtime_error", f"{slot.name}: {type(exc).__name__}: {exc}")
+            return self._failure(slot, exc)
+
+    async def _call_group(self, slot: Slot, samples: list[Sample], item: Item) -> list[ScoreResult]:
+        if not getattr(slot.evaluator, "grouped", False):
+            return list(await asyncio.gather(*(self._call(slot, s, item) for s in samples)))
+        try:  # one call for the whole group, under the evaluator's timeout
+            values = await asyncio.wait_for(slot.evaluator.score_group(samples, item), slot.timeout_seconds)
+            return [normalise_result(v) for v in values]
+        except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+            return [self._failure(slot, exc)] * len(samples)
 
     async def score_all(self, sample: Sample, item: Item) -> dict[str, ScoreResult]:
         """Each evaluator's own result, by name."""
         results = await asyncio.gather(*(self._call(s, sample, item) for s in self.slots))
         return dict(zip(self.names, results))
+
+    async def score_group(self, samples: list[Sample], item: Item) -> list[ScoreResult]:
+        """The combined results for the samples of one task, in order. Groupwise evaluators (those
+        with ``grouped`` true, e.g. an Eval Protocol groupwise test) see the whole group in one call,
+        which ``timeoutSeconds`` bounds; the others score each sample as :meth:`score` does."""
+        per_slot = await asyncio.gather(*(self._call_group(s, samples, item) for s in self.slots))
+        return [self.combine({slot.name: results[i] for slot, results in zip(self.slots, per_slot)})
+                for i in range(len(samples))]
 
     def combine(self, results: dict[str, ScoreResult]) -> ScoreResult:
         """The weighted mean and merged metrics of per-evaluator results."""

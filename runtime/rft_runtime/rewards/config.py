@@ -29,10 +29,11 @@ DEFAULT_CONCURRENCY = 16
 
 @dataclass
 class EvaluatorEntry:
-    """One evaluator as the scoring process builds it: ``kind`` is builtin, entrypoint or file."""
+    """One evaluator as the scoring process builds it: ``kind`` is builtin, entrypoint, file or
+    eval_protocol (``path`` or ``entrypoint`` the file or module, ``function`` the test's name or "")."""
 
     name: str
-    kind: Literal["builtin", "entrypoint", "file"]
+    kind: Literal["builtin", "entrypoint", "file", "eval_protocol"]
     weight: float = 1.0
     timeout_seconds: float | None = None
     builtin: str | None = None
@@ -74,6 +75,8 @@ def _default_name(e: SpecEntry) -> str:
         return e.builtin
     if e.bundle is not None:
         return e.bundle.entrypoint.rpartition(":")[2]
+    if e.eval_protocol is not None:
+        return e.eval_protocol.test or "eval_protocol"
     assert e.file is not None
     return e.file.function
 
@@ -101,6 +104,13 @@ def _entry(e: SpecEntry, index: int, file_path: str | None, key_env: str | None)
             entry.config.setdefault("apiKeyEnv", key_env or api_key_env_name(index))
     elif e.bundle is not None:
         entry.kind, entry.entrypoint = "entrypoint", e.bundle.entrypoint
+    elif e.eval_protocol is not None:
+        ep = e.eval_protocol
+        if ep.config_map_key_ref is not None and not file_path:
+            raise ConfigError(f"config: evaluator {index} is an evalProtocol file evaluator but paths.evaluatorFiles "
+                              "has no entry for it")
+        entry.kind, entry.function = "eval_protocol", ep.test or ""
+        entry.path, entry.entrypoint = (file_path, None) if ep.config_map_key_ref is not None else (None, ep.entrypoint)
     else:
         assert e.file is not None  # exactly one kind: the EvaluatorEntry rule
         if not file_path:

@@ -8,6 +8,7 @@ from . import builtins as _builtins  # noqa: F401  (registers the builtins)
 from .composite import CompositeEvaluator, Slot
 from .config import EvaluatorEntry, RewardConfig
 from .custom import CustomEvaluator, load_function
+from .eval_protocol import EvalProtocolEvaluator
 from .options import ConfigError
 from .registry import BUILTINS
 
@@ -20,6 +21,8 @@ def build_evaluator(entry: EvaluatorEntry) -> Any:
         if entry.kind == "builtin":
             assert entry.builtin is not None
             return BUILTINS.get(entry.builtin)(entry.config)
+        if entry.kind == "eval_protocol":
+            return EvalProtocolEvaluator.load(path=entry.path, module=entry.entrypoint, test=entry.function or None)
         if entry.kind == "entrypoint":
             return CustomEvaluator(load_function(entry.entrypoint), entry.entrypoint or "")
         return CustomEvaluator(load_function(path=entry.path, function=entry.function), f"{entry.path}:{entry.function}")

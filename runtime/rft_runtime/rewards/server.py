@@ -25,7 +25,7 @@ from .config import load_reward_config
 from .factory import build_composite
 from .options import ConfigError
 from .service import RewardService
-from .wire import RequestError, parse_request, result_json
+from .wire import RequestError, is_group, parse_request, result_json
 
 __all__ = ["make_app", "main", "DEFAULT_PORT", "SERVICE_KEY"]
 
@@ -44,7 +44,10 @@ async def _score(request: web.Request) -> web.Response:
         entries = parse_request(body)
     except RequestError as exc:
         return web.json_response({"error": str(exc)}, status=400)
-    results = await asyncio.gather(*(service.score(s, i) for _, s, i in entries))
+    if is_group(body) and entries:  # one task's samples together (groupwise evaluators see them at once)
+        results = await service.score_group([s for _, s, _ in entries], entries[0][2])
+    else:
+        results = await asyncio.gather(*(service.score(s, i) for _, s, i in entries))
     payload = {"results": [result_json(eid, r) for (eid, _, _), r in zip(entries, results)]}
     return web.json_response(payload)
 

@@ -50,6 +50,21 @@ class RewardService:
             self.metrics.observe(result, time.perf_counter() - started)
         return result
 
+    async def score_group(self, samples: list[Sample | Mapping[str, Any]],
+                          item: Item | Mapping[str, Any] | None) -> list[ScoreResult]:
+        """Scores the samples of one task together (groupwise evaluators see them in one call); one
+        concurrency slot for the group."""
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.concurrency)
+        group, i = [Sample.from_any(s) for s in samples], Item.from_any(item)
+        async with self._sem:
+            started = time.perf_counter()
+            results = await self.evaluator.score_group(group, i)
+            elapsed = time.perf_counter() - started
+        for r in results:
+            self.metrics.observe(r, elapsed / max(1, len(results)))
+        return results
+
     async def score_batch(self, samples_with_items: Iterable[tuple[Any, Any]]) -> list[ScoreResult]:
         """One ScoreResult per (sample, item), in order; samples are converted with
         ``Sample.from_any`` / ``Item.from_any`` (ValueError names a bad field)."""

@@ -4,6 +4,8 @@ Request ``POST /v1/score``: ``{"samples": [entry, ...]}`` (``"episodes"`` is acc
 entry is either ``{"id"?, "sample": {...Sample fields...}, "item": {...Item fields...}}`` or an
 evaluation row ``{"id"?, "messages": [...], "ground_truth": ..., "execution_metadata": {"extra":
 {"prompt_ids", "completion_ids", "finish_reasons", "truncated"}}, "input_metadata"?: {...}}``.
+With ``"group": true`` the entries are the samples of one task (the first entry's item is theirs) and
+are scored together, so a groupwise evaluator sees them in one call.
 Response: ``{"results": [{"id", "reward", "reason", "metrics", "error"}, ...]}`` in request order.
 """
 
@@ -13,7 +15,7 @@ from typing import Any, Mapping
 
 from .types import Item, Sample, ScoreResult
 
-__all__ = ["RequestError", "parse_request", "parse_entry", "result_json"]
+__all__ = ["RequestError", "is_group", "parse_request", "parse_entry", "result_json"]
 
 
 class RequestError(ValueError):
@@ -60,6 +62,11 @@ def parse_entry(entry: Any) -> tuple[str | None, Sample, Item]:
     return (None if eid is None else str(eid)), sample, item
 
 
+def is_group(body: Any) -> Any:
+    """The request's ``group`` field (False when absent); :func:`parse_request` refuses a non-bool."""
+    return body.get("group", False) if isinstance(body, Mapping) else False
+
+
 def parse_request(body: Any) -> list[tuple[str | None, Sample, Item]]:
     """All entries of a score request; raises RequestError naming the first bad entry."""
     if isinstance(body, list):
@@ -71,6 +78,8 @@ def parse_request(body: Any) -> list[tuple[str | None, Sample, Item]]:
         raise RequestError("request body must be a JSON object with 'samples'")
     if not isinstance(entries, list):
         raise RequestError("request field 'samples' must be a list")
+    if not isinstance(is_group(body), bool):
+        raise RequestError("request field 'group' must be true or false")
     out = []
     for i, entry in enumerate(entries):
         try:

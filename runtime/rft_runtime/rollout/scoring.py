@@ -37,12 +37,21 @@ class InProcessScorer:
         result.metrics["time/reward"] = time.perf_counter() - t0
         return result
 
+    async def score_group(self, samples: list[Any], task: Any) -> list[Any]:
+        """The samples of one task scored together (groupwise evaluators see them in one call)."""
+        t0 = time.perf_counter()
+        results = await self.service.score_group([Sample.from_any(s) for s in samples], Item.from_any(_task_dict(task)))
+        for r in results:
+            r.metrics["time/reward"] = time.perf_counter() - t0
+        return results
+
     async def aclose(self) -> None:
         await self.service.aclose()
 
 
 class RemoteScorer:
-    """Scores through the reward role's HTTP API (``POST {url}/v1/score``, one sample a call)."""
+    """Scores through the reward role's HTTP API (``POST {url}/v1/score``: one sample a call, or one
+    task's samples a call with :meth:`score_group`)."""
 
     def __init__(self, url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
@@ -50,17 +59,33 @@ class RemoteScorer:
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=auth.client_headers(token))
 
     async def __call__(self, sample: Any, task: Any) -> Any:
+        return (await self._post([sample], task, group=False))[0]
+
+    async def score_group(self, samples: list[Any], task: Any) -> list[Any]:
+        """The samples of one task in one request (``"group": true``): the reward pod scores them
+        together, so groupwise evaluators see the whole group."""
+        return await self._post(samples, task, group=True)
+
+    async def _post(self, samples: list[Any], task: Any, *, group: bool) -> list[ScoreResult]:
         t0 = time.perf_counter()
-        sample = Sample.from_any(sample)
-        body = {"samples": [{"id": sample.id, "sample": sample.to_wire(), "item": _task_dict(task)}]}
+        item = _task_dict(task)
+        body: dict[str, Any] = {"samples": [{"id": s.id, "sample": s.to_wire(), "item": item}
+                                            for s in map(Sample.from_any, samples)]}
+        if group:
+            body["group"] = True
         resp = await self._http.post(self.url + "/v1/score", json=body)
         if resp.status_code != 200:
             raise RuntimeError(f"reward service {self.url}: HTTP {resp.status_code}: {resp.text[:300]}")
-        r = resp.json()["results"][0]
-        metrics = {k: float(v) for k, v in (r.get("metrics") or {}).items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        metrics["time/reward"] = time.perf_counter() - t0
-        return ScoreResult(r.get("reward"), r.get("reason") or "", metrics, r.get("error"))
+        results = resp.json()["results"]
+        if len(results) != len(samples):
+            raise RuntimeError(f"reward service {self.url}: {len(results)} results for {len(samples)} samples")
+        out = []
+        for r in results:
+            metrics = {k: float(v) for k, v in (r.get("metrics") or {}).items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            metrics["time/reward"] = time.perf_counter() - t0
+            out.append(ScoreResult(r.get("reward"), r.get("reason") or "", metrics, r.get("error")))
+        return out
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -90,6 +90,7 @@ class RolloutWorker:
             outcomes = await run_all([self._bundle_run(task, i, sampling, policy_version) for i in range(n)])
         else:
             outcomes = await self._default_runs(task, n, sampling, policy_version)
+        await self._score_together(task, outcomes)
         return [await self._finish(task, i, o, policy_version) for i, o in enumerate(outcomes)]
 
     def _client(self, sampling: SamplingParams, policy_version: int, recorder: RolloutRecorder) -> ChatClient:
@@ -179,6 +180,26 @@ class RolloutWorker:
             termination_reason=o.termination, metrics=metrics,
             metadata={"domain": task.domain, "policy_version": policy_version, **o.metadata},
         )
+
+    async def _score_together(self, task: Task, outcomes: list[RunOutcome]) -> None:
+        """Scores the task's episodes in one group call when the scorer can (``score_group``: the
+        rewards service, in process or remote), so that groupwise evaluators see the n samples of a
+        task together; the episodes it leaves unscored are scored one by one in ``_finish``."""
+        group = getattr(self.scorer, "score_group", None)
+        if group is None or (self.bundle is not None and self.bundle.score is not None):
+            return
+        todo = [(i, o) for i, o in enumerate(outcomes) if o.samples and not o.errors.any and not o.has_reward]
+        if not todo:
+            return
+        views = [score_view(episode_id(task.task_id, i), o.samples[-1], o.output) for i, o in todo]
+        try:
+            values = await group(views, task)
+        except Exception as e:
+            for _, o in todo:
+                o.fail(f"score_error: {type(e).__name__}: {e}", runtime_error=True)
+            return
+        for (_, o), value in zip(todo, values):
+            o.apply_score(value)
 
     async def _score(self, eid: str, task: Task, last: Any, o: RunOutcome) -> None:
         fn = self.bundle.score if self.bundle is not None and self.bundle.score is not None else self.scorer
