@@ -30,6 +30,9 @@ _build_error: BuildError | None = None
 # Servers the tests start (coordinator, reward, inference) listen where the runtime contract says:
 # $RFT_BIND_HOST; for tests that is loopback.
 os.environ.setdefault("RFT_BIND_HOST", "127.0.0.1")
+# eval_protocol imports LiteLLM, which would fetch a price list from the internet on import; the
+# runtime sets this before its own import (rft_runtime.rewards.eval_protocol), the tests from the start.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def _skip_cluster() -> bool:

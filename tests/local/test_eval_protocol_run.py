@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("eval_protocol")
-
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "07-eval-protocol.yaml"
 WINDOW = 3
 MIN_GAIN = 0.05

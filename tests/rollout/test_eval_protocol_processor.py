@@ -17,18 +17,18 @@ import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from rft_runtime.integrations.eval_protocol import RFTRolloutProcessor, episodes_from_rows, split_row
+from rft_runtime.rewards.eval_protocol import import_eval_protocol
+from rft_runtime.rollout import ChatTokenizer
+
 from .conftest import MODEL_NAME, TINY_MODEL
 
-pytest.importorskip("eval_protocol")
-
-from eval_protocol.models import EvaluationRow, InputMetadata, Message  # noqa: E402
-from eval_protocol.pytest.types import RolloutProcessorConfig  # noqa: E402
-
-from rft_runtime.integrations.eval_protocol import RFTRolloutProcessor, episodes_from_rows, split_row  # noqa: E402
-from rft_runtime.rollout import ChatTokenizer  # noqa: E402
+_models = import_eval_protocol()  # eval_protocol through our import: offline, logging left as it was
+EvaluationRow, InputMetadata, Message = _models.EvaluationRow, _models.InputMetadata, _models.Message
 
 EXTRA_KEYS = {"prompt_ids", "completion_ids", "inference_logprobs", "completions_text", "truncated", "finish_reasons"}
 
@@ -56,7 +56,7 @@ EVAL_TEST = textwrap.dedent('''
 ''')
 
 
-def check_row(row: EvaluationRow, tok: ChatTokenizer, n: int) -> None:
+def check_row(row: Any, tok: ChatTokenizer, n: int) -> None:
     """The extra fields have exactly the processor's shapes and agree with the prompt and each other."""
     extra = row.execution_metadata.extra
     assert EXTRA_KEYS <= set(extra)
@@ -74,6 +74,8 @@ def check_row(row: EvaluationRow, tok: ChatTokenizer, n: int) -> None:
 
 
 async def test_rows_are_training_ready_and_keep_existing_extra(builtin_server, chat_tokenizer):
+    from eval_protocol.pytest.types import RolloutProcessorConfig
+
     processor = RFTRolloutProcessor(tokenizer=TINY_MODEL, base_url=builtin_server, model=MODEL_NAME, n=3)
     row = EvaluationRow(messages=[Message(role="user", content="What is 2 + 3?")], ground_truth="5",
                         input_metadata=InputMetadata(row_id="sum-1"))

@@ -28,12 +28,14 @@ the composite calls it once per group. ``is_score_valid: false`` on the result f
 Importing ``eval_protocol`` imports LiteLLM, which would fetch a model price list from the internet on
 import; :func:`import_eval_protocol` makes it use its bundled copy (``LITELLM_LOCAL_MODEL_COST_MAP``)
 unless the environment already says otherwise, and turns off Eval Protocol's SQLite row log in
-``$HOME`` (``DISABLE_EP_SQLITE_LOG``), which a scoring pod has no use for.
+``$HOME`` (``DISABLE_EP_SQLITE_LOG``), which a scoring pod has no use for. LiteLLM also sets the
+``httpx`` logger to WARNING for the whole process on import; its level is put back.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import warnings
 from types import ModuleType
@@ -56,12 +58,16 @@ def import_eval_protocol() -> ModuleType:
     """``eval_protocol.models``, imported without network access; ConfigError when it is missing."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("DISABLE_EP_SQLITE_LOG", "1")  # no row log in $HOME from the scoring pods
+    httpx_log = logging.getLogger("httpx")
+    level = httpx_log.level
     try:
         with warnings.catch_warnings():  # its models use pydantic v1-style config (a deprecation warning)
             warnings.simplefilter("ignore", DeprecationWarning)
             from eval_protocol import models
     except ImportError as exc:
         raise ConfigError(f"{_INSTALL} ({exc})") from None
+    finally:
+        httpx_log.setLevel(level)  # LiteLLM quiets httpx's request log for the whole process on import
     return models
 
 
