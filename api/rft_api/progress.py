@@ -114,6 +114,8 @@ class Progress(_Model):
     """Standard deviation of the last step's rewards."""
     eval_score: Optional[float] = None
     """Mean reward on the evaluation set at the last evaluation."""
+    eval_domain_scores: dict[str, float] = Field(default_factory=dict)
+    """Mean reward per task domain at the last evaluation (when the evaluation set has several domains)."""
     samples_scored: Count = 0
     """Samples that reached the evaluator (cumulative); the denominator of the error counters."""
     errors: ProgressErrors = Field(default_factory=ProgressErrors)

@@ -163,6 +163,22 @@ class DataSource(ApiModel):
     """Seed for generation and shuffling."""
 
 
+DomainName = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([-_.A-Za-z0-9]*[A-Za-z0-9])?$")]
+
+
+class DomainMix(ApiModel):
+    domain: DomainName
+    """A domain tag of the training tasks (a task's `domain` field; the builtin datasets tag theirs `math`)."""
+    weight: float = Field(gt=0, le=1000)
+    """Its share of every step's prompts (weights are normalised to probabilities)."""
+
+
+@rules(Rule(
+    cel="!has(self.mix) || self.mix.all(x, self.mix.exists_one(y, y.domain == x.domain))",
+    message="each domain may appear in dataset.mix once",
+    field=".mix",
+    check=lambda d: d.mix is None or len({m.domain for m in d.mix}) == len(d.mix),
+))
 class DatasetSpec(ApiModel):
     train: DataSource
     """Tasks to train on."""
@@ -170,6 +186,8 @@ class DatasetSpec(ApiModel):
     """Held-out tasks for periodic evaluation."""
     shuffle: bool = True
     """Shuffle the training tasks every epoch (deterministically, from the seed)."""
+    mix: Optional[list[DomainMix]] = Field(None, min_length=1, max_length=64)
+    """Mix the training tasks by domain: each step's prompts are split across these domains in proportion to their weights (the same counts every step, largest remainder first), each domain drawn from its own seeded, resumable order. Every training task's domain must be listed."""
 
 
 # ---------------------------------------------------------------- evaluator
@@ -258,6 +276,8 @@ class EvaluatorEntry(ApiModel):
     """Secret holding an API key (llm_judge); given to the reward pods as an environment variable."""
     weight: float = Field(1.0, ge=0, le=1000)
     """Weight in the combined reward (weighted mean over evaluators that apply)."""
+    domains: Optional[list[DomainName]] = Field(None, min_length=1, max_length=64)
+    """Only tasks of these domains are scored by this evaluator; for the others it does not apply (left out of the weighted mean). All domains when unset."""
     timeout_seconds: Optional[float] = Field(None, gt=0, le=3600)
     """Per-sample timeout for this evaluator; defaults to evaluator.timeoutSeconds."""
 

@@ -105,6 +105,10 @@ class RFTJobStatus(ApiModel):
     """Standard deviation of the reward in the last step."""
     eval_score: Optional[float] = None
     """Mean reward on the evaluation set at the last evaluation."""
+    domain_rewards: dict[str, float] = Field(default_factory=dict)
+    """Mean reward of the last step per task domain (dataset.mix, per-domain evaluators)."""
+    eval_domain_scores: dict[str, float] = Field(default_factory=dict)
+    """Mean reward per task domain at the last evaluation (when the evaluation set has several domains)."""
     last_checkpoint: Optional[CheckpointRecord] = None
     """The latest complete checkpoint."""
     checkpoints: list[CheckpointRecord] = Field(default_factory=list, max_length=1000)

@@ -196,6 +196,26 @@ def test_eval_protocol_evaluation_test_as_the_reward(driver: JobDriver) -> None:
     assert "model cost map" not in log and "Traceback" not in log, log[-3000:]
 
 
+def test_multi_domain_mix_with_routed_evaluators(driver: JobDriver) -> None:
+    """Scenario 3d: ``examples/08-multi-domain.yaml`` (tasks of three domains in a ConfigMap, mixed
+    0.5/0.3/0.2, the math rule for two domains and the code sandbox in the reward role for the third)
+    trains to Succeeded; every step holds each domain's share, each evaluator scored its own domain
+    only, and the status shows the reward per domain."""
+    job = "multi-domain"
+    driver.apply_file(EXAMPLES / "08-multi-domain.yaml")
+    spec = driver.job(job)["spec"]
+    n, max_steps = spec["rollout"]["samplesPerPrompt"], spec["trainer"]["maxSteps"]
+    st = driver.wait_phase(job, "Succeeded", START_S + 420)
+    assert st["step"] == max_steps and st["errors"]["runtimeErrors"] == 0 and st["errors"]["timeouts"] == 0, st
+    assert sorted(st["domainRewards"]) == ["arithmetic", "code", "words"], st
+    assert [k for k in driver.children(job) if k[1] == names.reward(job)]  # the code sandbox's reward role
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    for r in rows:
+        assert [r[f"domain/{d}/samples"] for d in ("arithmetic", "words", "code")] == [5 * n, 3 * n, 2 * n], r
+        assert all(abs(r[f"reward/{d}"] - r[f"domain/{d}/mean"]) < 1e-9 for d in ("arithmetic", "words", "code")), r
+
+
 def _reward_samples_scored(pod: dict) -> float | None:
     """``rft_reward_samples_total`` from the reward pod's /metrics (None when it does not answer)."""
     url = f"http://{pod['status']['podIP']}:8200/metrics"

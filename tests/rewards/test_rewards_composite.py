@@ -198,3 +198,39 @@ async def test_build_composite_from_config(eval_module: str, eval_file: Path, tm
     # math: "#### 12" → 1.0 (w2); exact: "#### 12" != "12" → 0.0 (w1); ascore 0.5 (w1); n/a skipped
     assert r.reward == pytest.approx((2 * 1.0 + 0.0 + 0.5) / 4)
     assert r.metrics["ascore/length"] == 7.0 and "not_applicable" not in r.metrics
+
+
+async def test_evaluators_with_domains_score_only_their_tasks():
+    """``evaluators[].domains`` routes: an evaluator is not called for another domain's task, and the
+    combined reward is the mean over those that apply."""
+    calls: list[str] = []
+
+    class Named:
+        def __init__(self, name: str, reward: float) -> None:
+            self.name, self.reward = name, reward
+
+        def score(self, sample, item):
+            calls.append(self.name)
+            return self.reward
+
+    comp = CompositeEvaluator([Slot("arith", Named("arith", 1.0), domains=frozenset({"arithmetic"})),
+                               Slot("code", Named("code", 0.25), domains=frozenset({"code"})),
+                               Slot("length", Named("length", 0.5))])
+    arith = await comp.score(Sample(text="4"), Item(domain="arithmetic"))
+    assert arith.reward == pytest.approx(0.75) and set(arith.metrics) == {"arith", "length"}
+    assert sorted(calls) == ["arith", "length"]
+    calls.clear()
+    group = await comp.score_group([Sample(text="a"), Sample(text="b")], Item(domain="code"))
+    assert [r.reward for r in group] == [pytest.approx(0.375)] * 2 and sorted(calls) == ["code", "code", "length", "length"]
+    calls.clear()
+    other = await comp.score(Sample(text="x"), Item(domain="poetry"))
+    assert other.reward == 0.5 and calls == ["length"]
+    await comp.aclose()
+
+
+def test_evaluator_domains_come_from_the_spec():
+    cfg = from_spec({"evaluators": [{"name": "a", "builtin": "math", "domains": ["arithmetic", "words"]},
+                                    {"name": "b", "builtin": "math"}]})
+    assert [e.domains for e in cfg.evaluators] == [["arithmetic", "words"], None]
+    comp = build_composite(cfg)
+    assert [s.domains for s in comp.slots] == [frozenset({"arithmetic", "words"}), None]

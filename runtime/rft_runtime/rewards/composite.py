@@ -1,7 +1,8 @@
 """Several evaluators combined by weight, each under a per-sample timeout.
 
 Combined reward = Σ wᵢ·rᵢ / Σ wᵢ over the evaluators whose reward rᵢ is not None (None when all are
-None, or when only weight-0 evaluators applied: weight 0 means "logged, not rewarded").
+None, or when only weight-0 evaluators applied: weight 0 means "logged, not rewarded"). An evaluator
+with ``domains`` is not called for a task of another domain (ROLL's per-domain reward routing).
 
 Errors. When an evaluator *raises* (an exception, an ``EvaluatorError``) or overruns its timeout,
 its result carries the error flag (``runtime_error``, the EvaluatorError's kind, ``timeout``) and its
@@ -41,6 +42,11 @@ class Slot:
     evaluator: Any
     weight: float = 1.0
     timeout_seconds: float = 30.0
+    domains: frozenset[str] | None = None
+    """The task domains it scores (``evaluators[].domains``); None: all."""
+
+    def applies(self, item: Item) -> bool:
+        return self.domains is None or item.domain in self.domains
 
 
 def _is_async(evaluator: Any) -> bool:
@@ -108,26 +114,31 @@ class CompositeEvaluator:
             return [self._failure(slot, exc)] * len(samples)
 
     async def score_all(self, sample: Sample, item: Item) -> dict[str, ScoreResult]:
-        """Each evaluator's own result, by name."""
-        results = await asyncio.gather(*(self._call(s, sample, item) for s in self.slots))
-        return dict(zip(self.names, results))
+        """Each evaluator's own result, by name (only those whose ``domains`` include the task's)."""
+        slots = [s for s in self.slots if s.applies(item)]
+        results = await asyncio.gather(*(self._call(s, sample, item) for s in slots))
+        return {s.name: r for s, r in zip(slots, results)}
 
     async def score_group(self, samples: list[Sample], item: Item) -> list[ScoreResult]:
         """The combined results for the samples of one task, in order. Groupwise evaluators (those
         with ``grouped`` true, e.g. an Eval Protocol groupwise test) see the whole group in one call,
         which ``timeoutSeconds`` bounds; the others score each sample as :meth:`score` does."""
-        per_slot = await asyncio.gather(*(self._call_group(s, samples, item) for s in self.slots))
-        return [self.combine({slot.name: results[i] for slot, results in zip(self.slots, per_slot)})
+        slots = [s for s in self.slots if s.applies(item)]
+        per_slot = await asyncio.gather(*(self._call_group(s, samples, item) for s in slots))
+        return [self.combine({slot.name: results[i] for slot, results in zip(slots, per_slot)})
                 for i in range(len(samples))]
 
     def combine(self, results: dict[str, ScoreResult]) -> ScoreResult:
-        """The weighted mean and merged metrics of per-evaluator results."""
+        """The weighted mean and merged metrics of per-evaluator results (an evaluator without a
+        result, one whose ``domains`` leave the task out, does not take part)."""
         total_w = total = 0.0
         metrics: dict[str, float] = {}
         error = None
         reasons = []
         for slot in self.slots:
-            res = results[slot.name]
+            res = results.get(slot.name)
+            if res is None:
+                continue
             if res.reward is not None:
                 metrics[slot.name] = res.reward
                 if slot.weight > 0:

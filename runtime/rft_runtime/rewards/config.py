@@ -42,6 +42,7 @@ class EvaluatorEntry:
     function: str = "score"
     config: dict[str, Any] = field(default_factory=dict)
     explicit_name: bool = False
+    domains: list[str] | None = None
 
 
 @dataclass
@@ -94,7 +95,8 @@ def _entry(e: SpecEntry, index: int, file_path: str | None, key_env: str | None)
 
     config = dict(e.config.model_dump(by_alias=True, exclude_none=True)) if e.config is not None else {}
     entry = EvaluatorEntry(name=e.name or _default_name(e), kind="builtin", weight=e.weight, timeout_seconds=e.timeout_seconds,
-                           config=config, explicit_name=e.name is not None)
+                           config=config, explicit_name=e.name is not None,
+                           domains=list(e.domains) if e.domains is not None else None)
     where = f"spec.evaluator.evaluators[{index}]"
     if e.builtin is not None:
         if e.builtin not in BUILTINS:

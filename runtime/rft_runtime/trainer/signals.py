@@ -73,7 +73,8 @@ def reward_metrics(seqs: Sequence[TrainSequence], evaluators: Sequence[str] = ()
     ``reward_std``, ``reward_min``, ``reward_max``, ``reward_none_frac``) and per evaluator
     (``reward/<name>``: the mean of each evaluator's own reward, from the episode metrics the
     reward composite writes under the evaluator's name) and per task domain (``domain/<d>/mean``,
-    ``domain/<d>/std``)."""
+    ``domain/<d>/std`` of the rewards; ``domain/<d>/samples``, ``domain/<d>/response_len_mean`` and
+    ``domain/<d>/truncated_frac`` of every sequence)."""
     vals = [s.reward for s in seqs if s.reward is not None]
     out = _stats("reward", vals)
     out["reward_none_frac"] = 1.0 - len(vals) / max(len(seqs), 1)
@@ -90,12 +91,18 @@ def reward_metrics(seqs: Sequence[TrainSequence], evaluators: Sequence[str] = ()
     for name, vs in per_eval.items():
         out[f"reward/{name}"] = sum(vs) / len(vs)
     per_domain: dict[str, list[float]] = {}
+    domain_seqs: dict[str, list[TrainSequence]] = {}
     for s in seqs:
+        domain_seqs.setdefault(s.domain, []).append(s)
         if s.reward is not None:
             per_domain.setdefault(s.domain, []).append(s.reward)
     for domain, vs in sorted(per_domain.items()):
         stats = _stats("x", vs)
         out[f"domain/{domain}/mean"], out[f"domain/{domain}/std"] = stats["x_mean"], stats["x_std"]
+    for domain, ds in sorted(domain_seqs.items()):  # how each domain's samples looked
+        out[f"domain/{domain}/samples"] = float(len(ds))
+        out[f"domain/{domain}/response_len_mean"] = sum(s.model_tokens for s in ds) / len(ds)
+        out[f"domain/{domain}/truncated_frac"] = sum(bool(s.truncated) for s in ds) / len(ds)
     return out
 
 

@@ -51,7 +51,7 @@ from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 from ..algos import DynamicSampler, tis_weights
 from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, EpisodeLimits, Group
 from ..coordinator.server import CoordinatorServer
-from ..data import DataCursor, Task
+from ..data import DataCursor, DomainMixCursor, Task
 from ..metrics_sink import MetricsSink, read_metrics
 from ..model.loading import load_tokenizer, resolve_model_dir
 from ..progress import ConfigMapProgressSink, FileProgressSink, clip_message, finite, now_rfc3339
@@ -277,6 +277,7 @@ class Trainer:
         self.step_count = 0
         self.policy_version = 0
         self.eval_score: float | None = None
+        self.eval_domain_scores: dict[str, float] = {}
         self.counters: dict[str, float] = {}
         self._coord_base = {"dropped": 0, "reissued": 0, "refused": 0}  # coordinator counters of earlier attempts
         self._pending: list[dict[str, Any]] = []
@@ -349,7 +350,14 @@ class Trainer:
         """Training tasks behind a seeded cursor; the evaluation tasks when evaluation is on."""
         spec, files = self.spec, self.cfg.paths.datasets
         self.tasks = load_tasks(spec.dataset.train, "train", files)
-        self.cursor = DataCursor(self.tasks, seed=spec.dataset.train.seed, shuffle=spec.dataset.shuffle)
+        self.cursor: DataCursor | DomainMixCursor
+        if spec.dataset.mix:
+            self.cursor = DomainMixCursor(self.tasks, [(m.domain, m.weight) for m in spec.dataset.mix],
+                                          seed=spec.dataset.train.seed, shuffle=spec.dataset.shuffle)
+            log.info("domain mix per step of %d prompts: %s", spec.rollout.prompts_per_step,
+                     ", ".join(f"{d} {n}" for d, n in self.cursor.counts(spec.rollout.prompts_per_step).items()))
+        else:
+            self.cursor = DataCursor(self.tasks, seed=spec.dataset.train.seed, shuffle=spec.dataset.shuffle)
         self.eval_tasks: list[Task] = []
         ev = spec.evaluation
         if ev is not None and ev.every_steps > 0 and spec.dataset.eval is not None:
@@ -574,19 +582,27 @@ class Trainer:
             m[f"coord/{k}"] = v
         if self.eval_score is not None:
             m["eval_score"] = self.eval_score
+            if len(self.eval_domain_scores) > 1:
+                m.update({f"eval_score/{d}": v for d, v in self.eval_domain_scores.items()})
         return m
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> float | None:
-        """Mean reward on the evaluation tasks under the current policy (no training)."""
+        """Mean reward on the evaluation tasks under the current policy (no training); the mean of
+        each task domain is kept in ``eval_domain_scores`` (``eval_score/<domain>`` in the metrics)."""
         ev = self.spec.evaluation
         assert ev is not None
         sampling = sampling_params(self.spec, ev.temperature)
         keys = self._submit([t.to_dict() for t in self.eval_tasks], purpose="eval", n=ev.samples_per_prompt,
                             sampling=sampling)
         groups = self._collect(keys)
-        vals = [e.reward for g in groups for e in g.episodes]
-        vals = [float(v) for v in vals if isinstance(v, (int, float))]
+        by_domain: dict[str, list[float]] = {}
+        for g in groups:
+            domain = str(g.task.get("domain") or "default")
+            by_domain.setdefault(domain, []).extend(
+                float(e.reward) for e in g.episodes if isinstance(e.reward, (int, float)))
+        self.eval_domain_scores = {d: sum(v) / len(v) for d, v in sorted(by_domain.items()) if v}
+        vals = [v for vs in by_domain.values() for v in vs]
         return sum(vals) / len(vals) if vals else None
 
     # ---------------------------------------------------------------- checkpoints, progress
@@ -618,6 +634,8 @@ class Trainer:
             attempt=self.attempt, step=self.step_count, total_steps=self.max_steps,
             policy_version=self.policy_version, reward_mean=finite(last.get("reward_mean")),
             reward_std=finite(last.get("reward_std")), eval_score=finite(self.eval_score),
+            eval_domain_scores={d: v for d, v in self.eval_domain_scores.items()
+                                if len(self.eval_domain_scores) > 1 and finite(v) is not None},
             samples_scored=int(self.counters.get("samples_scored", 0)),
             errors=ProgressErrors(
                 timeouts=int(self.counters.get("errors/timeout", 0)),

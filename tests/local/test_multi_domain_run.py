@@ -1,0 +1,31 @@
+"""`rft run` of examples/08-multi-domain.yaml: three domains mixed 0.5/0.3/0.2, each scored only by
+its own evaluator (math rule twice, the code sandbox), with per-domain metrics every step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "08-multi-domain.yaml"
+
+
+def test_the_multi_domain_example_mixes_routes_and_reports_per_domain(tmp_path, tiny_model, rft):
+    spec = next(d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d["kind"] == "RFTJob")["spec"]
+    n, max_steps = spec["rollout"]["samplesPerPrompt"], spec["trainer"]["maxSteps"]
+    out = tmp_path / "out"
+    code = rft.run(["run", str(EXAMPLE), "--out", str(out), "--no-progress"], tmp_path / "rft.log")
+    log = (tmp_path / "rft.log").read_text()
+    assert code == 0, log[-4000:]
+    rows = rft.rows(out)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    for r in rows:
+        # every step holds each domain's share: 5/3/2 prompts of n samples each
+        assert [r[f"domain/{d}/samples"] for d in ("arithmetic", "words", "code")] == [5 * n, 3 * n, 2 * n]
+        # each evaluator scored its own domain only: its mean is that domain's reward mean
+        for d in ("arithmetic", "words", "code"):
+            assert r[f"reward/{d}"] == pytest.approx(r[f"domain/{d}/mean"]), (d, r)
+            assert 0.0 <= r[f"domain/{d}/truncated_frac"] <= 1.0 and r[f"domain/{d}/response_len_mean"] > 0
+        overall = (5 * r["domain/arithmetic/mean"] + 3 * r["domain/words/mean"] + 2 * r["domain/code/mean"]) / 10
+        assert r["reward_mean"] == pytest.approx(overall)
