@@ -31,7 +31,7 @@ def test_full_record_round_trips() -> None:
         "checkpoints": [{"step": 10, "path": "/checkpoints/step-10", "time": "2025-01-01T00:00:00Z"}],
         "done": False, "message": "resumed from step 10", "updateTime": "2025-01-01T00:01:00Z",
         "rewardCurve": [{"step": 19, "mean": 0.7, "std": 0.25}, {"step": 20, "mean": 0.75, "std": 0.2}],
-        "domainRewards": {"math": 0.8, "code": 0.7},
+        "domainRewards": {"math": 0.8, "code": 0.7}, "evalDomainScores": {"math": 0.65, "code": 0.55},
         "finalModel": {"path": "final", "format": "lora", "mergedPath": "final/merged"}}
     p = parse_text(json.dumps(record))
     assert json.loads(p.to_data()["progress.json"]) == record
