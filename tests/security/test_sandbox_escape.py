@@ -266,6 +266,10 @@ def test_as_an_unprivileged_uid_without_capabilities(seccomp):
         (base / "server.key").write_text("POD-SECRET-3")
         os.chmod(base / "server.key", 0o600)
         shutil.copyfile(LAUNCHER, base / "launcher.py")
+        # uid 1000 reads the profile from here: the checkout may sit in a directory only root can
+        # enter (a clone in `mktemp -d`, mode 0700), as the launcher might
+        shutil.copyfile(SECCOMP_PROFILE, base / "seccomp.json")
+        os.chmod(base / "seccomp.json", 0o644)
         for p in (work, work / "solution.py", work / "_rft_harness.py", base / "server.key"):
             os.chown(p, uid, uid)
         os.chmod(work, 0o700)
@@ -273,7 +277,7 @@ def test_as_an_unprivileged_uid_without_capabilities(seccomp):
                "sandbox_uid": 65534, "sandbox_gid": 65534, "limits": {"cpu": 10, "nproc": 32, "as": 512 << 20},
                "mode": "auto", "denied_paths": [], "readable_paths": list(DEFAULT_READABLE_PATHS)}
         driver = base / "driver.py"
-        prelude = SECCOMP_PRELUDE.format(lib=LIBSECCOMP, profile=str(SECCOMP_PROFILE)) if seccomp else ""
+        prelude = SECCOMP_PRELUDE.format(lib=LIBSECCOMP, profile=str(base / "seccomp.json")) if seccomp else ""
         driver.write_text(
             "import json, os, subprocess, sys\n" + prelude +
             "r, w = os.pipe()\n"
