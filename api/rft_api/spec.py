@@ -166,11 +166,30 @@ class DataSource(ApiModel):
 DomainName = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9]([-_.A-Za-z0-9]*[A-Za-z0-9])?$")]
 
 
+@rules(Rule(
+    cel="!has(self.min) || !has(self.max) || self.min < self.max",
+    message="rewardClip.min must be below rewardClip.max",
+    field="",
+    check=lambda c: c.min is None or c.max is None or c.min < c.max,
+))
+class RewardClip(ApiModel):
+    min: Optional[float] = Field(None, ge=-1e6, le=1e6)
+    """Rewards below are raised to it."""
+    max: Optional[float] = Field(None, ge=-1e6, le=1e6)
+    """Rewards above are lowered to it."""
+
+
 class DomainMix(ApiModel):
     domain: DomainName
     """A domain tag of the training tasks (a task's `domain` field; the builtin datasets tag theirs `math`)."""
     weight: float = Field(gt=0, le=1000)
     """Its share of every step's prompts (weights are normalised to probabilities)."""
+    reward_clip: Optional[RewardClip] = None
+    """Clip this domain's rewards to [min, max] before the advantages (first of clip, scale, normalisation; logged rewards stay as scored)."""
+    reward_scale: float = Field(1.0, gt=0, le=1000)
+    """Multiply this domain's rewards (after clipping) before the advantages."""
+    reward_normalization: Literal["none", "batch", "running"] = "none"
+    """Standardise this domain's rewards (after clip and scale): none; batch (this step's mean and std of the domain); running (the domain's mean and std over every step so far, kept in the checkpoint)."""
 
 
 @rules(Rule(

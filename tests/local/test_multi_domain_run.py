@@ -3,6 +3,7 @@ its own evaluator (math rule twice, the code sandbox), with per-domain metrics e
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -28,4 +29,11 @@ def test_the_multi_domain_example_mixes_routes_and_reports_per_domain(tmp_path, 
             assert r[f"reward/{d}"] == pytest.approx(r[f"domain/{d}/mean"]), (d, r)
             assert 0.0 <= r[f"domain/{d}/truncated_frac"] <= 1.0 and r[f"domain/{d}/response_len_mean"] > 0
         overall = (5 * r["domain/arithmetic/mean"] + 3 * r["domain/words/mean"] + 2 * r["domain/code/mean"]) / 10
-        assert r["reward_mean"] == pytest.approx(overall)
+        assert r["reward_mean"] == pytest.approx(overall)  # the logged rewards are the evaluators' own
+        # code's rewards were clipped to [0, 1] and halved before the advantages
+        assert r["domain/code/shaped_mean"] == pytest.approx(0.5 * r["domain/code/mean"])
+        assert "domain/arithmetic/shaped_mean" in r and "domain/words/shaped_mean" not in r
+    # arithmetic's running moments went into the last checkpoint: every arithmetic sample of the job
+    latest = (out / "checkpoints" / "latest").read_text().strip()
+    state = json.loads((out / "checkpoints" / latest / "trainer_state.json").read_text())
+    assert state["reward_moments"]["arithmetic"]["count"] == 5 * n * max_steps

@@ -68,6 +68,7 @@ from .model_io import Reference, compute_dtype, load_policy
 from .publisher import FINAL_DIR, WeightPublisher, export_final_model
 from .reload import reload_protocol
 from .replicas import InferenceReplicas
+from .reward_shaping import RewardShaper
 from .signals import (
     advantage_metrics,
     advantages,
@@ -350,6 +351,7 @@ class Trainer:
         """Training tasks behind a seeded cursor; the evaluation tasks when evaluation is on."""
         spec, files = self.spec, self.cfg.paths.datasets
         self.tasks = load_tasks(spec.dataset.train, "train", files)
+        self.shape_rewards = RewardShaper(spec.dataset.mix)
         self.cursor: DataCursor | DomainMixCursor
         if spec.dataset.mix:
             self.cursor = DomainMixCursor(self.tasks, [(m.domain, m.weight) for m in spec.dataset.mix],
@@ -382,6 +384,7 @@ class Trainer:
         self._pending = list(state.pending_tasks)
         self.counters = dict(state.counters)
         self.eval_score = state.eval_score
+        self.shape_rewards.load_state_dict(state.reward_moments)
         self.resumed_from = state.step
         previous = self.progress_sink.read()
         if previous is not None:  # counters are cumulative over the job, across restarts
@@ -511,6 +514,7 @@ class Trainer:
                 self._prefetched_tasks = self._next_tasks(self.spec.rollout.prompts_per_step)
                 self._prefetched = self._submit(self._prefetched_tasks)
             seqs = sequences_from_groups(groups, vocab_size=self.limits.vocab_size, max_len=self.limits.max_model_len)
+            seqs, shaped = self.shape_rewards(seqs)
             self._command("train", seqs, step_no)
             assert self.worker is not None
             res = self.worker.train(seqs, step_no, times)
@@ -526,6 +530,7 @@ class Trainer:
                     self.save_checkpoint()
         metrics.update(self._step_metrics(seqs, sequences_from_groups(everything), everything, adv, upd, ds,
                                           times.seconds))
+        metrics.update(shaped)
         if self.trackers:
             metrics["tracking_errors"] = sum(t.errors for t in self.trackers)
         row = self.metrics.log(step_no, metrics)
@@ -613,7 +618,8 @@ class Trainer:
         state = TrainerState(step=self.step_count, policy_version=self.policy_version,
                              cursor=self.cursor.state_dict(), pending_tasks=pending,
                              next_seq=self.coordinator.next_seq, counters=dict(self.counters),
-                             eval_score=self.eval_score, run=self._run_identity())
+                             eval_score=self.eval_score, run=self._run_identity(),
+                             reward_moments=self.shape_rewards.state_dict())
         def write(d: Path) -> None:
             self._command("save", str(d), None)
             assert self.worker is not None
