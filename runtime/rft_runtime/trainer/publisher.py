@@ -124,15 +124,18 @@ class WeightPublisher:
         write_text_atomic(self.root / CURRENT_WEIGHTS_FILE, json.dumps({"policy_version": version, "path": path.name}))
 
     def load_endpoint(self, url: str, path: Path, version: int) -> None:
-        """Load ``version`` into one endpoint, retire the versions no longer kept, and verify the
-        policy version it reports. :class:`ReplicaGone` when it stops answering and is no longer listed."""
+        """Retire the versions no longer kept once ``version`` is published, load ``version`` into one
+        endpoint, and verify the policy version it reports. Retiring first keeps at most ``keep``
+        versions served at any moment (vLLM's ``--max-loras`` slots: a third adapter would evict one in
+        use); the one retired is older than every version a task may still be granted. :class:`ReplicaGone`
+        when it stops answering and is no longer listed."""
         url = url.rstrip("/")
         with httpx.Client(timeout=self.attempt_timeout_s, headers=auth.client_headers()) as http:
             call = self._caller(http, present=lambda: self.replicas.present(url))
-            self.protocol.load(call, url, str(path), version)
             retired = self.protocol.retire(call, url, self.kept_versions(version))
             if retired:
                 log.info("%s: retired policy versions %s", url, retired)
+            self.protocol.load(call, url, str(path), version)
             reported = self.protocol.reported_version(call, url)
             if reported != version:
                 raise PublishError(f"{url}: reports policy version {reported} after loading version {version}")
