@@ -208,6 +208,7 @@ def test_multi_domain_mix_with_routed_evaluators(driver: JobDriver) -> None:
     st = driver.wait_phase(job, "Succeeded", START_S + 420)
     assert st["step"] == max_steps and st["errors"]["runtimeErrors"] == 0 and st["errors"]["timeouts"] == 0, st
     assert sorted(st["domainRewards"]) == ["arithmetic", "code", "words"], st
+    assert sorted(st["evalDomainScores"]) == ["arithmetic", "code", "words"] and st["evalScore"] is not None, st
     assert [k for k in driver.children(job) if k[1] == names.reward(job)]  # the code sandbox's reward role
     rows = driver.metrics_rows(job)
     assert [r["step"] for r in rows] == list(range(1, max_steps + 1))

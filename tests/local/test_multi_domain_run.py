@@ -33,6 +33,12 @@ def test_the_multi_domain_example_mixes_routes_and_reports_per_domain(tmp_path, 
         # code's rewards were clipped to [0, 1] and halved before the advantages
         assert r["domain/code/shaped_mean"] == pytest.approx(0.5 * r["domain/code/mean"])
         assert "domain/arithmetic/shaped_mean" in r and "domain/words/shaped_mean" not in r
+    # validation per domain: every 4 steps, each domain's held-out score, the overall one their mean by sample
+    evaluated = [r for r in rows if "eval_score" in r and r["step"] % 4 == 0]
+    assert [r["step"] for r in evaluated] == [4, 8]
+    for r in evaluated:
+        per = [r[f"eval_score/{d}"] for d in ("arithmetic", "words", "code")]
+        assert r["eval_score"] == pytest.approx((2 * per[0] + per[1] + per[2]) / 4)
     # arithmetic's running moments went into the last checkpoint: every arithmetic sample of the job
     latest = (out / "checkpoints" / "latest").read_text().strip()
     state = json.loads((out / "checkpoints" / latest / "trainer_state.json").read_text())

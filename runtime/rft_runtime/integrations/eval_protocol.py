@@ -77,15 +77,14 @@ class RFTRolloutProcessor(RolloutProcessor):
         self.base_url, self.model, self.n, self.api_key = url, model, n, api_key
         self.tokenizer = _chat_tokenizer(tokenizer)
         self.max_concurrency = max_concurrency
-        self._clients: dict[int, InferenceClient] = {}
+        self._clients: dict[tuple[int, str], InferenceClient] = {}
 
     def _client(self, model: str) -> InferenceClient:
-        key = id(asyncio.get_running_loop())  # an httpx client belongs to one event loop
-        client = self._clients.get(key)
-        if client is None or client.model != model:
-            client = InferenceClient(self.base_url, model, api_key=self.api_key, max_concurrency=self.max_concurrency)
-            self._clients[key] = client
-        return client
+        key = (id(asyncio.get_running_loop()), model)  # an httpx client belongs to one event loop
+        if key not in self._clients:
+            self._clients[key] = InferenceClient(self.base_url, model, api_key=self.api_key,
+                                                 max_concurrency=self.max_concurrency)
+        return self._clients[key]
 
     def _sampling(self, params: dict[str, Any]) -> tuple[SamplingParams, int]:
         unknown = sorted(k for k in ("top_p", "top_k") if params.get(k) not in (None, 1.0, -1))

@@ -195,10 +195,8 @@ class EvalProtocolEvaluator:
                          self.source)
 
     async def score_group(self, samples: Sequence[Sample], item: Item) -> list[ScoreResult]:
-        """The samples of one task, scored in one call of a groupwise or batch function (each sample
-        alone otherwise)."""
-        if not self.grouped:
-            return [await self.score(s, item) for s in samples]
+        """The samples of one task, scored in one call of a groupwise or batch function (the composite
+        calls it for those only: ``grouped``)."""
         if self.kind == "evaluation_test":
             out = await _await(self.fn([to_row(s, item) for s in samples]))
         else:

@@ -40,15 +40,8 @@ class RewardService:
         return cls(build_composite(config), concurrency=concurrency or config.concurrency)
 
     async def score(self, sample: Sample | Mapping[str, Any], item: Item | Mapping[str, Any] | None) -> ScoreResult:
-        """Scores one sample (waits for a concurrency slot)."""
-        if self._sem is None:
-            self._sem = asyncio.Semaphore(self.concurrency)
-        s, i = Sample.from_any(sample), Item.from_any(item)
-        async with self._sem:
-            started = time.perf_counter()
-            result = await self.evaluator.score(s, i)
-            self.metrics.observe(result, time.perf_counter() - started)
-        return result
+        """Scores one sample (waits for a concurrency slot): a group of one."""
+        return (await self.score_group([sample], item))[0]
 
     async def score_group(self, samples: list[Sample | Mapping[str, Any]],
                           item: Item | Mapping[str, Any] | None) -> list[ScoreResult]:

@@ -32,10 +32,7 @@ class InProcessScorer:
         self.service = RewardService.from_config(cfg)
 
     async def __call__(self, sample: Any, task: Any) -> Any:
-        t0 = time.perf_counter()
-        result = await self.service.score(Sample.from_any(sample), Item.from_any(_task_dict(task)))
-        result.metrics["time/reward"] = time.perf_counter() - t0
-        return result
+        return (await self.score_group([sample], task))[0]
 
     async def score_group(self, samples: list[Any], task: Any) -> list[Any]:
         """The samples of one task scored together (groupwise evaluators see them in one call)."""

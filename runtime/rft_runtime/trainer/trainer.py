@@ -587,14 +587,14 @@ class Trainer:
             m[f"coord/{k}"] = v
         if self.eval_score is not None:
             m["eval_score"] = self.eval_score
-            if len(self.eval_domain_scores) > 1:
-                m.update({f"eval_score/{d}": v for d, v in self.eval_domain_scores.items()})
+            m.update({f"eval_score/{d}": v for d, v in self.eval_domain_scores.items()})
         return m
 
     # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> float | None:
         """Mean reward on the evaluation tasks under the current policy (no training); the mean of
-        each task domain is kept in ``eval_domain_scores`` (``eval_score/<domain>`` in the metrics)."""
+        each task domain is kept in ``eval_domain_scores`` when there are several (``eval_score/<domain>``
+        in the metrics)."""
         ev = self.spec.evaluation
         assert ev is not None
         sampling = sampling_params(self.spec, ev.temperature)
@@ -606,7 +606,8 @@ class Trainer:
             domain = str(g.task.get("domain") or "default")
             by_domain.setdefault(domain, []).extend(
                 float(e.reward) for e in g.episodes if isinstance(e.reward, (int, float)))
-        self.eval_domain_scores = {d: sum(v) / len(v) for d, v in sorted(by_domain.items()) if v}
+        scores = {d: sum(v) / len(v) for d, v in sorted(by_domain.items()) if v}
+        self.eval_domain_scores = scores if len(scores) > 1 else {}
         vals = [v for vs in by_domain.values() for v in vs]
         return sum(vals) / len(vals) if vals else None
 
@@ -640,8 +641,7 @@ class Trainer:
             attempt=self.attempt, step=self.step_count, total_steps=self.max_steps,
             policy_version=self.policy_version, reward_mean=finite(last.get("reward_mean")),
             reward_std=finite(last.get("reward_std")), eval_score=finite(self.eval_score),
-            eval_domain_scores={d: v for d, v in self.eval_domain_scores.items()
-                                if len(self.eval_domain_scores) > 1 and finite(v) is not None},
+            eval_domain_scores=dict(self.eval_domain_scores),
             samples_scored=int(self.counters.get("samples_scored", 0)),
             errors=ProgressErrors(
                 timeouts=int(self.counters.get("errors/timeout", 0)),
