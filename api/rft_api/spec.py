@@ -365,6 +365,12 @@ class EvaluatorSpec(EvaluatorEntry):
             "sampling would bias every importance ratio (use temperature to shape sampling)",
     field=".topK",
     check=lambda r: r.top_k == -1,
+), Rule(
+    cel="self.tokens != 'recompute' || self.temperature == 1.0",
+    message="rollout.tokens recompute needs rollout.temperature 1.0: the log-probs are rebuilt from a prefill, "
+            "and engines return prompt log-probs before temperature",
+    field=".tokens",
+    check=lambda r: r.tokens != "recompute" or r.temperature == 1.0,
 ))
 class RolloutSpec(ApiModel):
     samples_per_prompt: int = Field(8, ge=1, le=256)
@@ -381,6 +387,8 @@ class RolloutSpec(ApiModel):
     """Maximum completion tokens per turn."""
     max_prompt_tokens: int = Field(1024, ge=1, le=131072)
     """A task whose rendered prompt is longer is not sampled: its episodes carry a prompt_too_long error."""
+    tokens: Literal["exact", "recompute"] = "exact"
+    """Where the training tokens come from. exact: samples are drawn with token-id prompts and the engine's own completion ids and log-probs are kept. recompute: samples are drawn as a plain chat client would (/v1/chat/completions, text only), then the reply is re-tokenised and its log-probs taken from one prefill at the same policy version (costs one prefill per sample; re-tokenisation can differ from the sampled ids; needs temperature 1.0). See docs/rollout-tokens.md."""
     max_turns: int = Field(1, ge=1, le=256)
     """Maximum assistant turns per conversation (multi-turn bundles); the episode ends there with termination reason max_turns."""
     replicas: int = Field(1, ge=1, le=256)

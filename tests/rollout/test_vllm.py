@@ -64,3 +64,27 @@ async def test_vllm_multi_turn_and_calculator_bundle(vllm_url, chat_tokenizer):
         merged = traj.merged()
         assert sum(merged.response_mask) == sum(len(s.response_ids) for s in traj.steps)
     assert all(not e.errors.any and e.reward in (0.0, 1.0) for e in calc_eps)
+
+
+async def test_vllm_recompute_tokens(vllm_url, chat_tokenizer, model):  # noqa: F811
+    """``rollout.tokens: recompute`` on vLLM: text from its chat route, ids re-tokenised, logprobs from
+    its prompt_logprobs prefill, which match transformers on the rebuilt sequence."""
+    from .test_recompute import _check_rebuilt
+
+    task = Task(task_id="v2", prompt="what is 2 + 3?", ground_truth="5")
+    sampling = SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    async with InferenceClient(vllm_url, MODEL_NAME, rng=random.Random(0)) as inference:
+        w = RolloutWorker(inference, chat_tokenizer, bundle=EvaluatorBundle("inline", rollout=_continue_loop(2)),
+                          tokens="recompute")
+        try:
+            eps = await w.rollout_task(task, 3, sampling, policy_version=4)
+        finally:
+            w.close()
+    assert w.recompute.stats["chat_requests"] == 6 and w.recompute.stats["measured"] == 6
+    for ep in eps:
+        assert not ep.errors.any, ep.errors
+        [traj] = ep.trajectories
+        assert len(traj.steps) == 2
+        for step in traj.steps:
+            assert step.policy_version == 4 and step.metadata["tokens"] == "recompute"
+            _check_rebuilt(step, chat_tokenizer, w.recompute, model, tol=VLLM_TOL)

@@ -10,6 +10,10 @@ never re-tokenised.
 Sampling settings: the job's temperature/top_p/top_k always apply (the trainer recomputes logprobs at
 the job's temperature; a different per-call value is ignored with a warning); `max_tokens` /
 `max_completion_tokens` may only lower the job's limit; `seed`, `stop` and `n` are honoured.
+
+With a `RecomputeSampler` (`rollout.tokens: recompute`) each sample is drawn through the engine's
+plain `/v1/chat/completions` route instead, and its ids and logprobs are rebuilt (see `recompute.py`);
+the conversation, recording and limits are the same.
 Settings that change the sampling distribution in ways the trainer cannot reproduce
 (`logit_bias`, non-zero `frequency_penalty`/`presence_penalty`, `extra_body` keys other than a few
 stop/detokenisation switches) and `stream=True` are refused.
@@ -42,6 +46,7 @@ from .openai_types import (
     CompletionUsage,
     TopLogprob,
 )
+from .recompute import RecomputeSampler
 from .recorder import DEFAULT_TRAJECTORY, RecordedSample, RolloutRecorder, message_dict
 from .sampling import SamplingParams
 from .tool_calls import ToolParser, parse_hermes_tool_calls
@@ -76,8 +81,10 @@ class ChatClient:
         tool_parser: ToolParser = parse_hermes_tool_calls,
         max_prompt_tokens: int | None = None,
         max_turns: int | None = None,
+        recompute: RecomputeSampler | None = None,
     ) -> None:
         self.inference = inference
+        self.recompute = recompute
         self.max_prompt_tokens = max_prompt_tokens
         self.max_turns = max_turns
         self.tokenizer = tokenizer
@@ -96,7 +103,7 @@ class ChatClient:
         view = ChatClient(
             self.inference, self.tokenizer, sampling=self.sampling, policy_version=self.policy_version,
             recorder=self.recorder, trajectory=name, tool_parser=self.tool_parser,
-            max_prompt_tokens=self.max_prompt_tokens, max_turns=self.max_turns,
+            max_prompt_tokens=self.max_prompt_tokens, max_turns=self.max_turns, recompute=self.recompute,
         )
         view._warned = self._warned
         return view
@@ -139,9 +146,15 @@ class ChatClient:
         if parent is not None and self.max_turns is not None and parent.turn >= self.max_turns:
             raise MaxTurnsReached(self.max_turns)
         seeds = [seed + i for i in range(n)] if seed is not None else None
-        samples = await self.inference.complete(
-            conversation.prompt_ids(), n, sampling, policy_version=self.policy_version, seeds=seeds
-        )
+        if self.recompute is not None:  # rollout.tokens: recompute (recompute.py)
+            samples = await self.recompute.sample(
+                [message_dict(m) for m in messages], conversation.prompt_ids(), n, sampling, tools=tools,
+                policy_version=self.policy_version, seeds=seeds,
+            )
+        else:
+            samples = await self.inference.complete(
+                conversation.prompt_ids(), n, sampling, policy_version=self.policy_version, seeds=seeds
+            )
         choices = []
         for i, sample in enumerate(samples):
             choices.append(self._record(i, sample, conversation, messages, parent, bool(tools), bool(logprobs)))

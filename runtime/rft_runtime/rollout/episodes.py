@@ -74,6 +74,6 @@ def _step(rec: RecordedSample, reward: float | None, last: bool) -> Step:
         truncated=s.truncated,
         messages=[dict(m) for m in rec.conversation.messages[:-1]],
         response_text=rec.message.get("content") or "",
-        metadata={"seed": s.seed, "server": s.server,
+        metadata={"seed": s.seed, "server": s.server, **s.metadata,
                   **({"tool_calls": rec.message["tool_calls"]} if rec.message.get("tool_calls") else {})},
     )

@@ -103,7 +103,7 @@ class RolloutLoop:
                                    max_concurrent_rollouts=spec.rollout.concurrency,
                                    rollout_timeout_s=spec.rollout.request_timeout_seconds,
                                    max_prompt_tokens=spec.rollout.max_prompt_tokens,
-                                   max_turns=spec.rollout.max_turns)
+                                   max_turns=spec.rollout.max_turns, tokens=spec.rollout.tokens)
             try:
                 await self._loop(coord, worker, scorer, per_lease)
             finally:

@@ -1,5 +1,8 @@
 """`RolloutWorker`: roll out one task n times and score the episodes.
 
+Tokens (`rollout.tokens`): `exact` samples with token ids and keeps the engine's; `recompute` samples
+through the plain chat route and rebuilds ids and logprobs (`recompute.py`).
+
 Default path (no bundle rollout): one chat call with `n` samples on the task's messages; sample i is
 episode `"{task_id}:{i}"`. Bundle path: `rollout(task, client)` runs n times concurrently, each with
 its own recording client; run i is episode `"{task_id}:{i}"`. See docs/evaluator-bundles.md for what
@@ -37,6 +40,7 @@ from .concurrency import run_all
 from .episodes import build_episode, episode_id
 from .errors import InferenceHTTPError, MaxTurnsReached, PromptTooLong, RolloutInfraError
 from .outcome import RunOutcome, score_view
+from .recompute import RecomputeSampler
 from .recorder import DEFAULT_TRAJECTORY, RolloutRecorder
 from .sampling import SamplingParams
 
@@ -59,6 +63,7 @@ class RolloutWorker:
         rollout_timeout_s: float | None = None,
         max_prompt_tokens: int | None = None,
         max_turns: int | None = None,
+        tokens: str = "exact",
     ) -> None:
         if max_concurrent_rollouts < 1:
             raise ValueError(f"max_concurrent_rollouts must be >= 1, got {max_concurrent_rollouts}")
@@ -69,6 +74,9 @@ class RolloutWorker:
         self.rollout_timeout_s = rollout_timeout_s
         self.max_prompt_tokens = max_prompt_tokens
         self.max_turns = max_turns
+        if tokens not in ("exact", "recompute"):
+            raise ValueError(f"tokens must be 'exact' or 'recompute', got {tokens!r}")
+        self.recompute = RecomputeSampler(inference, tokenizer) if tokens == "recompute" else None
         self._slots = asyncio.Semaphore(max_concurrent_rollouts)
         self._threads = max_concurrent_rollouts
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -95,7 +103,8 @@ class RolloutWorker:
 
     def _client(self, sampling: SamplingParams, policy_version: int, recorder: RolloutRecorder) -> ChatClient:
         return ChatClient(self.inference, self.tokenizer, sampling=sampling, policy_version=policy_version,
-                          recorder=recorder, max_prompt_tokens=self.max_prompt_tokens, max_turns=self.max_turns)
+                          recorder=recorder, max_prompt_tokens=self.max_prompt_tokens, max_turns=self.max_turns,
+                          recompute=self.recompute)
 
     async def _default_runs(self, task: Task, n: int, sampling: SamplingParams, policy_version: int) -> list[RunOutcome]:
         recorder = RolloutRecorder()
@@ -175,6 +184,9 @@ class RolloutWorker:
             "truncated_samples": float(sum(s.sample.truncated for s in samples)),
             **o.metrics,
         }
+        measured = [s.sample.metadata["sampled_ids_kept"] for s in samples if "sampled_ids_kept" in s.sample.metadata]
+        if measured:  # rollout.tokens recompute, on an engine that returned its sampled ids
+            metrics["retokenize_drift"] = sum(not k for k in measured) / len(measured)
         return build_episode(
             task.task_id, idx, o.trajectories, reward=o.reward, reason=o.reason, errors=o.errors,
             termination_reason=o.termination, metrics=metrics,

@@ -74,7 +74,8 @@ def reward_metrics(seqs: Sequence[TrainSequence], evaluators: Sequence[str] = ()
     (``reward/<name>``: the mean of each evaluator's own reward, from the episode metrics the
     reward composite writes under the evaluator's name) and per task domain (``domain/<d>/mean``,
     ``domain/<d>/std`` of the rewards; ``domain/<d>/samples``, ``domain/<d>/response_len_mean`` and
-    ``domain/<d>/truncated_frac`` of every sequence)."""
+    ``domain/<d>/truncated_frac`` of every sequence); ``rollout/retokenize_drift`` when the episodes
+    measured it (``rollout.tokens: recompute``)."""
     vals = [s.reward for s in seqs if s.reward is not None]
     out = _stats("reward", vals)
     out["reward_none_frac"] = 1.0 - len(vals) / max(len(seqs), 1)
@@ -90,6 +91,10 @@ def reward_metrics(seqs: Sequence[TrainSequence], evaluators: Sequence[str] = ()
                 per_eval.setdefault(name, []).append(float(v))
     for name, vs in per_eval.items():
         out[f"reward/{name}"] = sum(vs) / len(vs)
+    drift = [s.metrics["retokenize_drift"] for s in {s.episode_id: s for s in seqs}.values()
+             if "retokenize_drift" in s.metrics]
+    if drift:  # rollout.tokens recompute: the share of rebuilt turns whose ids are not those sampled
+        out["rollout/retokenize_drift"] = sum(drift) / len(drift)
     per_domain: dict[str, list[float]] = {}
     domain_seqs: dict[str, list[TrainSequence]] = {}
     for s in seqs:
