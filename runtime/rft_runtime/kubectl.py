@@ -83,10 +83,14 @@ def format_status(job: dict[str, Any], progress: Optional[Progress]) -> str:
         first = next((v for v in curve if v is not None), None)
         reward += f"   {sparkline(curve)}   (step {progress.reward_curve[0].step}: {_fmt(first)})"
     lines.append(reward)
+    domains = st.get("domainRewards") or (progress.domain_rewards if progress is not None else {})
+    if domains:
+        lines.append("by domain   " + "   ".join(f"{d} {_fmt(v)}" for d, v in sorted(domains.items())))
     if st.get("evalScore") is not None:
         lines.append(f"eval score  {_fmt(st['evalScore'])}")
-    if progress is not None and progress.domain_rewards:
-        lines.append("by domain   " + "   ".join(f"{d} {_fmt(v)}" for d, v in sorted(progress.domain_rewards.items())))
+    eval_domains = st.get("evalDomainScores") or (progress.eval_domain_scores if progress is not None else {})
+    if eval_domains:
+        lines.append("eval by domain  " + "   ".join(f"{d} {_fmt(v)}" for d, v in sorted(eval_domains.items())))
     ckpt = st.get("lastCheckpoint")
     lines.append(f"checkpoint  step {ckpt['step']} at {ckpt['path']}" if ckpt else "checkpoint  none yet")
     roles = st.get("roles") or {}

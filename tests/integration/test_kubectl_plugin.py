@@ -54,13 +54,14 @@ def test_status_suspend_resume_and_curve(cluster, api, operator, namespace, tmp_
     write_progress(api, namespace, "arith", Progress(
         step=8, total_steps=30, policy_version=8, reward_mean=0.6, reward_std=0.1, samples_scored=512,
         checkpoints=[ProgressCheckpoint(step=8, path="step-8")], reward_curve=curve,
-        domain_rewards={"math": 0.6, "code": 0.4}))
+        domain_rewards={"math": 0.6, "code": 0.4}, eval_score=0.55, eval_domain_scores={"math": 0.7, "code": 0.3}))
     wait_for("status step 8", lambda: (get_job(api, namespace, "arith").get("status") or {}).get("step") == 8)
 
     out = kubectl_rft(cluster, namespace, "status", "arith").stdout
     assert f"{namespace}/arith: Running" in out and "step        8/30" in out
     assert "reward      0.600 ± 0.100" in out and "▁" in out and "█" in out  # the rising trend, as a sparkline
     assert "by domain   code 0.400   math 0.600" in out and "checkpoint  step 8 at step-8" in out
+    assert "eval score  0.550" in out and "eval by domain  code 0.300   math 0.700" in out
     assert "roles       inference 1/1" in out
 
     kubectl_rft(cluster, namespace, "suspend", "arith")
