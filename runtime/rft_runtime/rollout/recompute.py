@@ -143,18 +143,7 @@ class RecomputeSampler:
                     tools: Sequence[Mapping[str, Any]] | None, policy_version: int | None,
                     seed: int | None) -> _Reply:
         model = self.inference.model_for(policy_version)
-        body: dict[str, Any] = {"model": model, "messages": messages, "n": 1, "max_tokens": sampling.max_tokens,
-                                "temperature": sampling.temperature}
-        if sampling.top_p is not None:
-            body["top_p"] = sampling.top_p
-        if sampling.top_k is not None:
-            body["top_k"] = sampling.top_k
-        if seed is not None:
-            body["seed"] = seed
-        if sampling.stop_token_ids:
-            body["stop_token_ids"] = list(sampling.stop_token_ids)
-        if sampling.ignore_eos:
-            body["ignore_eos"] = True
+        body: dict[str, Any] = {"model": model, "messages": messages, "n": 1, **sampling.sampling_fields(seed)}
         body.update({k: v for k, v in sampling.extra.items() if k in _CHAT_EXTRA})
         if tools:
             body["tools"] = list(tools)

@@ -58,14 +58,16 @@ class SamplingParams:
             raise ValueError(f"sampling.extra may not set {clash}: the processor owns these request fields")
 
     def request_fields(self, seed: int | None) -> dict[str, Any]:
-        """The body fields for one request (without model/prompt/n), `seed` replacing `self.seed`."""
-        body: dict[str, Any] = {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "logprobs": self.logprobs,
-            "return_token_ids": True,
-            "return_tokens_as_token_ids": True,
-        }
+        """The body fields for one token-id request (without model/prompt/n), `seed` replacing `self.seed`."""
+        body = {"logprobs": self.logprobs, "return_token_ids": True, "return_tokens_as_token_ids": True,
+                **self.sampling_fields(seed)}
+        body.update(self.extra)
+        return body
+
+    def sampling_fields(self, seed: int | None) -> dict[str, Any]:
+        """The fields that set the sampling distribution and length (vLLM names; the same on the
+        completions and the chat route), without `extra`."""
+        body: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature}
         if self.top_p is not None:
             body["top_p"] = self.top_p
         if self.top_k is not None:
@@ -76,7 +78,6 @@ class SamplingParams:
             body["stop_token_ids"] = list(self.stop_token_ids)
         if self.ignore_eos:
             body["ignore_eos"] = True
-        body.update(self.extra)
         return body
 
 
