@@ -119,6 +119,8 @@ class DatasetPaths(_Model):
     """The training split's file (absent for builtin datasets)."""
     eval: Optional[str] = None
     """The evaluation split's file."""
+    mix: dict[str, str] = Field(default_factory=dict)
+    """Each ``dataset.mix`` domain's own training file, by domain (builtin sources have none)."""
 
 
 class Paths(_Model):
@@ -288,6 +290,15 @@ def evaluator_files(spec: RFTJobSpec, evaluator_dir: str = layout.EVALUATOR_DIR)
     return out
 
 
+def dataset_paths(spec: RFTJobSpec, dataset_dir: str = layout.DATASET_DIR) -> DatasetPaths:
+    """Where every dataset source of the job is read (:func:`rft_api.layout.dataset_path`)."""
+    ds = spec.dataset
+    mix = {domain: path for _, mount, src, domain in ds.train_sources()
+           if domain is not None and (path := layout.dataset_path(mount, src, dataset_dir)) is not None}
+    return DatasetPaths(train=layout.dataset_path("train", ds.train, dataset_dir),
+                        eval=layout.dataset_path("eval", ds.eval, dataset_dir), mix=mix)
+
+
 def spec_paths(spec: RFTJobSpec, *, checkpoints: str, model_cache: Optional[str], output: Optional[str] = None,
                dataset_dir: str = layout.DATASET_DIR, evaluator_dir: str = layout.EVALUATOR_DIR,
                chat_template: Optional[str] = None) -> Paths:
@@ -296,8 +307,7 @@ def spec_paths(spec: RFTJobSpec, *, checkpoints: str, model_cache: Optional[str]
         checkpoints=checkpoints, model=layout.model_path(spec), model_cache=model_cache,
         tokenizer=layout.tokenizer_path(spec), warm_start=layout.warm_start_path(spec),
         chat_template=chat_template, output=output,
-        datasets=DatasetPaths(train=layout.dataset_path("train", spec.dataset.train, dataset_dir),
-                              eval=layout.dataset_path("eval", spec.dataset.eval, dataset_dir)),
+        datasets=dataset_paths(spec, dataset_dir),
         evaluator_files=evaluator_files(spec, evaluator_dir),
     )
 

@@ -190,6 +190,8 @@ class DomainMix(ApiModel):
     """Multiply this domain's rewards (after clipping) before the advantages."""
     reward_normalization: Literal["none", "batch", "running"] = "none"
     """Standardise this domain's rewards (after clip and scale): none; batch (this step's mean and std of the domain); running (the domain's mean and std over every step so far, kept in the checkpoint)."""
+    train: Optional[DataSource] = None
+    """This domain's own training tasks, every one tagged with this domain (a row tagged with another domain is refused). Without it, the domain's tasks are those of `dataset.train` tagged with it."""
 
 
 @rules(Rule(
@@ -197,16 +199,38 @@ class DomainMix(ApiModel):
     message="each domain may appear in dataset.mix once",
     field=".mix",
     check=lambda d: d.mix is None or len({m.domain for m in d.mix}) == len(d.mix),
+), Rule(
+    cel="has(self.train) || (has(self.mix) && self.mix.all(x, has(x.train)))",
+    message="dataset.train is required unless every dataset.mix entry has its own train source",
+    field=".train",
+    check=lambda d: d.train is not None or (d.mix is not None and all(m.train is not None for m in d.mix)),
 ))
 class DatasetSpec(ApiModel):
-    train: DataSource
-    """Tasks to train on."""
+    train: Optional[DataSource] = None
+    """Tasks to train on (each row's `domain` tags it for `mix`). Required unless every `mix` entry has its own `train` source."""
     eval: Optional[DataSource] = None
     """Held-out tasks for periodic evaluation."""
     shuffle: bool = True
     """Shuffle the training tasks every epoch (deterministically, from the seed)."""
     mix: Optional[list[DomainMix]] = Field(None, min_length=1, max_length=64)
     """Mix the training tasks by domain: each step's prompts are split across these domains in proportion to their weights (the same counts every step, largest remainder first), each domain drawn from its own seeded, resumable order. Every training task's domain must be listed."""
+
+    def train_sources(self) -> list[tuple[str, str, DataSource, Optional[str]]]:
+        """``(field, mount, source, domain)`` of every training source: ``dataset.train`` (domain None:
+        its rows carry their own), then each ``mix`` entry's own; ``mount`` names its directory under
+        the dataset mount (``train``, ``mix-<i>``)."""
+        out = [("spec.dataset.train", "train", self.train, None)] if self.train is not None else []
+        return out + [(f"spec.dataset.mix[{i}].train", f"mix-{i}", m.train, m.domain)
+                      for i, m in enumerate(self.mix or []) if m.train is not None]
+
+    def sources(self) -> list[tuple[str, str, DataSource, Optional[str]]]:
+        """Every source, training ones first, then ``dataset.eval`` (mount ``eval``)."""
+        ev = [("spec.dataset.eval", "eval", self.eval, None)] if self.eval is not None else []
+        return self.train_sources() + ev
+
+    def order_seed(self) -> int:
+        """The seed of the training order: ``dataset.train``'s, else the first ``mix`` source's."""
+        return self.train_sources()[0][2].seed
 
 
 # ---------------------------------------------------------------- evaluator

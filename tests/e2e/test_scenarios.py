@@ -197,8 +197,9 @@ def test_eval_protocol_evaluation_test_as_the_reward(driver: JobDriver) -> None:
 
 
 def test_multi_domain_mix_with_routed_evaluators(driver: JobDriver) -> None:
-    """Scenario 3d: ``examples/08-multi-domain.yaml`` (tasks of three domains in a ConfigMap, mixed
-    0.5/0.3/0.2, the math rule for two domains and the code sandbox in the reward role for the third)
+    """Scenario 3d: ``examples/08-multi-domain.yaml`` (tasks of three domains in a ConfigMap, one
+    domain tagged by its rows in ``dataset.train`` and two in sources of their own, mounted into the
+    trainer pod by the operator, mixed 0.5/0.3/0.2, the math rule for two domains and the code sandbox in the reward role for the third)
     trains to Succeeded; every step holds each domain's share, each evaluator scored its own domain
     only, and the status shows the reward per domain."""
     job = "multi-domain"

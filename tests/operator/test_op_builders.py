@@ -442,3 +442,28 @@ def test_default_resources_fill_only_what_a_container_leaves_open() -> None:
     assert trainer == {"limits": {"cpu": "4", "memory": "8Gi"}, "requests": {"cpu": "1", "nvidia.com/gpu": 1}}
     rollout = c[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]["containers"][0]["resources"]
     assert rollout == {"limits": {"cpu": "4"}, "requests": {"cpu": "1", "memory": "1Gi"}}
+
+
+def test_each_domain_source_is_mounted_where_the_config_says() -> None:
+    """``dataset.mix[].train``: a domain's own ConfigMap is mounted at ``<datasets>/mix-<i>``, its claim
+    once, and the runtime config names the file by domain."""
+    job = make_job(dataset={"mix": [
+        {"domain": "arith", "weight": 2, "train": {"builtin": "arithmetic", "size": 8}},
+        {"domain": "words", "weight": 1, "train": {"configMapKeyRef": {"name": "tasks", "key": "words.jsonl"}}},
+        {"domain": "code", "weight": 1, "train": {"path": "code.jsonl",
+                                                  "volume": {"claimName": "data", "mountPath": "/data"}}}]})
+    pod = children(job)[("Job", names.trainer(job.name))]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["dataset-mix-1"]["configMap"] == {"name": "tasks", "items": [{"key": "words.jsonl", "path": "words.jsonl"}]}
+    assert "dataset-mix-0" not in vols and "dataset-train" not in vols  # builtin: nothing to mount
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in vols.values() if "persistentVolumeClaim" in v]
+    assert claims == [names.checkpoints(job.name), "data"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    from rft_api.layout import DATASET_DIR
+    from rft_api.runtime import parse
+
+    assert mounts["dataset-mix-1"] == f"{DATASET_DIR}/mix-1"
+    config = parse(json.loads(children(job)[("ConfigMap", names.config(job.name))]["data"]["config.json"]))
+    assert config.paths.datasets.train is None
+    assert config.paths.datasets.mix == {"words": f"{DATASET_DIR}/mix-1/words.jsonl", "code": "/data/code.jsonl"}

@@ -51,13 +51,15 @@ TERMINAL_EXIT_CODE = 2
 
 
 def _dataset_configmaps(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
+    """One ConfigMap volume per dataset source that names one (``dataset.train``, each ``mix`` entry's
+    own ``train``, ``dataset.eval``), at ``<DATASET_DIR>/<mount>`` (``rft_api.layout.dataset_path``)."""
     vols, mounts = [], []
-    for split, src in (("train", job.spec.dataset.train), ("eval", job.spec.dataset.eval)):
-        if src is not None and src.config_map_key_ref is not None:
+    for _, mount, src, _ in job.spec.dataset.sources():
+        if src.config_map_key_ref is not None:
             ref = src.config_map_key_ref
-            vols.append({"name": f"dataset-{split}",
+            vols.append({"name": f"dataset-{mount}",
                          "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]}})
-            mounts.append({"name": f"dataset-{split}", "mountPath": f"{DATASET_DIR}/{split}", "readOnly": True})
+            mounts.append({"name": f"dataset-{mount}", "mountPath": f"{DATASET_DIR}/{mount}", "readOnly": True})
     return vols, mounts
 
 
@@ -74,8 +76,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     """The trainer Job of attempt ``ctx.trainer_attempt``."""
     spec, tr = job.spec, job.spec.trainer
     ds = spec.dataset
-    claim_vols, claim_mounts = claim_volumes(
-        [spec.model.volume, ds.train.volume, ds.eval.volume if ds.eval else None], "data")
+    claim_vols, claim_mounts = claim_volumes([spec.model.volume, *(src.volume for _, _, src, _ in ds.sources())], "data")
     cm_vols, cm_mounts = _dataset_configmaps(job)
     shm_vols, shm_mounts = _shared_memory(job)
     attempt = str(ctx.trainer_attempt)

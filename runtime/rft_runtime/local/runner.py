@@ -202,11 +202,9 @@ def local_paths(job: RFTJob, manifest: str, out: Path, model_cache: Path) -> run
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(data[ref.key])
 
-    for split in ("train", "eval"):
-        src = getattr(spec.dataset, split)
-        if src is not None and src.config_map_key_ref is not None:
-            place(f"spec.dataset.{split}", src.config_map_key_ref,
-                  dataset_dir / split / src.config_map_key_ref.key)
+    for where, mount, src, _ in spec.dataset.sources():
+        if src.config_map_key_ref is not None:
+            place(where, src.config_map_key_ref, dataset_dir / mount / src.config_map_key_ref.key)
     for i, e in enumerate(spec.evaluator.entries()):
         ref = e.file_ref()
         if ref is not None:

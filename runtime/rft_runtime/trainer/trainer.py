@@ -60,7 +60,7 @@ from ..types import Episode
 from . import distributed
 from .batch import TrainSequence, collate, sequences_from_groups
 from .checkpoint import CheckpointManager
-from .datasets import load_tasks
+from .datasets import load_eval_tasks, load_training_tasks
 from .distributed import DistContext
 from .inference_sync import InferenceSync
 from .learner import Learner, Shard, build_optimizer, build_scheduler, learner_config
@@ -350,20 +350,20 @@ class Trainer:
     def _load_data(self) -> None:
         """Training tasks behind a seeded cursor; the evaluation tasks when evaluation is on."""
         spec, files = self.spec, self.cfg.paths.datasets
-        self.tasks = load_tasks(spec.dataset.train, "train", files)
+        self.tasks = load_training_tasks(spec.dataset, files)
         self.shape_rewards = RewardShaper(spec.dataset.mix)
         self.cursor: DataCursor | DomainMixCursor
         if spec.dataset.mix:
             self.cursor = DomainMixCursor(self.tasks, [(m.domain, m.weight) for m in spec.dataset.mix],
-                                          seed=spec.dataset.train.seed, shuffle=spec.dataset.shuffle)
+                                          seed=spec.dataset.order_seed(), shuffle=spec.dataset.shuffle)
             log.info("domain mix per step of %d prompts: %s", spec.rollout.prompts_per_step,
                      ", ".join(f"{d} {n}" for d, n in self.cursor.counts(spec.rollout.prompts_per_step).items()))
         else:
-            self.cursor = DataCursor(self.tasks, seed=spec.dataset.train.seed, shuffle=spec.dataset.shuffle)
+            self.cursor = DataCursor(self.tasks, seed=spec.dataset.order_seed(), shuffle=spec.dataset.shuffle)
         self.eval_tasks: list[Task] = []
         ev = spec.evaluation
         if ev is not None and ev.every_steps > 0 and spec.dataset.eval is not None:
-            self.eval_tasks = load_tasks(spec.dataset.eval, "eval", files)[: ev.max_tasks]
+            self.eval_tasks = load_eval_tasks(spec.dataset, files)[: ev.max_tasks]
 
     def _restore(self) -> int:
         """Restore the latest checkpoint (if any); returns the next submission number."""
