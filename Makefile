@@ -98,6 +98,7 @@ bench: venv vllm
 	$(PY) bench/inference.py --vllm-python $$(bash hack/vllm-venv.sh)
 	$(PY) bench/serve_engine.py
 	$(PY) bench/rollout.py
+	$(PY) bench/rollout_tokens.py
 	$(PY) bench/trainer.py
 
 helm-lint: control-plane

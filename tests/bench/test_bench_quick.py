@@ -56,7 +56,17 @@ def test_rollout_quick(tmp_path):
     assert report["medians"]["client"]["samples"] == report["medians"]["raw"]["samples"] == 8
 
 
-@pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py"])
+def test_rollout_tokens_quick(tmp_path):
+    report = _run("rollout_tokens.py", tmp_path / "rollout_tokens.json")
+    assert report["ratios"]["recompute_requests_per_sample"] == 2.0  # one chat request and one prefill
+    assert report["ratios"]["exact_requests_per_sample"] == 1.0
+    assert 0.0 <= report["drift"] <= 1.0
+    for pattern in ("exact", "recompute"):
+        assert report["medians"][pattern]["samples"] == 8 and report["medians"][pattern]["failed"] == 0
+
+
+@pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py",
+                                    "rollout_tokens.py"])
 def test_bench_scripts_document_themselves(script):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
