@@ -51,8 +51,12 @@ def _setup_process(log_file: str | None, threads: int) -> None:
 
 
 def node_host(local: bool) -> str:
-    """The host other actors reach this one at: 127.0.0.1 locally, the node IP on a cluster."""
-    return "127.0.0.1" if local else ray.util.get_node_ip_address()
+    """The host other actors reach this one at, and the address its servers bind: 127.0.0.1 locally;
+    on a Ray cluster (``rft run --address``) ``$RFT_BIND_HOST`` when the run sets it (a one-machine
+    cluster kept on loopback: Ray itself never takes 127.0.0.1 as a node's IP), else this node's IP."""
+    if local:
+        return "127.0.0.1"
+    return os.environ.get(BIND_HOST_ENV) or ray.util.get_node_ip_address()
 
 
 @ray.remote(num_cpus=0)
@@ -74,7 +78,7 @@ class InferenceActor:
         self.host = node_host(local)
         token = auth.server_token("inference")  # the run's token (rft run puts it in every actor's env)
         self.server = AppThread(create_app(self.engine, served_name, stop_engine_on_cleanup=True, token=token),
-                                "127.0.0.1" if local else "0.0.0.0", 0).start()
+                                self.host, 0).start()
 
     def url(self) -> str:
         return f"http://{self.host}:{self.server.port}"
@@ -94,13 +98,18 @@ class TrainerActor:
                  max_steps: int | None, threads: int = 1, local: bool = True, log_file: str | None = None,
                  work_dir: str | None = None) -> None:
         _setup_process(log_file, threads)
-        if local:  # the coordinator listens on loopback only (the runtime contract's bind address)
-            os.environ[BIND_HOST_ENV] = "127.0.0.1"
+        # The coordinator listens on this actor's node only (loopback locally, the node IP on a Ray
+        # cluster, where this actor may run on another node than the driver) and advertises that host.
+        host = node_host(local)
+        os.environ[BIND_HOST_ENV] = host
         from ..trainer import launch
         from ..trainer.distributed import context_for
         from ..trainer.trainer import Trainer
 
         cfg = runtime.parse(config_doc)
+        cfg = cfg.model_copy(update={"endpoints": cfg.endpoints.model_copy(
+            update={"coordinator": f"http://{host}:{cfg.ports.coordinator}"})})
+        config_doc = cfg.to_json()
         t = cfg.spec.trainer
         self._ranks: list[Any] = []
         if t.world_size() > 1:

@@ -125,10 +125,15 @@ def _init_ray(address: str | None, token: str) -> None:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     env = {**ACTOR_ENV, runtime.JOB_TOKEN_ENV: token}
+    if address and os.environ.get(runtime.BIND_HOST_ENV):  # the roles' servers bind (and advertise) it
+        env[runtime.BIND_HOST_ENV] = os.environ[runtime.BIND_HOST_ENV]
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
                               "runtime_env": {"env_vars": env}, "configure_logging": False}
     if address:
         ray.init(address=address, **kwargs)
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        print(f"attached to the Ray cluster at {address}: {len(nodes)} node(s), "
+              f"{int(ray.cluster_resources().get('CPU', 0))} CPUs", flush=True)
     else:
         ray.init(num_cpus=max(2, os.cpu_count() or 2), **kwargs)
 
