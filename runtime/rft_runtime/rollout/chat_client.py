@@ -10,13 +10,13 @@ never re-tokenised.
 Sampling settings: the job's temperature/top_p/top_k always apply (the trainer recomputes logprobs at
 the job's temperature; a different per-call value is ignored with a warning); `max_tokens` /
 `max_completion_tokens` may only lower the job's limit; `seed`, `stop` and `n` are honoured.
+Settings that change the sampling distribution in ways the trainer cannot reproduce
+(`logit_bias`, non-zero `frequency_penalty`/`presence_penalty`, `extra_body` keys other than a few
+stop/detokenisation switches) and `stream=True` are refused.
 
 With a `RecomputeSampler` (`rollout.tokens: recompute`) each sample is drawn through the engine's
 plain `/v1/chat/completions` route instead, and its ids and logprobs are rebuilt (see `recompute.py`);
 the conversation, recording and limits are the same.
-Settings that change the sampling distribution in ways the trainer cannot reproduce
-(`logit_bias`, non-zero `frequency_penalty`/`presence_penalty`, `extra_body` keys other than a few
-stop/detokenisation switches) and `stream=True` are refused.
 
 Limits from the job: a new conversation whose prompt has more than `rollout.maxPromptTokens` tokens
 raises `PromptTooLong`; a request for assistant turn `rollout.maxTurns + 1` of a conversation raises
