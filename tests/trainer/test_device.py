@@ -64,3 +64,46 @@ def test_a_trainer_of_several_processes_is_not_run_alone(tmp_path):
         Trainer(cfg)
     with pytest.raises(ValueError, match="the Trainer is rank 0; rank 1 follows it"):
         Trainer(cfg, dist=context_for(cfg, local_rank=1, node=0))
+
+
+def test_update_after_the_old_logprob_pass_has_the_unsharded_gradient(tmp_path):
+    """The trainer's default step is a no-gradient log-prob pass, then the update. Under FSDP2 the root
+    module kept the parameters it had gathered for that pass, and the update computed wrong gradients for
+    the root's own parameters (here a gradient norm of 0.38 instead of 1.06). The sharded trainer must
+    give the plain model's gradient whether or not the pass came first."""
+    from transformers import AutoModelForCausalLM
+
+    from rft_runtime.algos import compute_advantages
+    from rft_runtime.model import make_tiny_model
+    from rft_runtime.trainer import distributed
+    from rft_runtime.trainer.batch import TrainSequence, collate
+    from rft_runtime.trainer.learner import Learner, LearnerConfig, build_optimizer
+
+    model_dir = make_tiny_model(tmp_path / "m", seed=3, hidden=32, layers=2, intermediate=64,
+                                max_position_embeddings=32)
+    g = torch.Generator().manual_seed(0)
+    seqs = [TrainSequence(group=f"t{i // 4}", prompt_ids=torch.randint(3, 200, (6,), generator=g).tolist(),
+                          response_ids=torch.randint(3, 200, (3 + i,), generator=g).tolist(),
+                          response_mask=[1] * (3 + i), inference_logprobs=[-1.0] * (3 + i), reward=float(i % 3 == 0),
+                          version=0, truncated=False, episode_id=f"e{i}") for i in range(8)]
+    adv = compute_advantages("grpo", torch.tensor([s.reward for s in seqs], dtype=torch.float64),
+                             [s.group for s in seqs])
+    ctx = DistContext()
+    distributed.ensure_group(ctx)
+
+    def grad_norm(sharded: bool, recompute: bool) -> float:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if sharded:
+            model = distributed.shard(model, ctx, None)
+        learner = Learner(model, LearnerConfig(micro_batch_size=4), build_optimizer(list(model.parameters()), 1e-6, 0.0))
+        batch = collate(seqs)
+        old = learner.logprobs(batch) if recompute else reference_old
+        return learner.update(batch, adv.advantages.float(), adv.valid, old)["grad_norm"]
+
+    plain_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    reference_old = Learner(plain_model, LearnerConfig(micro_batch_size=4),
+                            build_optimizer(list(plain_model.parameters()), 1e-6, 0.0)).logprobs(collate(seqs))
+    plain = grad_norm(sharded=False, recompute=True)
+    assert grad_norm(sharded=True, recompute=False) == pytest.approx(plain, rel=1e-5)  # the update alone
+    assert grad_norm(sharded=True, recompute=True) == pytest.approx(plain, rel=1e-5)  # after the pass

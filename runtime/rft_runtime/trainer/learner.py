@@ -117,6 +117,9 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
             out[pos.to(dev), :w] = torch.where(keep, lp, torch.zeros_like(lp))
     finally:
         model.train(was_training)
+        from .distributed import reshard
+
+        reshard(model)  # a training forward must not start from parameters gathered without gradient
     if shard is None:
         return out.cpu()
     from .distributed import gather_rows
