@@ -72,7 +72,7 @@ def measure(model_dir: Path, seqs, mbs: int, repeats: int, device: str) -> dict:
     for r in range(repeats + 1):  # the first is a warm-up
         t0 = time.perf_counter()
         old = learner.logprobs(batch)
-        learner.update(batch, adv.advantages.float().to(device), adv.valid.to(device), old, step=r)
+        learner.update(batch, adv.advantages.float().to(device), adv.valid.to(device), old)
         if device != "cpu":
             torch.cuda.synchronize()
         if r:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 from rft_api.job import validate_spec
 from tests.runtime_config import local_config
@@ -53,7 +54,7 @@ def _train(tmp_path: Path, model_dir: Path, world: int, name: str, *, steps: lis
         mp.spawn(run_rank, nprocs=world, join=True,
                  args=(_config(tmp_path, model_dir, world, lora), _free_port(), steps, str(out),
                        str(resume_from) if resume_from else None, save_after))
-    except mp.ProcessException:
+    except ProcessException:
         for log in sorted(out.glob("rank-*.log")):
             print(f"--- {log.name}\n{log.read_text()[-4000:]}")
         raise

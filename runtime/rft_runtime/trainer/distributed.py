@@ -129,7 +129,11 @@ def shard(model: torch.nn.Module, ctx: DistContext, compute_dtype: torch.dtype |
 
     model.to(ctx.device)
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
-    kw: dict[str, Any] = {"mesh": mesh}
+    # Resharding after the forward frees the gathered (and cast) parameters until the backward gathers
+    # them again. With one rank the shard is the whole parameter: that saves only the compute-dtype copy
+    # and costs a second gather and cast of every block per micro-batch (on an H200, 365M parameters, bf16
+    # compute: 0.57 s per step instead of 0.66 s, for 0.7 GB more memory).
+    kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": ctx.world_size > 1}
     if compute_dtype is not None:
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for block in _blocks(model):

@@ -69,12 +69,34 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def forward_logits(model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-    """[B, L-1] logits predicting ``batch.targets``, in float32 whatever the compute dtype (log-probs
-    and the loss are float32 math), on the model's device."""
+def response_start(loss_mask: torch.Tensor) -> int:
+    """The first target column [B, W] that any row trains on (``W - 1`` when none does)."""
+    cols = loss_mask.any(0).nonzero()
+    return int(cols[0]) if len(cols) else max(loss_mask.shape[1] - 1, 0)
+
+
+def forward_logits(model: torch.nn.Module, batch: TrainBatch) -> tuple[torch.Tensor, int]:
+    """``(logits, start)``: the logits [B, W - start] predicting ``batch.targets[:, start:]``, where
+    ``start`` is :func:`response_start` of the batch's loss mask, in float32 whatever the compute dtype
+    (log-probs and the loss are float32 math), on the model's device.
+
+    The output layer runs only from the first response token of any row on (the model's
+    ``logits_to_keep``): no logits, float32 copies, log-softmax or entropy for the prompt positions
+    before it, which no loss reads. With a real vocabulary (150k) the prompt's logits would be most
+    of the step's memory."""
     dev = model_device(model)
-    out = model(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev), use_cache=False)
-    return out.logits[:, :-1].float()
+    start = response_start(batch.loss_mask)
+    keep = batch.input_ids.shape[1] - start
+    out = model(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev), use_cache=False,
+                logits_to_keep=keep)
+    return out.logits[:, :-1].float(), start
+
+
+def by_length(lengths: torch.Tensor) -> torch.Tensor:
+    """Row positions ordered by length (stable): micro-batches cut from this order hold rows of similar
+    lengths, and :meth:`TrainBatch.select` trims each to its own longest row, so little is padded.
+    Gradients are accumulated over the whole batch, so the order changes nothing but float rounding."""
+    return torch.argsort(lengths, stable=True)
 
 
 def micro_batches(n: int, size: int, order: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -109,12 +131,13 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
     dev = model_device(model)
     out = torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
     try:
-        for pos in micro_batches(len(rows), micro_batch_size):
+        for pos in micro_batches(len(rows), micro_batch_size, by_length(batch.lengths[rows])):
             mb = batch.select(rows[pos])
-            lp = logprobs_from_logits(forward_logits(model, mb), mb.targets.to(dev), temperature).float()
-            w = lp.shape[1]
-            keep = mb.loss_mask.to(dev) & live[pos].to(dev).unsqueeze(-1)
-            out[pos.to(dev), :w] = torch.where(keep, lp, torch.zeros_like(lp))
+            logits, start = forward_logits(model, mb)
+            lp = logprobs_from_logits(logits, mb.targets[:, start:].to(dev), temperature).float()
+            w = mb.loss_mask.shape[1]
+            keep = (mb.loss_mask.to(dev) & live[pos].to(dev).unsqueeze(-1))[:, start:]
+            out[pos.to(dev), start:w] = torch.where(keep, lp, torch.zeros_like(lp))
     finally:
         model.train(was_training)
         from .distributed import reshard
@@ -182,7 +205,6 @@ class Learner:
         *,
         ref_logprobs: torch.Tensor | None = None,
         tis_weights: torch.Tensor | None = None,
-        step: int = 0,
         on_micro_batch: Callable[[], None] | None = None,
     ) -> dict[str, float]:
         """Apply ``cfg.epochs`` optimiser steps on ``batch``; returns averaged metrics.
@@ -212,13 +234,14 @@ class Learner:
 
             rows, live = row_shard(batch.size, self.shard.rank, world)
         dev = model_device(self.model)
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         stats = _Mean()
         grad_norms: list[float] = []
         losses: list[float] = []
         self.model.train()
         for epoch in range(cfg.epochs):
-            order = torch.arange(len(rows)) if epoch == 0 else torch.randperm(len(rows), generator=gen)
+            # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
+            # rounding, so every pass cuts them by length
+            order = by_length(batch.lengths[rows])
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for pos in micro_batches(len(rows), cfg.micro_batch_size, order):
@@ -226,8 +249,10 @@ class Learner:
                 mb = batch.select(idx)
                 w = mb.loss_mask.shape[1]
                 m = (mask[idx, :w] & live[pos].unsqueeze(-1)).to(dev)
-                logits = forward_logits(self.model, mb)
-                lp = logprobs_from_logits(logits, mb.targets.to(dev), cfg.temperature)
+                logits, start = forward_logits(self.model, mb)
+                # [B, w], 0 left of the response window (those columns are off every row's mask)
+                lp = torch.nn.functional.pad(logprobs_from_logits(logits, mb.targets[:, start:].to(dev),
+                                                                  cfg.temperature), (start, 0))
                 per_tok, pm = compute_policy_loss(cfg.policy_loss, lp, old_logprobs[idx, :w].to(dev, lp.dtype),
                                                   advantages[idx].to(dev, lp.dtype), m, pl_cfg)
                 if tis_weights is not None:
@@ -244,7 +269,7 @@ class Learner:
                 if epoch == 0 and ntok > 0:
                     with torch.no_grad():
                         ent = entropy_from_logits(logits.detach(), cfg.temperature)
-                        pm = {**pm, "entropy": (ent * m).sum() / ntok}
+                        pm = {**pm, "entropy": (ent * m[:, start:]).sum() / ntok}
                 if ntok > 0:
                     stats.add(pm, ntok)
                 if on_micro_batch is not None:

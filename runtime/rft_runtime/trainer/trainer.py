@@ -192,8 +192,7 @@ class Worker:
         batch = collate(seqs, self.pad_id)
         old, ref, adv, tis, metrics = self._learning_signals(seqs, batch, times)
         with times("time/update"):
-            upd = self.learner.update(batch, adv.advantages, adv.valid, old, ref_logprobs=ref,
-                                      tis_weights=tis, step=step_no)
+            upd = self.learner.update(batch, adv.advantages, adv.valid, old, ref_logprobs=ref, tis_weights=tis)
         return StepResult(old, ref, adv, tis, metrics, upd)
 
     def _learning_signals(self, seqs: list[TrainSequence], batch: Any, times: "_Phases") -> tuple[Any, ...]:
