@@ -15,7 +15,7 @@ over that at 16; lower is better, the goal is <= 1.2), with the HF loop's growth
 The tiny test model has 256 positions; a copy with ``max_position_embeddings`` 1024 (same weights; the
 rotary embedding has no length-dependent parameters) is made in a temporary directory.
 
-    .venv/bin/python bench/serve_engine.py [--quick] [--device cpu|cuda]
+    .venv/bin/python bench/serve_engine.py [--quick] [--device cpu|cuda] [--dtype float32|bfloat16] [--model DIR]
 """
 
 from __future__ import annotations
@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", default="16,256")
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (medians over them)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", help="the model's compute dtype (bfloat16 on a GPU)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
     p.add_argument("--quick", action="store_true", help="batch 1 and 8, 16 and 64 tokens, one round")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_engine.json"))
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = long_context_copy(Path(args.model), Path(tmp) / "model", PROMPT_LEN + max(lengths) + 8)
-        lm = load_model(model_dir, device=args.device, dtype="float32")
+        lm = load_model(model_dir, device=args.device, dtype=args.dtype)
         run_engine(lm, 2, 4)  # warm-up
         run_hf(lm, 2, 4)
         runs: dict[str, dict[str, list[dict]]] = {"engine": {}, "hf_loop": {}}
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                           ("hf_loop", f"hf_iteration_time_growth_{lo}_to_{hi}_b{b}")):
             ratios[key] = round(medians[name][f"b{b}_t{hi}"]["iteration_s_mean"]
                                 / medians[name][f"b{b}_t{lo}"]["iteration_s_mean"], 3)
-    report = {"benchmark": "serve_engine", "model": args.model, "device": str(lm.device), "threads": args.threads,
+    report = {"benchmark": "serve_engine", "model": args.model, "device": str(lm.device), "dtype": args.dtype,
+              "threads": args.threads,
               "prompt_len": PROMPT_LEN, "batches": batches, "new_tokens": lengths, "repeats": args.repeats,
               "quick": args.quick,
               "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
