@@ -65,8 +65,28 @@ def test_rollout_tokens_quick(tmp_path):
         assert report["medians"][pattern]["samples"] == 8 and report["medians"][pattern]["failed"] == 0
 
 
+def test_gpu_quick(tmp_path):
+    """The GPU benchmark's code path on the CPU: a small model, the trainer sharded as it runs."""
+    report = _run("gpu.py", tmp_path / "gpu.json", "--device", "cpu")
+    assert {"engine_vs_hf_loop", "train_default_vs_fp32_mb4"} <= set(report["ratios"])
+    parity = report["parity"]["fp32_trainer_vs_fp32_engine"]
+    assert parity["tokens"] == 64 and parity["absdiff_max"] < 1e-4  # the trainer scores what the engine sampled
+    assert report["model"]["parameters"] > 0 and report["train"]["ours"][0]["grad_norm"] > 0
+
+
+def test_trainer_vs_trl_quick(tmp_path):
+    """TRL's GRPOTrainer (from hack/trl-venv.sh) and ours on one frozen batch: the same step-1 loss and
+    gradient norm (float32 on the CPU), and a step time for each."""
+    trl_python = subprocess.run(["bash", str(ROOT / "hack" / "trl-venv.sh")], capture_output=True, text=True,
+                                check=True, timeout=900).stdout.strip()
+    report = _run("trainer_vs_trl.py", tmp_path / "trainer_vs_trl.json", "--trl-python", trl_python)
+    assert {"step_time_ours_over_trl", "step_time_ours_recompute_over_trl"} <= set(report["ratios"])
+    assert report["agreement"]["loss_rel_diff"] < 1e-4 and report["agreement"]["grad_norm_rel_diff"] < 1e-4
+    assert report["trl_version"] and all(len(report["runs"][s]) == 1 for s in ("ours", "trl", "ours_recompute"))
+
+
 @pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py",
-                                    "rollout_tokens.py"])
+                                    "rollout_tokens.py", "gpu.py", "trainer_vs_trl.py"])
 def test_bench_scripts_document_themselves(script):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
