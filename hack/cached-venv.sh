@@ -1,0 +1,38 @@
+# Sourced by hack/{vllm,trl,mlflow}-venv.sh: one venv per lock file, built once in the cache.
+#
+#   cached_venv NAME VERSION LOCK LAYERED CHECK
+#
+# Builds (once; concurrent callers wait on a lock) $cache/NAME-VERSION-KEY holding exactly LOCK
+# (hashes checked, --no-deps: nothing resolved; hack/lock.sh wrote it) and sets $venv to it. With
+# LAYERED=1 the project's dependency venv is added after the venv's own packages through a .pth file
+# (for packages that must run on the dev set's torch), and its path is part of KEY. CHECK (a shell
+# command, with $venv set) runs once after the install; its output goes to stderr.
+# Expects $root and $cache.
+cached_venv() {
+  local name=$1 version=$2 lock=$3 layered=$4 check=$5 deps_site="" key site
+  if [ "$layered" = 1 ]; then
+    [ -f "$root/.venv/.deps" ] || bash "$root/hack/venv.sh" >&2
+    deps_site=$(cat "$root/.venv/.deps")
+    key=$( (cat "$lock"; echo "$deps_site") | sha256sum | cut -c1-12)
+  else
+    key=$(sha256sum "$lock" | cut -c1-12)
+  fi
+  venv="$cache/$name-$version-$key"
+  [ -f "$venv/.complete" ] && return 0
+  mkdir -p "$cache"
+  exec 9>"$cache/.$name.lock"
+  flock 9
+  if [ ! -f "$venv/.complete" ]; then
+    echo "[$name] building $venv (one time)" >&2
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    if [ "$layered" = 1 ]; then
+      site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+      echo "import site; site.addsitedir('$deps_site')" > "$site/_rft_deps.pth"
+    fi
+    "$(bash "$root/hack/uv.sh")" pip install --python "$venv/bin/python" --no-deps --require-hashes -q -r "$lock" >&2
+    eval "$check" >&2
+    touch "$venv/.complete"
+  fi
+  exec 9>&-
+}
