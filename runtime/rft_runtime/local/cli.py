@@ -13,11 +13,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("manifest", help="RFTJob YAML (the file the operator takes)")
     p.add_argument("--out", default=None, help="output directory (default: runs/<job name>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    p.add_argument("--address", default=None, help="attach to a running Ray cluster (ray.init(address=...))")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                   help="attach to a running Ray cluster: HOST:PORT of its head, or ray://HOST:PORT of its Ray "
+                        "Client server (default: $RAY_ADDRESS; without either, a Ray of its own on this machine)")
     p.add_argument("--max-steps", type=int, default=None, help="override trainer.maxSteps")
     p.add_argument("--threads", type=int, default=1, help="torch threads per role (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
+    if args.address == "local":  # Ray's own spelling of "start one here"
+        args.address = None
     if args.max_steps is not None and args.max_steps < 1:
         p.error("--max-steps must be >= 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
