@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from inference import DEFAULT_MODEL, _stop, free_port, measure, start_builtin, summarise, wait_healthy  # noqa: E402
+from inference import DEFAULT_MODEL, _stop, free_port, measure, start_builtin, summarise, use_model, wait_healthy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "engine_process.json"))
     args = p.parse_args(argv)
+    use_model(args.model)
     if args.quick:
         args.levels, args.rounds, args.max_tokens, args.min_seconds = "1,8", 1, 8, 0.0
     out = Path(args.out)

@@ -38,7 +38,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = os.environ.get("RFT_BENCH_MODEL", str(ROOT / "tests" / "contracts" / "vllm" / "tiny-qwen2"))
 QUESTION = "what is 2 + 3?"
-PROMPT: list[int] = []  # QUESTION rendered with the model's chat template (set by main)
+PROMPT: list[int] = []  # QUESTION rendered with the model's chat template (use_model fills it in)
 TEXT_PROMPTS = ["what is 2 + 3?", "what is 12 + 30?", "name a prime number", "count to five", "7 * 6 ="]
 SHAPES = ("rollout", "plain")
 
@@ -113,13 +113,15 @@ def tree_cpu_seconds(pid: int | None) -> float | None:
     return total
 
 
-def rollout_prompt(model: str) -> list[int]:
-    """:data:`QUESTION` as token ids, rendered with ``model``'s own tokenizer and chat template."""
+def use_model(model: str) -> None:
+    """Set :data:`PROMPT` (shared with the benchmarks that import it) to :data:`QUESTION` as token ids,
+    rendered with ``model``'s own tokenizer and chat template: a benchmark must send ids of the
+    model it measures."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     ids = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True, tokenize=True)
-    return list(getattr(ids, "input_ids", ids))
+    PROMPT[:] = list(getattr(ids, "input_ids", ids))
 
 
 def body_for(shape: str, counter: int, max_tokens: int) -> dict:
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.levels, args.rounds, args.max_tokens, args.min_seconds, args.min_rounds = "1,8", 1, 8, 0.0, 1
     levels = [int(x) for x in args.levels.split(",")]
-    PROMPT[:] = rollout_prompt(args.model)
+    use_model(args.model)
     shapes = [s for s in args.shapes.split(",") if s]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from inference import DEFAULT_MODEL, PROMPT, _stop, free_port, start_builtin, wait_healthy  # noqa: E402
+from inference import DEFAULT_MODEL, PROMPT, _stop, free_port, start_builtin, use_model, wait_healthy  # noqa: E402
 
 from rft_runtime.rollout.client import InferenceClient  # noqa: E402
 from rft_runtime.rollout.sampling import SamplingParams  # noqa: E402
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="4 prompts x 2 samples, 2 rounds")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "rollout.json"))
     args = p.parse_args(argv)
+    use_model(args.model)
     if args.quick:
         args.prompts, args.n, args.max_tokens, args.repeats = 4, 2, 4, 2
     out = Path(args.out)
