@@ -46,7 +46,6 @@ class LearnerConfig:
     temperature: float = 1.0
     grad_clip: float = 1.0
     max_response_tokens: int = 256
-    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -342,5 +341,4 @@ def learner_config(algorithm: Any, spec: Any) -> LearnerConfig:
         kl_coef=algorithm.kl_coef, kl_estimator=algorithm.kl_estimator, kl_placement=algorithm.kl_placement,
         epochs=t.epochs_per_step, micro_batch_size=t.micro_batch_size, temperature=spec.rollout.temperature,
         grad_clip=t.grad_clip, max_response_tokens=spec.rollout.max_tokens * spec.rollout.max_turns,
-        seed=t.seed,
     )
