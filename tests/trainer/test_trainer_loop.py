@@ -120,6 +120,20 @@ def test_two_steps(tmp_path, tiny_model_dir, serve, case):
         assert (final / "config.json").exists() and progress["finalModel"] == {"path": "final", "format": "full"}
 
 
+def test_bounded_staleness_keeps_the_next_steps_queued(tmp_path, tiny_model_dir, serve):
+    """maxStaleness 2: the rollouts of the next two steps run while a step trains (the first step submits
+    its own tasks and those of steps 2 and 3 at once); never a step past the last; every task submitted
+    once; no episode staler than 2 versions when trained."""
+    spec = _spec(tiny_model_dir, rollout={"maxStaleness": 2}, trainer={"maxSteps": 4},
+                 checkpoint={"everySteps": 2})
+    trainer, rows, _ = _run(tmp_path, serve, spec)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["prefetched_steps"] for r in rows] == [2, 2, 1, 0]
+    assert all(r["staleness_max"] <= 2 for r in rows)
+    assert rows[-1]["coord/tasks_submitted"] == 4 * 4  # promptsPerStep x maxSteps: nothing submitted twice
+    assert trainer.policy_version == 4
+
+
 def test_resume_continues_and_completes_at_the_final_checkpoint(tmp_path, tiny_model_dir, serve):
     spec = _spec(tiny_model_dir)
     _run(tmp_path, serve, spec)

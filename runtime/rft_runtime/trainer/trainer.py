@@ -37,6 +37,7 @@ import math
 import os
 import random
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
@@ -281,8 +282,10 @@ class Trainer:
         self.counters: dict[str, float] = {}
         self._coord_base = {"dropped": 0, "reissued": 0, "refused": 0}  # coordinator counters of earlier attempts
         self._pending: list[dict[str, Any]] = []
-        self._prefetched: list[str] = []
-        self._prefetched_tasks: list[dict[str, Any]] = []
+        # Bounded staleness S: the tasks of up to S later steps, submitted ahead (oldest first), so the
+        # rollouts of steps t+1..t+S run while step t trains.
+        self._prefetched: deque[list[str]] = deque()
+        self._prefetched_tasks: deque[list[dict[str, Any]]] = deque()
         self.history: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
         self._server: CoordinatorServer | None = None
@@ -475,7 +478,10 @@ class Trainer:
     def _train_groups(self) -> tuple[list[Group], list[Group], dict[str, float]]:
         """(groups to train on, every group generated this step, dynamic-sampling stats)."""
         target = self.spec.rollout.prompts_per_step
-        prefetched, self._prefetched, self._prefetched_tasks = self._prefetched, [], []
+        prefetched: list[str] = []
+        if self._prefetched:
+            prefetched = self._prefetched.popleft()
+            self._prefetched_tasks.popleft()
         if not self.alg.dynamic_sampling:
             keys = prefetched or self._submit(self._next_tasks(target))
             groups = self._collect(keys)
@@ -507,11 +513,9 @@ class Trainer:
         times = _Phases()
         with times("time/step"):
             with times("time/generate"):
+                self._prefetch(step_no - 1)  # the first step submits its own tasks with the next S steps'
                 groups, everything, ds = self._train_groups()
-            if self.spec.rollout.max_staleness > 0 and step_no < self.max_steps:
-                # Bounded staleness: the next step's rollouts run while this step trains.
-                self._prefetched_tasks = self._next_tasks(self.spec.rollout.prompts_per_step)
-                self._prefetched = self._submit(self._prefetched_tasks)
+            self._prefetch(step_no)  # the rollouts of the next S steps run while this one trains
             seqs = sequences_from_groups(groups, vocab_size=self.limits.vocab_size, max_len=self.limits.max_model_len)
             seqs, shaped = self.shape_rewards(seqs)
             self._command("train", seqs, step_no)
@@ -540,6 +544,17 @@ class Trainer:
         self._report()
         return row
 
+    def _prefetch(self, step_no: int) -> None:
+        """Bounded staleness S: keep the tasks of the S steps after ``step_no`` (never past the last)
+        submitted, so the rollouts run ahead while the trainer trains. Their episodes are at most S
+        versions old when their step takes them (the coordinator drops a group that became staler and
+        samples it again)."""
+        depth = min(self.spec.rollout.max_staleness, self.max_steps - step_no)
+        while len(self._prefetched) < depth:
+            tasks = self._next_tasks(self.spec.rollout.prompts_per_step)
+            self._prefetched_tasks.append(tasks)
+            self._prefetched.append(self._submit(tasks))
+
     def _publish(self, version: int) -> None:
         """Make inference serve the updated policy as ``version`` (verified), then accept only
         episodes fresh for it."""
@@ -561,6 +576,7 @@ class Trainer:
         m.update(upd)
         m.update(ds)
         m.update(times)
+        m["prefetched_steps"] = len(self._prefetched)
         gen_tokens = sum(s.model_tokens for s in all_seqs)
         train_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in seqs) * self.learner.cfg.epochs
         m["tokens_generated"] = gen_tokens
@@ -614,7 +630,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write an atomic checkpoint of the current step."""
         # Prefetched tasks stay live in the coordinator; a resumed run submits them again.
-        pending = list(self._prefetched_tasks) + list(self._pending)
+        pending = [t for tasks in self._prefetched_tasks for t in tasks] + list(self._pending)
         state = TrainerState(step=self.step_count, policy_version=self.policy_version,
                              cursor=self.cursor.state_dict(), pending_tasks=pending,
                              next_seq=self.coordinator.next_seq, counters=dict(self.counters),
