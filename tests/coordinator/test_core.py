@@ -57,6 +57,35 @@ def test_posting_is_idempotent_by_episode_id(coord, episode, tasks):
     assert late["duplicate"] == [f"{key}:0"] and coord.counters["episodes_accepted"] == 2
 
 
+def test_idle_seconds_count_the_time_with_nothing_to_generate(coord, clock, episode, tasks):
+    """The rollout workers are idle while no task is queued or leased: from the start until the first
+    submission, and from the completion of the last open task until the next submission (a group waiting
+    to be taken does not make them busy; a stale group put back in the queue does)."""
+    clock.advance(5)
+    assert coord.idle_seconds() == 5
+    (key,) = coord.submit(tasks(1), seeds=[0])
+    coord.lease("w", 1)
+    clock.advance(3)
+    coord.post_episodes("w", [episode(key, 0)])
+    clock.advance(1)
+    assert coord.idle_seconds() == 5  # half the group is in: still work to do
+    coord.post_episodes("w", [episode(key, 1)])
+    clock.advance(2)
+    assert coord.idle_seconds() == 7  # complete, not yet taken: nothing to generate
+    coord.take([key])
+    clock.advance(4)
+    assert coord.idle_seconds() == 11
+    (key,) = coord.submit(tasks(1), seeds=[0])
+    coord.lease("w", 1)
+    clock.advance(6)
+    assert coord.idle_seconds() == 11
+    coord.post_episodes("w", [episode(key, 0), episode(key, 1)])
+    coord.set_policy_version(1)  # on-policy: the version-0 group is now stale
+    assert coord.take([key]) == ([], [key])  # put back in the queue: work again
+    clock.advance(2)
+    assert coord.idle_seconds() == 11
+
+
 def test_expired_lease_is_reissued_and_counted(coord, clock, episode, tasks):
     (key,) = coord.submit(tasks(1), seeds=[0])
     first = coord.lease("w1", 1)["tasks"][0]

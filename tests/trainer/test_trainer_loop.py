@@ -89,7 +89,8 @@ def test_two_steps(tmp_path, tiny_model_dir, serve, case):
         for key in ("reward_mean", "reward/regex", "adv_mean", "response_len_mean", "clip_fraction", "approx_kl",
                     "entropy", "grad_norm", "tokens_per_s", "staleness_mean", "time/generate", "time/reward",
                     "time/old_logprob", "time/update", "time/weight_sync", "time/checkpoint",
-                    "coord/episodes_accepted"):
+                    "coord/episodes_accepted", "time/train", "time/publish", "time/idle_train",
+                    "time/idle_generate", "overlap/bound", "overlap/achieved"):
             assert key in r, (case, key)
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
     assert progress["done"] and progress["step"] == 2 and progress["samplesScored"] >= 32
@@ -132,6 +133,10 @@ def test_bounded_staleness_keeps_the_next_steps_queued(tmp_path, tiny_model_dir,
     assert all(r["staleness_max"] <= 2 for r in rows)
     assert rows[-1]["coord/tasks_submitted"] == 4 * 4  # promptsPerStep x maxSteps: nothing submitted twice
     assert trainer.policy_version == 4
+    for r in rows:  # the overlap metrics of every step are consistent (their values are timings)
+        assert 0 <= r["time/idle_generate"] <= r["time/step"] and r["overlap/bound"] >= 1.0
+        assert r["time/rollout_busy"] == pytest.approx(r["time/step"] - r["time/idle_generate"])
+        assert r["overlap/achieved"] > 0
 
 
 def test_resume_continues_and_completes_at_the_final_checkpoint(tmp_path, tiny_model_dir, serve):

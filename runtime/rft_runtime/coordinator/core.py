@@ -243,6 +243,8 @@ class Coordinator:
         self._stale_leases: set[str] = set()  # task keys whose lease turned out stale during one post
         self.done = False
         self.counters: dict[str, int] = {k: 0 for k in COUNTER_NAMES}
+        self._idle_total = 0.0
+        self._idle_since: float | None = clock()
 
     # ---------------------------------------------------------------- owner (trainer) side
     @property
@@ -289,6 +291,7 @@ class Coordinator:
             self._queue.append(key)
             keys.append(key)
         self.counters["tasks_submitted"] += len(keys)
+        self._note_work()
         return keys
 
     def is_complete(self, key: str) -> bool:
@@ -324,6 +327,7 @@ class Coordinator:
                 self._remember(e.id)
             self.counters["groups_taken"] += 1
             groups.append(Group(key, rec.task, rec.purpose, eps, oldest))
+        self._note_work()
         return groups, requeued
 
     def cancel(self, keys: Iterable[str]) -> list[dict[str, Any]]:
@@ -339,6 +343,7 @@ class Coordinator:
         if cancel:
             self._queue = deque(k for k in self._queue if k not in cancel)
         self.counters["tasks_cancelled"] += len(cancel)
+        self._note_work()
         return out
 
     def finish(self) -> None:
@@ -421,6 +426,7 @@ class Coordinator:
             if rec is not None and rec.state == "leased":
                 self._requeue(rec, front=True, clear=True)
         self._stale_leases.clear()
+        self._note_work()
         return result
 
     def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
@@ -459,7 +465,23 @@ class Coordinator:
             "counters": dict(self.counters),
         }
 
+    def idle_seconds(self) -> float:
+        """Seconds, since this coordinator was made, during which no task was queued or leased: the
+        rollout workers had nothing to generate (``time/idle_generate`` per step is its increase)."""
+        now = self._clock()
+        return self._idle_total + (now - self._idle_since if self._idle_since is not None else 0.0)
+
     # ---------------------------------------------------------------- internals
+    def _note_work(self) -> None:
+        """Start or stop the idle clock after a change that can open or close tasks."""
+        open_tasks = any(r.state != "complete" for r in self._tasks.values())  # queued or leased
+        now = self._clock()
+        if open_tasks and self._idle_since is not None:
+            self._idle_total += now - self._idle_since
+            self._idle_since = None
+        elif not open_tasks and self._idle_since is None:
+            self._idle_since = now
+
     def _record(self, key: str) -> TaskRecord:
         try:
             return self._tasks[key]

@@ -98,6 +98,11 @@ class CoordinatorService:
         with self._cond:
             return dict(self._core.counters)
 
+    def idle_seconds(self) -> float:
+        """See :meth:`Coordinator.idle_seconds`."""
+        with self._cond:
+            return self._core.idle_seconds()
+
     def collect(
         self,
         keys: list[str],

@@ -124,6 +124,26 @@ def episode_error_kinds(ep: Episode) -> list[str]:
     return [k for k in ERROR_KINDS if getattr(ep.errors, k)]
 
 
+def overlap_metrics(times: dict[str, float], idle_generate: float) -> dict[str, float]:
+    """How much of a step's generation, training and publication ran at the same time.
+
+    ``t_R`` is the time the rollout workers had work during the step (the step's wall time less
+    ``idle_generate``, the seconds the coordinator had no task queued or leased), ``t_T`` the
+    training phases (old and reference log-probs, the update) and ``t_W`` the weight publication.
+    ``overlap/bound`` is the speed-up that overlapping generation with training can give when a
+    publication stops both, ``(t_R + t_T + t_W) / (max(t_R, t_T) + t_W)``; ``overlap/achieved`` the
+    one this step got, ``(t_R + t_T + t_W) / time/step`` (about 1 for a synchronous step). Rollouts
+    that go on generating during a publication can take ``achieved`` above ``bound``."""
+    step = times.get("time/step", 0.0)
+    t_t = sum(times.get(k, 0.0) for k in ("time/old_logprob", "time/ref_logprob", "time/update"))
+    t_w = times.get("time/weight_sync", 0.0)
+    t_r = max(step - idle_generate, 0.0)
+    return {"time/train": t_t, "time/publish": t_w, "time/idle_train": times.get("time/generate", 0.0),
+            "time/idle_generate": idle_generate, "time/rollout_busy": t_r,
+            "overlap/bound": (t_r + t_t + t_w) / max(max(t_r, t_t) + t_w, 1e-9),
+            "overlap/achieved": (t_r + t_t + t_w) / max(step, 1e-9)}
+
+
 class _Phases:
     """Wall-clock seconds per named phase: ``with phases("time/update"): ...``."""
 
@@ -512,6 +532,7 @@ class Trainer:
         step_no = self.step_count + 1
         times = _Phases()
         with times("time/step"):
+            idle0 = self.coordinator.idle_seconds()  # within the step's timer: idle never exceeds the step
             with times("time/generate"):
                 self._prefetch(step_no - 1)  # the first step submits its own tasks with the next S steps'
                 groups, everything, ds = self._train_groups()
@@ -531,8 +552,10 @@ class Trainer:
             with times("time/checkpoint"):
                 if step_no % self.spec.checkpoint.every_steps == 0 or step_no == self.max_steps:
                     self.save_checkpoint()
+            idle_generate = self.coordinator.idle_seconds() - idle0
         metrics.update(self._step_metrics(seqs, sequences_from_groups(everything), everything, adv, upd, ds,
                                           times.seconds))
+        metrics.update(overlap_metrics(times.seconds, idle_generate))
         metrics.update(shaped)
         if self.trackers:
             metrics["tracking_errors"] = sum(t.errors for t in self.trackers)
