@@ -1,7 +1,6 @@
 """``rft run --address``: the roles run as actors of a Ray cluster that was already running.
 
-The cluster is a real one-node Ray head (``ray start --head --block``, with a Ray Client server) in
-its own session, with
+The cluster is a real one-node Ray head (``ray start --head --block``) in its own session, with
 Ray's token authentication on (a token file of the test's own, ``RAY_AUTH_TOKEN_PATH``, as a cluster
 operator would hand it to its users); it is stopped by killing that session at the end (never ``ray
 stop``, which would stop every Ray on the machine). Ray never takes loopback as a node's IP, so the
@@ -39,14 +38,13 @@ def ray_head(tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # for the head, `ray status` and the run alike
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    port, client_port = _free_port(), _free_port()
+    port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="rft-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     log = (tmp_path / "ray-head.log").open("wb")
     ray = str(Path(sys.executable).parent / "ray")
     p = subprocess.Popen(
         [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--ray-client-server-port", str(client_port), "--num-cpus", "4",
-         "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir],
+         "--num-cpus", "4", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir],
         stdout=log, stderr=subprocess.STDOUT, env=rft_env(), start_new_session=True)
     address = f"127.0.0.1:{port}"
 
@@ -56,7 +54,7 @@ def ray_head(tmp_path, monkeypatch):
 
     try:
         wait_for(up, 120, "the Ray head to answer `ray status`", p)
-        yield address, f"ray://127.0.0.1:{client_port}"
+        yield address
     finally:
         kill_session(p, 15)
         kill_session(p)
@@ -65,13 +63,11 @@ def ray_head(tmp_path, monkeypatch):
 
 
 def test_rft_run_attaches_to_a_running_ray_cluster(tmp_path, tiny_model, manifest, rft, ray_head, monkeypatch):
-    """Two jobs on one cluster: the first names the head's address (``--address HOST:PORT``), the second
-    finds the cluster in ``$RAY_ADDRESS`` as a Ray Client URL (``ray://HOST:PORT``), the way a user of a
-    remote cluster points every Ray program at it."""
-    head, client = ray_head
+    """Two jobs on one cluster: the first names the head (``--address HOST:PORT``), the second finds it
+    in ``$RAY_ADDRESS``, the way a user points every Ray program at a cluster."""
     monkeypatch.setenv("RFT_BIND_HOST", "127.0.0.1")
     job = manifest("on-ray", trainer={"maxSteps": 4}, checkpoint={"everySteps": 2})
-    for run, address in (("first", head), ("second", client)):  # the cluster outlives a job and takes the next
+    for run, address in (("first", ray_head), ("second", ray_head)):  # the cluster outlives a job
         out = tmp_path / run
         log = tmp_path / f"{run}.log"
         args = ["run", str(job), "--out", str(out), "--no-progress"]
