@@ -86,7 +86,7 @@ def test_trainer_vs_trl_quick(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py",
-                                    "rollout_tokens.py", "gpu.py", "trainer_vs_trl.py"])
+                                    "rollout_tokens.py", "gpu.py", "trainer_vs_trl.py", "e2e_step.py"])
 def test_bench_scripts_document_themselves(script):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
@@ -96,3 +96,15 @@ def test_bench_scripts_document_themselves(script):
 def test_engine_process_quick(tmp_path):
     report = _run("engine_process.py", tmp_path / "engine_process.json")
     assert {"process_vs_thread_rollout_c1", "process_vs_thread_rollout_c8"} <= set(report["ratios"])
+
+
+def test_e2e_step_quick(tmp_path):
+    """`rft run` of the sample job synchronous and with maxStaleness 1: both finish their steps, the
+    asynchronous one keeps the next step's tasks queued (prefetch) and stays within its staleness."""
+    report = _run("e2e_step.py", tmp_path / "e2e_step.json")
+    assert {"speedup_staleness1", "achieved_over_bound_staleness1"} <= set(report["ratios"])
+    sync, async1 = report["runs"]["0"][0], report["runs"]["1"][0]
+    assert sync["steady_steps"] == async1["steady_steps"] == 3
+    assert sync["staleness_max"] == 0 and sync["prefetched_steps_max"] == 0
+    assert async1["staleness_max"] <= 1 and async1["prefetched_steps_max"] == 1
+    assert report["bound"] >= 1.0 and 0 < report["startup"]["first_step_s_median"] <= report["runs"]["0"][0]["total_s"]

@@ -21,9 +21,9 @@ from rft_runtime.model import (
     make_tiny_model,
     make_tiny_model_cli,
     resolve_builtin_model,
-    warm_start,
 )
 from rft_runtime.model.tokenizer import BYTE_OFFSET, VOCAB_SIZE
+from rft_runtime.model.warm_start import warm_start
 from tests.runtime.model_accuracy import accuracy
 
 EXPECTED_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",

@@ -92,15 +92,25 @@ class TrainerActor:
     """The trainer role (:class:`~rft_runtime.trainer.trainer.Trainer`, coordinator included): global
     rank 0 of the trainer's process group. With ``trainer.nodes × processesPerNode`` above 1 it
     starts the other ranks on this machine (:mod:`~rft_runtime.trainer.launch`, one gloo group; their
-    logs are ``trainer-rank-<node>-<local>.log`` beside this actor's)."""
+    logs are ``trainer-rank-<node>-<local>.log`` beside this actor's).
 
-    def __init__(self, config_doc: str, *, resume: bool, require_resume: bool,
-                 max_steps: int | None, threads: int = 1, local: bool = True, log_file: str | None = None,
-                 work_dir: str | None = None) -> None:
+    The actor is created with the other roles, before its config exists (that names the inference
+    servers' URLs): its process starts and imports the trainer while the servers load their models;
+    :meth:`setup` then builds the trainer."""
+
+    def __init__(self, *, threads: int = 1, local: bool = True, log_file: str | None = None) -> None:
         _setup_process(log_file, threads)
+        from ..trainer import trainer  # noqa: F401 - imported now, in parallel with the other roles
+
+        self.threads, self.local, self.log_file = threads, local, log_file
+        self._ranks: list[Any] = []
+        self._stop = threading.Event()
+
+    def setup(self, config_doc: str, *, resume: bool, require_resume: bool, max_steps: int | None,
+              work_dir: str | None = None) -> dict[str, Any]:
         # The coordinator listens on this actor's node only (loopback locally, the node IP on a Ray
         # cluster, where this actor may run on another node than the driver) and advertises that host.
-        host = node_host(local)
+        host = node_host(self.local)
         os.environ[BIND_HOST_ENV] = host
         from ..trainer import launch
         from ..trainer.distributed import context_for
@@ -111,7 +121,6 @@ class TrainerActor:
             update={"coordinator": f"http://{host}:{cfg.ports.coordinator}"})})
         config_doc = cfg.to_json()
         t = cfg.spec.trainer
-        self._ranks: list[Any] = []
         if t.world_size() > 1:
             if work_dir is None:
                 raise ValueError("a trainer of several processes needs a work_dir for their config")
@@ -119,16 +128,13 @@ class TrainerActor:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(config_doc)
             ranks = [(n, r) for n in range(t.nodes) for r in range(t.processes()) if (n, r) != (0, 0)]
-            self._ranks = launch.start_ranks(path, ranks, log_dir=Path(log_file).parent if log_file else None,
-                                             threads=threads)
-        self._stop = threading.Event()
+            self._ranks = launch.start_ranks(path, ranks, log_dir=Path(self.log_file).parent if self.log_file else None,
+                                             threads=self.threads)
         self.trainer = Trainer(cfg, resume=resume, require_resume=require_resume, max_steps=max_steps,
                                should_stop=self._stop.is_set, dist=context_for(cfg, 0, 0))
-
-    def setup(self) -> dict[str, Any]:
-        t = self.trainer.setup()
-        return {"coordinator_url": t.coordinator_url, "step": t.step_count, "max_steps": t.max_steps,
-                "resumed_from": t.resumed_from, "policy_version": t.policy_version}
+        tr = self.trainer.setup()
+        return {"coordinator_url": tr.coordinator_url, "step": tr.step_count, "max_steps": tr.max_steps,
+                "resumed_from": tr.resumed_from, "policy_version": tr.policy_version}
 
     def step(self) -> dict[str, Any] | None:
         """One step's metrics; None when a stop request interrupted the step."""
@@ -153,29 +159,32 @@ class TrainerActor:
         from ..trainer import launch
 
         try:
-            self.trainer.close()
+            if hasattr(self, "trainer"):
+                self.trainer.close()
         finally:
             launch.wait_ranks(self._ranks)
 
 
 @ray.remote(num_cpus=0, max_concurrency=2)
 class RolloutActor:
-    """The rollout role (:class:`~rft_runtime.rollout.loop.RolloutLoop`)."""
+    """The rollout role (:class:`~rft_runtime.rollout.loop.RolloutLoop`). Created with the other roles,
+    before its config exists (that names the coordinator, which the trainer's set-up starts): its
+    process starts and imports the rollout loop meanwhile; :meth:`run` gets the config."""
 
-    def __init__(self, config_doc: str, worker_id: str, *, threads: int = 1,
-                 log_file: str | None = None) -> None:
+    def __init__(self, worker_id: str, *, threads: int = 1, log_file: str | None = None) -> None:
         _setup_process(log_file, threads)
-        self.cfg = runtime.parse(config_doc)
+        from ..rollout import loop  # noqa: F401 - imported now, in parallel with the other roles
+
         self.worker_id = worker_id
         self._stop = threading.Event()
 
-    def run(self) -> dict[str, int]:
+    def run(self, config_doc: str) -> dict[str, int]:
         """Run the loop until the coordinator says done or :meth:`stop` is called."""
         import dataclasses
 
         from ..rollout.loop import RolloutLoop
 
-        loop = RolloutLoop(self.cfg, worker_id=self.worker_id, should_stop=self._stop.is_set)
+        loop = RolloutLoop(runtime.parse(config_doc), worker_id=self.worker_id, should_stop=self._stop.is_set)
         return dataclasses.asdict(asyncio.run(loop.run()))
 
     def stop(self) -> None:

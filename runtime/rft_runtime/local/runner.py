@@ -245,11 +245,18 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
     from .actors import InferenceActor, RolloutActor, TrainerActor, node_host
 
     logs = out / "logs"
+    # Every role's process starts now, in parallel: the servers load the model while the trainer and
+    # the rollout workers import theirs; each gets its config once the role it names is up.
     infer = [InferenceActor.remote(str(model_dir), job.name, local=local, threads=opts.threads,
                                    dtype=spec.model.dtype, max_model_len=spec.inference.max_model_len,
                                    log_file=str(logs / f"inference-{i}.log"))
              for i in range(max(1, spec.inference.replicas))]
     actors += infer
+    trainer = TrainerActor.remote(threads=opts.threads, local=local, log_file=str(logs / "trainer.log"))
+    actors.append(trainer)
+    rollouts = [RolloutActor.remote(f"local-rollout-{i}", threads=opts.threads, log_file=str(logs / f"rollout-{i}.log"))
+                for i in range(max(1, spec.rollout.replicas))]
+    actors += rollouts
     urls = ray.get([a.url.remote() for a in infer])
     host = node_host(local)
     cfg = runtime.build(
@@ -258,20 +265,13 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
         ports=runtime.Ports(coordinator=0, rendezvous=_free_port() if spec.trainer.world_size() > 1 else 29500),
         paths=paths, scoring="rollout",
         progress=runtime.ProgressTarget(sink="file"), trainer=runtime.TrainerSettings(threads=opts.threads))
-    trainer = TrainerActor.remote(cfg.to_json(), resume=opts.resume, require_resume=opts.resume,
-                                  max_steps=opts.max_steps, threads=opts.threads, local=local,
-                                  log_file=str(logs / "trainer.log"), work_dir=str(out))
-    actors.append(trainer)
-    info = ray.get(trainer.setup.remote())
+    info = ray.get(trainer.setup.remote(cfg.to_json(), resume=opts.resume, require_resume=opts.resume,
+                                        max_steps=opts.max_steps, work_dir=str(out)))
     cfg = cfg.model_copy(update={"endpoints": cfg.endpoints.model_copy(
         update={"coordinator": info["coordinator_url"]})})
     doc = cfg.to_json()
     (out / "config.json").write_text(doc)
-    rollouts = [RolloutActor.remote(doc, f"local-rollout-{i}", threads=opts.threads,
-                                    log_file=str(logs / f"rollout-{i}.log"))
-                for i in range(max(1, spec.rollout.replicas))]
-    actors += rollouts
-    runs = [r.run.remote() for r in rollouts]
+    runs = [r.run.remote(doc) for r in rollouts]
     steps_done, interrupted = _drive(trainer, info, opts, runs)
     if interrupted:
         steps_done = ray.get(trainer.stop.remote())

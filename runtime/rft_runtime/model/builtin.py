@@ -22,8 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .tiny import TinyModelConfig, make_tiny_model
-from .warm_start import warm_start
+from .tiny import TinyModelConfig
 
 __all__ = ["BUILTIN_MODELS", "DEFAULT_WARM_START_STEPS", "default_cache_dir", "resolve_builtin_model",
            "is_builtin_spec"]
@@ -104,6 +103,9 @@ def resolve_builtin_model(
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if (final / "model.safetensors").exists():
             return final  # built by another process while we waited
+        from .tiny import make_tiny_model
+        from .warm_start import warm_start  # torch: imported only when a model is built
+
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
         try:
             make_tiny_model(tmp, seed, **sizes)

@@ -16,14 +16,14 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-
 from .tokenizer import VOCAB_SIZE, build_tokenizer  # noqa: E402
+
+if TYPE_CHECKING:  # torch and transformers are imported where a model is built: the sizes and cache
+    from transformers import Qwen2Config  # keys stay cheap to compute (rft run checks its cache first)
 
 __all__ = ["TinyModelConfig", "make_tiny_model", "seeded_torch", "BUILD_INFO_FILE"]
 
@@ -56,6 +56,8 @@ class TinyModelConfig:
 
     def to_qwen2(self) -> Qwen2Config:
         """The transformers config (fields as in the vLLM-accepted reference checkpoint)."""
+        from transformers import Qwen2Config
+
         return Qwen2Config(
             vocab_size=VOCAB_SIZE,
             hidden_size=self.hidden,
@@ -86,6 +88,8 @@ class TinyModelConfig:
 @contextlib.contextmanager
 def seeded_torch(seed: int, threads: int | None = None) -> Iterator[None]:
     """Seed torch's CPU RNG (restored afterwards) and optionally pin the thread count."""
+    import torch
+
     old_threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -122,6 +126,8 @@ def make_tiny_model(
 
     Offline and deterministic: the same arguments give byte-identical files.
     """
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
     cfg = TinyModelConfig(hidden, layers, heads, kv_heads, intermediate, max_position_embeddings)
     out = Path(out_dir)
     with seeded_torch(seed):

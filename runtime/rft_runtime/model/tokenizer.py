@@ -19,9 +19,10 @@ The chat template is Qwen-style (``<|im_start|>role\\n...<|im_end|>\\n``) with
 from __future__ import annotations
 
 from importlib import resources
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedTokenizerFast
-from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+if TYPE_CHECKING:  # transformers is imported where a tokenizer is built: VOCAB_SIZE stays cheap to read
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = [
     "BYTE_OFFSET",
@@ -67,7 +68,7 @@ def chat_template() -> str:
     return resources.files(__package__).joinpath("chat_template.jinja").read_text(encoding="utf-8")
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer() -> "PreTrainedTokenizerFast":
     """Build the byte-level tokenizer (deterministic; needs no network and no files).
 
     Returns a ``Qwen2Tokenizer``, a ``PreTrainedTokenizerFast`` backed by a ``tokenizers`` BPE
@@ -76,6 +77,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for b, ch in _bytes_to_unicode().items():
         vocab[ch] = byte_token_id(b)
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
     tok = Qwen2Tokenizer(
         vocab=vocab,
         merges=[],
