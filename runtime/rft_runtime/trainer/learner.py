@@ -150,19 +150,31 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
 
 
 class _Mean:
-    """Token-weighted running means of metric tensors."""
+    """Token-weighted running means of metric tensors. The sums stay tensors on the metrics' device
+    until :meth:`to_host` (one read for all of them): adding a micro-batch's metrics never waits for
+    the device."""
 
     def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
+        self.sums: dict[str, Any] = {}
         self.weights: dict[str, float] = {}
 
     def add(self, metrics: dict[str, torch.Tensor], weight: float, prefix: str = "") -> None:
         for k, v in metrics.items():
             key = prefix + k
-            self.sums[key] = self.sums.get(key, 0.0) + float(v) * weight
+            term = v.detach().float() * weight if isinstance(v, torch.Tensor) else float(v) * weight
+            self.sums[key] = self.sums.get(key, 0.0) + term
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
+    def to_host(self) -> "_Mean":
+        """The sums as floats (in place; returns self)."""
+        keys = [k for k, v in self.sums.items() if isinstance(v, torch.Tensor)]
+        if keys:
+            values = torch.stack([self.sums[k].reshape(()) for k in keys]).cpu().tolist()
+            self.sums.update(zip(keys, values))
+        return self
+
     def result(self) -> dict[str, float]:
+        self.to_host()
         return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
 
     @classmethod
@@ -236,18 +248,22 @@ class Learner:
         stats = _Mean()
         grad_norms: list[float] = []
         losses: list[float] = []
+        # Per micro-batch nothing is read back from the device (no host synchronisation): the token
+        # count comes from the mask on the host, the loss and the metrics are summed on the device.
         self.model.train()
         for epoch in range(cfg.epochs):
             # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
             # rounding, so every pass cuts them by length
             order = by_length(batch.lengths[rows])
             self.optimizer.zero_grad(set_to_none=True)
-            total = 0.0
+            total = torch.zeros((), dtype=torch.float32, device=dev)
             for pos in micro_batches(len(rows), cfg.micro_batch_size, order):
                 idx = rows[pos]
                 mb = batch.select(idx)
                 w = mb.loss_mask.shape[1]
-                m = (mask[idx, :w] & live[pos].unsqueeze(-1)).to(dev)
+                m_host = mask[idx, :w] & live[pos].unsqueeze(-1)
+                ntok = int(m_host.sum())
+                m = m_host.to(dev)
                 logits, start = forward_logits(self.model, mb)
                 # [B, w], 0 left of the response window (those columns are off every row's mask)
                 lp = torch.nn.functional.pad(logprobs_from_logits(logits, mb.targets[:, start:].to(dev),
@@ -263,8 +279,7 @@ class Learner:
                     pm = {**pm, "kl_ref": km["kl_mean"]}
                 loss = aggregate_loss(cfg.loss_aggregation, per_tok, m, norm, cfg.max_response_tokens)
                 (loss * world if world > 1 else loss).backward()
-                total += float(loss.detach())
-                ntok = float(m.sum())
+                total = total + loss.detach().float()
                 if epoch == 0 and ntok > 0:
                     with torch.no_grad():
                         ent = entropy_from_logits(logits.detach(), cfg.temperature)
@@ -276,7 +291,7 @@ class Learner:
             gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             full = getattr(gn, "full_tensor", None)  # a DTensor under FSDP: the global norm
             grad_norms.append(float(full() if full is not None else gn))
-            losses.append(total)
+            losses.append(float(total))
             self.optimizer.step()
         if self.scheduler is not None:
             self.scheduler.step()
@@ -285,7 +300,7 @@ class Learner:
             from .distributed import gather_objects
 
             losses = [sum(x) for x in zip(*gather_objects(losses))]
-            stats = _Mean.merge(gather_objects(stats))
+            stats = _Mean.merge(gather_objects(stats.to_host()))
         out = stats.result()
         out["loss"] = losses[-1]
         out["grad_norm"] = grad_norms[-1]
