@@ -1,4 +1,5 @@
-"""A real Kubernetes node on this machine: containerd + runc + CNI, kubelet, kube-proxy, CoreDNS.
+"""A real Kubernetes node on this machine: containerd + runc + CNI, kubelet, kube-proxy, CoreDNS, and
+kube-router enforcing NetworkPolicies.
 
 The node lives in its own network namespace (``rftn-<id>``, like a kind node container): a veth pair
 links it to the host (``10.213.<slot>.1`` host side, ``10.213.<slot>.2`` the node's InternalIP), the
@@ -10,14 +11,23 @@ to it (``route_localnet`` on the host veth only), which is also the ``kubernetes
 Processes (each its own session, pid file in ``<workdir>/run``): containerd (``nsenter --net``: its
 CNI calls create the bridge in the node's namespace; its shims stay in the node's cgroup), kubelet
 (cgroupfs driver under ``<our memory cgroup>/rftn-<id>``), kube-proxy (iptables mode, inside the
-namespace), and the local-directory PV provisioner (``python -m e2e.provisioner``). Cluster DNS is
+namespace), kube-router (its NetworkPolicy controller only, inside the namespace: iptables chains
+and ipsets, both per network namespace; no routing, no service proxy), and the local-directory PV
+provisioner (``python -m e2e.provisioner``). Cluster DNS is
 CoreDNS as a Deployment in ``kube-system`` behind Service ``kube-dns`` (``10.0.0.10``), from an image
 built FROM scratch by ``hack/build-node.sh``, like the pause image; both are imported into the
 node's containerd with ``ctr images import``. Dynamic provisioning: StorageClass ``local`` (default)
 backed by directories under ``<workdir>/pv`` (ReadWriteOnce and ReadWriteMany: one node).
 
-Credentials: the kubelet and kube-proxy authenticate with client certificates signed by the
-cluster's CA (``system:node:<name>`` / ``system:nodes``, ``system:kube-proxy``); the API server
+NetworkPolicies are enforced as on a cluster with a policy-enforcing network plugin: a pod's
+connections to a pod that a policy selects pass only where a rule admits them, except from the node
+itself (kube-router accepts what the node sends, as kubelet probes need). So a test that talks to a
+pod from this machine does it from inside the node's namespace (:meth:`LocalNode.request`).
+
+Credentials: the kubelet, kube-proxy and kube-router authenticate with client certificates signed by
+the cluster's CA (``system:node:<name>`` / ``system:nodes``, ``system:kube-proxy``,
+``system:kube-router``, the last bound to a ClusterRole that reads pods, namespaces, nodes and
+NetworkPolicies); the API server
 reaches the kubelet with its ``kubelet-client`` certificate (``system:masters``), which the kubelet
 authenticates against the CA and authorises by SubjectAccessReview.
 
@@ -46,10 +56,11 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-node.sh"
-NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "pause", "pause.oci", "coredns.oci")
+NODE_BINARIES = ("kubelet", "kube-proxy", "coredns", "kube-router", "pause", "pause.oci", "coredns.oci")
 DNS_IP = "10.0.0.10"
 CLUSTER_DOMAIN = "cluster.local"
-COMPONENTS = ("containerd", "kubelet", "kube-proxy", "provisioner")
+COMPONENTS = ("containerd", "kubelet", "kube-proxy", "kube-router", "provisioner")
+KUBE_ROUTER_CHAIN = "KUBE-ROUTER-FORWARD"  # exists in the node's namespace once kube-router has synced
 STORAGE_CLASS = "local"
 PROVISIONER_NAME = "rft.dev/local-dir"
 
@@ -421,9 +432,11 @@ class LocalNode:
         pki = self.cluster.pki
         ensure_client_cert(pki, "node", f"system:node:{self.name}", "system:nodes")
         ensure_client_cert(pki, "kube-proxy", "system:kube-proxy", None)
+        ensure_client_cert(pki, "kube-router", "system:kube-router", None)
         server = f"https://{self.net.host_ip}:{api_port}"
         self._kubeconfig("kubelet", server, pki / "node.crt", pki / "node.key")
         self._kubeconfig("kube-proxy", server, pki / "kube-proxy.crt", pki / "kube-proxy.key")
+        self._kubeconfig("kube-router", server, pki / "kube-router.crt", pki / "kube-router.key")
         self._write_containerd_config()
         self._write_cni_config()
         self._write_kubelet_config()
@@ -453,9 +466,20 @@ class LocalNode:
         self._launch("provisioner", [sys.executable, "-m", "e2e.provisioner",
                                      f"--kubeconfig={self.cluster.kubeconfig}", f"--root={self.pv_root}",
                                      f"--owner={self.name}-{self.ident}"], cwd=REPO_ROOT)
-        self._wait("node Ready", deadline, list(COMPONENTS), self.ready)
+        watch = [c for c in COMPONENTS if c != "kube-router"]
+        self._wait("node Ready", deadline, watch, self.ready)
         self._untaint()
         self._install_addons(imgs["coredns"])
+        # kube-router reads its Node object when it starts: after the kubelet registered it
+        from .cluster import SERVICE_CIDR
+        self._launch("kube-router", [*self.net.nsenter(), self.binary("kube-router"),
+                                     f"--kubeconfig={self.workdir / 'kube-router.kubeconfig'}",
+                                     f"--hostname-override={self.name}", "--run-firewall=true",
+                                     "--run-router=false", "--run-service-proxy=false", "--enable-cni=false",
+                                     "--enable-pod-egress=false", "--enable-ibgp=false", "--enable-overlay=false",
+                                     f"--service-cluster-ip-range={SERVICE_CIDR}", "--health-addr=127.0.0.1",
+                                     "--metrics-port=0", "--v=1"])
+        self._wait("kube-router's NetworkPolicy chains", deadline, list(COMPONENTS), self._policies_enforced)
         self._wait("CoreDNS Ready", deadline, list(COMPONENTS), self._dns_ready)
 
     # ---- configuration files -------------------------------------------------------------------
@@ -612,6 +636,24 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=rft-node",
                              "-f", "-", input=addons_manifest(coredns_image, self.name))
 
+    def _policies_enforced(self) -> bool:
+        return _run(*self.net.nsenter(), "iptables", "-S", KUBE_ROUTER_CHAIN, check=False).returncode == 0
+
+    def request(self, url: str, headers: dict[str, str] | None = None, timeout: float = 10) -> bytes:
+        """GET ``url`` from inside the node's network namespace, as the node itself (a pod's IP is
+        reachable only there, and the node is the one source NetworkPolicies always admit, like the
+        kubelet's probes). Raises OSError when nothing answers or the status is not 2xx."""
+        argv = [*self.net.nsenter(), "curl", "--silent", "--show-error", "--fail", "--max-time", str(timeout)]
+        for k, v in (headers or {}).items():
+            argv += ["--header", f"{k}: {v}"]
+        try:
+            p = subprocess.run([*argv, url], capture_output=True, timeout=timeout + 5)
+        except subprocess.TimeoutExpired as e:
+            raise OSError(f"GET {url}: no answer in {timeout} s") from e
+        if p.returncode != 0:
+            raise OSError(f"GET {url}: curl exit {p.returncode}: {p.stderr.decode(errors='replace').strip()}")
+        return p.stdout
+
     def _dns_ready(self) -> bool:
         p = self.cluster.kubectl("get", "deployment", "coredns", "-n", "kube-system", "-o",
                                  "jsonpath={.status.readyReplicas}", check=False)
@@ -728,7 +770,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
     def stop(self, delete_node: bool = True) -> None:
         """Stop everything (see the module docstring) and check that nothing is left."""
         from .cluster import stop_process_group
-        for name in ("provisioner", "kube-proxy", "kubelet"):
+        for name in ("provisioner", "kube-router", "kube-proxy", "kubelet"):
             rec = self._read_pid(name)
             if rec is not None:
                 stop_process_group(rec[0], rec[1], timeout=10)
@@ -796,10 +838,10 @@ def _strip_cri(text: str) -> str:
 
 
 def addons_manifest(coredns_image: str, node_name: str) -> str:
-    """CoreDNS (Deployment, Service ``kube-dns`` at :data:`DNS_IP`, its RBAC) and the default
-    StorageClass, as one YAML stream. CoreDNS is bound to this node (``nodeName``): another node of the
+    """CoreDNS (Deployment, Service ``kube-dns`` at :data:`DNS_IP`, its RBAC), kube-router's RBAC and
+    the default StorageClass, as one YAML stream. CoreDNS is bound to this node (``nodeName``): another node of the
     same cluster (one without the images) cannot run its image."""
-    corefile = f""".:1053 {{
+    corefile = f""".:53 {{
     errors
     health :8080
     ready :8181
@@ -813,6 +855,17 @@ def addons_manifest(coredns_image: str, node_name: str) -> str:
 }}
 """
     docs = [
+        # kube-router (a process of the node, user system:kube-router): reads what its NetworkPolicy
+        # controller and its informers watch, nothing else
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "system:kube-router"},
+         "rules": [{"apiGroups": [""], "resources": ["namespaces", "pods", "services", "nodes"],
+                    "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "system:kube-router"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:kube-router"},
+         "subjects": [{"kind": "User", "name": "system:kube-router", "apiGroup": "rbac.authorization.k8s.io"}]},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "coredns", "namespace": "kube-system"}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "system:coredns"},
          "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"],
@@ -830,13 +883,16 @@ def addons_manifest(coredns_image: str, node_name: str) -> str:
                   "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}}, "spec": {
                       "nodeName": node_name, "serviceAccountName": "coredns", "dnsPolicy": "Default",
                       "priorityClassName": "system-cluster-critical",
+                      # port 53 as on kubeadm's clusters (where NetworkPolicies that admit DNS by port
+                      # see it), without root: the pod's own namespace lets unprivileged binds from 53 up
                       "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
-                                          "seccompProfile": {"type": "RuntimeDefault"}},
+                                          "seccompProfile": {"type": "RuntimeDefault"},
+                                          "sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start", "value": "53"}]},
                       "containers": [{
                           "name": "coredns", "image": coredns_image, "imagePullPolicy": "Never",
                           "args": ["-conf", "/etc/coredns/Corefile"],
-                          "ports": [{"containerPort": 1053, "name": "dns", "protocol": "UDP"},
-                                    {"containerPort": 1053, "name": "dns-tcp", "protocol": "TCP"}],
+                          "ports": [{"containerPort": 53, "name": "dns", "protocol": "UDP"},
+                                    {"containerPort": 53, "name": "dns-tcp", "protocol": "TCP"}],
                           "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 2},
                           "livenessProbe": {"httpGet": {"path": "/health", "port": 8080}, "periodSeconds": 10},
                           "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -847,8 +903,8 @@ def addons_manifest(coredns_image: str, node_name: str) -> str:
         {"apiVersion": "v1", "kind": "Service",
          "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
          "spec": {"selector": {"k8s-app": "kube-dns"}, "clusterIP": DNS_IP,
-                  "ports": [{"name": "dns", "port": 53, "targetPort": 1053, "protocol": "UDP"},
-                            {"name": "dns-tcp", "port": 53, "targetPort": 1053, "protocol": "TCP"}]}},
+                  "ports": [{"name": "dns", "port": 53, "targetPort": 53, "protocol": "UDP"},
+                            {"name": "dns-tcp", "port": 53, "targetPort": 53, "protocol": "TCP"}]}},
         {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
          "metadata": {"name": STORAGE_CLASS,
                       "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},

@@ -11,13 +11,17 @@
 #                             ldflags, CGO_ENABLED=0.
 #   coredns                   github.com/coredns/coredns from the Go module proxy, built from a small
 #                             main package (hack/node/coredns) with only the plugins the add-on uses.
+#   kube-router               github.com/cloudnativelabs/kube-router/v2 from the Go module proxy: the
+#                             node's NetworkPolicy enforcement (iptables + ipset; the `ipset` tool is a
+#                             Debian package). Its vishvananda/netlink pseudo-version is not on the
+#                             proxy, so the wrapper module pins the nearest release, v1.3.1.
 #   pause                     hack/node/pause.c, gcc -static; its image (FROM scratch, buildah) is
 #   pause.oci, coredns.oci    written as an oci-archive, like CoreDNS's image, for
 #                             `ctr -n k8s.io images import` by e2e/node.py.
 #
 # Idempotent (each piece only when missing; `.complete` marks a finished set); concurrent runs
 # serialise on the control plane's lock. Environment: RFT_CACHE, RFT_COREDNS_VERSION (default
-# v1.11.4), RFT_BUILD_JOBS (go build -p, default 2).
+# v1.11.4), RFT_KUBE_ROUTER_VERSION (default v2.10.0), RFT_BUILD_JOBS (go build -p, default 2).
 set -euo pipefail
 {
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,6 +31,7 @@ node=$cache/node
 bin=$node/bin
 jobs=${RFT_BUILD_JOBS:-2}
 coredns_version=${RFT_COREDNS_VERSION:-v1.11.4}
+kube_router_version=${RFT_KUBE_ROUTER_VERSION:-v2.10.0}
 # Image names the node's containerd knows these by (e2e/node.py uses the same).
 pause_image=registry.rft.local/pause:1.0
 coredns_image=registry.rft.local/coredns:${coredns_version#v}
@@ -34,11 +39,12 @@ coredns_image=registry.rft.local/coredns:${coredns_version#v}
 log() { echo "[node] $*" >&2; }
 die() { echo "[node] ERROR: $*" >&2; exit 1; }
 
-need=(kubelet kube-proxy coredns pause pause.oci coredns.oci)
+need=(kubelet kube-proxy coredns kube-router pause pause.oci coredns.oci)
 all_present() { local b; for b in "${need[@]}"; do [ -s "$bin/$b" ] || return 1; done; }
 packages_present() {
   command -v containerd >/dev/null && command -v runc >/dev/null && command -v ctr >/dev/null \
-    && command -v iptables >/dev/null && command -v buildah >/dev/null && command -v gcc >/dev/null \
+    && command -v iptables >/dev/null && command -v ipset >/dev/null && command -v buildah >/dev/null \
+    && command -v gcc >/dev/null \
     && [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/loopback ] \
     && [ -x /usr/lib/cni/portmap ]
 }
@@ -58,12 +64,12 @@ rm -f "$bin/.complete"
 if ! packages_present; then
   [ "$(id -u)" = 0 ] || die "containerd, runc, CNI plugins, iptables and buildah are missing; run as root to install them"
   t0=$SECONDS
-  log "apt-get install containerd runc containernetworking-plugins iptables buildah gcc libc6-dev"
+  log "apt-get install containerd runc containernetworking-plugins iptables ipset buildah gcc libc6-dev"
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y -q --no-install-recommends containerd runc containernetworking-plugins iptables \
-    buildah gcc libc6-dev >"$node/apt.log" 2>&1 \
+    ipset buildah gcc libc6-dev >"$node/apt.log" 2>&1 \
     || { apt-get update -q >>"$node/apt.log" 2>&1 && apt-get install -y -q --no-install-recommends containerd \
-         runc containernetworking-plugins iptables buildah gcc libc6-dev >>"$node/apt.log" 2>&1; } \
+         runc containernetworking-plugins iptables ipset buildah gcc libc6-dev >>"$node/apt.log" 2>&1; } \
     || { tail -20 "$node/apt.log" >&2; die "apt-get install failed"; }
   packages_present || die "packages installed but a command is still missing"
   log "packages ready in $((SECONDS - t0))s"
@@ -110,6 +116,24 @@ if ! [ -s "$bin/coredns" ]; then
   log "coredns built in $((SECONDS - t0))s"
 fi
 
+# --- kube-router (NetworkPolicy enforcement only) --------------------------------------------------
+if ! [ -s "$bin/kube-router" ]; then
+  t0=$SECONDS
+  src=$node/kube-router-src
+  mkdir -p "$src"
+  printf 'module rft.local/kube-router\n\ngo 1.26\n\nrequire github.com/cloudnativelabs/kube-router/v2 %s\n\nreplace github.com/vishvananda/netlink => github.com/vishvananda/netlink v1.3.1\n' \
+    "$kube_router_version" >"$src/go.mod"
+  rm -f "$src/go.sum"
+  log "building kube-router $kube_router_version"
+  pkg=github.com/cloudnativelabs/kube-router/v2/cmd/kube-router
+  (cd "$src" && GOFLAGS=-mod=mod go get "$pkg@$kube_router_version" >/dev/null 2>&1 || true
+   cd "$src" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -p "$jobs" -trimpath \
+     -ldflags "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$kube_router_version" \
+     -o "$bin/kube-router.tmp" "$pkg") || die "go build of kube-router $kube_router_version failed"
+  mv -f "$bin/kube-router.tmp" "$bin/kube-router"
+  log "kube-router built in $((SECONDS - t0))s"
+fi
+
 # --- pause ---------------------------------------------------------------------------------------
 if ! [ -s "$bin/pause" ]; then
   gcc -static -O2 -s -o "$bin/pause.tmp" "$root/hack/node/pause.c" || die "gcc -static pause.c failed (libc6-dev?)"
@@ -138,7 +162,8 @@ printf '%s\n' "pause $pause_image" "coredns $coredns_image" >"$bin/IMAGES"
 
 all_present || die "missing files in $bin"
 for b in kubelet kube-proxy; do printf '%s\t%s\n' "$b" "$("$bin/$b" --version 2>/dev/null | head -1)"; done >"$bin/VERSIONS"
-printf 'coredns\t%s\ncontainerd\t%s\nrunc\t%s\n' "$coredns_version" "$(containerd --version)" "$(runc --version | head -1)" >>"$bin/VERSIONS"
+printf 'coredns\t%s\nkube-router\t%s\ncontainerd\t%s\nrunc\t%s\n' "$coredns_version" "$kube_router_version" \
+  "$(containerd --version)" "$(runc --version | head -1)" >>"$bin/VERSIONS"
 touch "$bin/.complete"
 log "node binaries ready in $bin"
 echo "$bin"

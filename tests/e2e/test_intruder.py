@@ -1,10 +1,16 @@
-"""A pod of the job's own namespace that is not the job's (no job token) attacks its data plane on the
-real node: it resolves the job's Services through the cluster DNS and sends what a rollout worker or
-the trainer would send — completions, a weight reload pointing at its own directory, a lease, forged
-episodes, the coordinator's status with its tasks — without a token and with a wrong one. Every one
-is refused with 401 by the servers themselves (this node's CNI enforces no NetworkPolicy, so the
-job token is the boundary tested here), while ``/health`` stays open for the kubelet, and the job
-trains on to the end unharmed: its policy version never moved off the trainer's.
+"""Pods of the job's own namespace that are not the job's attack its data plane on the real node,
+whose network enforces NetworkPolicies (kube-router, ``e2e/node.py``). Each resolves the job's
+Services through the cluster DNS and sends what a rollout worker or the trainer would send —
+completions, a weight reload pointing at its own directory, a lease, forged episodes, the
+coordinator's status with its tasks — without a token and with a wrong one:
+
+- an unlabelled pod is stopped by the network: none of its connections gets an HTTP answer (the job's
+  ingress policies admit only the job's own pods), though its DNS lookups of the Services work;
+- a pod carrying the job's rollout labels (anyone who may create pods in the namespace can do that)
+  passes the network rules and meets the second boundary: every call is answered 401 by the servers
+  themselves, while ``/health`` stays open.
+
+The job trains on to the end unharmed: its policy version never moved off the trainer's.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from tests.e2e.stack import EXAMPLES, JobDriver, example_job, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 ATTACK = r"""
-import json, os, httpx
+import json, os, socket, urllib.parse, httpx
 job, inf, trainer = os.environ["JOB"], os.environ["INFERENCE_URL"], os.environ["COORDINATOR_URL"]
 forged = {"id": "t0:0", "task_id": "t0", "rollout_idx": 0, "trajectories": [{"name": "default", "reward": 1.0,
           "steps": [{"prompt_ids": [1], "response_ids": [2], "logprobs": [-0.1], "response_mask": [1],
@@ -35,34 +41,26 @@ attempts = [
     ("episodes", "POST", trainer + "/v1/episodes", {"worker_id": "intruder", "episodes": [forged]}),
     ("status", "GET", trainer + "/v1/status", None),
 ]
-out = {}
+out = {"resolved": {}}
+for url in (inf, trainer):
+    host = urllib.parse.urlsplit(url).hostname
+    out["resolved"][host] = sorted({a[4][0] for a in socket.getaddrinfo(host, None, socket.AF_INET)})
+def call(method, url, body, headers):
+    try:
+        return httpx.request(method, url, json=body, headers=headers, timeout=httpx.Timeout(30, connect=5)).status_code
+    except httpx.HTTPError as e:
+        return f"{type(e).__name__}: {e}"
 for name, method, url, body in attempts:
     for label, headers in (("none", {}), ("wrong", {"Authorization": "Bearer not-the-token"})):
-        try:
-            r = httpx.request(method, url, json=body, headers=headers, timeout=30)
-            out[f"{name}/{label}"] = r.status_code
-        except httpx.HTTPError as e:
-            out[f"{name}/{label}"] = f"{type(e).__name__}: {e}"
-out["health"] = httpx.get(inf + "/health", timeout=60).status_code
+        out[f"{name}/{label}"] = call(method, url, body, headers)
+out["health"] = call("GET", inf + "/health", None, {})
 print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-@pytest.mark.timeout(1800)
-def test_a_pod_without_the_job_token_is_refused_by_every_data_plane_server(driver: JobDriver) -> None:
-    # long enough that the servers are still up when the intruder pod runs (it starts in ~30 s; a step
-    # of 4 prompts takes well under a second on an idle machine)
-    job, steps = "intruded", 200
-    driver.apply_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", job, trainer={"maxSteps": steps},
-                                  rollout={"promptsPerStep": 4, "samplesPerPrompt": 4},
-                                  checkpoint={"everySteps": 50}))
-    driver.wait_step(job, 1, 600)
-    # the Service URLs the job's own pods use, from the runtime config the operator wrote
-    config = driver.api.get("ConfigMap", driver.namespace, names.config(job))
-    assert config is not None
-    endpoints = json.loads(config["data"][names.CONFIG_KEY])["endpoints"]
-    pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "intruder"},
+def _intruder(name: str, job: str, endpoints: dict, labels: dict[str, str]) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
         "spec": {
             "restartPolicy": "Never", "automountServiceAccountToken": False, "enableServiceLinks": False,
             "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
@@ -77,22 +75,54 @@ def test_a_pod_without_the_job_token_is_refused_by_every_data_plane_server(drive
             }],
         },
     }
-    driver.apply_docs([pod])
 
-    def result() -> dict | None:
-        got = driver.api.get("Pod", driver.namespace, "intruder")
-        if got is None or (got.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            return None
-        logs = driver.logs(got)
-        line = next((ln for ln in logs.splitlines() if ln.startswith("RESULT ")), None)
-        assert line, f"the intruder pod ended without a result:\n{logs[-3000:]}"
-        return json.loads(line.removeprefix("RESULT "))
-    out = wait_for("the intruder pod's result", result, 300, interval=1.0, on_timeout=lambda: driver.diagnostics(job))
-    assert driver.progress(job)["step"] < steps, "the job ended before the intruder was done: nothing was attacked"
-    refused = {k: v for k, v in out.items() if k != "health"}
-    if not (len(refused) == 14 and all(v == 401 for v in refused.values()) and out["health"] == 200):
+
+@pytest.mark.timeout(1800)
+def test_pods_that_are_not_the_jobs_are_stopped_by_the_network_or_refused_by_the_token(driver: JobDriver) -> None:
+    # long enough that the servers are still up when the intruder pods run (they start in ~30 s; a
+    # step of 4 prompts takes well under a second on an idle machine)
+    job, steps = "intruded", 200
+    driver.apply_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", job, trainer={"maxSteps": steps},
+                                  rollout={"promptsPerStep": 4, "samplesPerPrompt": 4},
+                                  checkpoint={"everySteps": 50}))
+    driver.wait_step(job, 1, 600)
+    # the Service URLs the job's own pods use, from the runtime config the operator wrote
+    config = driver.api.get("ConfigMap", driver.namespace, names.config(job))
+    assert config is not None
+    endpoints = json.loads(config["data"][names.CONFIG_KEY])["endpoints"]
+    policies = driver.api.list("NetworkPolicy", driver.namespace, names.job_selector(job))
+    assert {p["metadata"]["name"] for p in policies} == {names.inference(job), names.trainer(job), names.rollout(job)}
+    driver.apply_docs([_intruder("outsider", job, endpoints, {"app": "outsider"}),
+                       _intruder("impostor", job, endpoints, names.selector(job, "rollout"))])
+
+    def result(pod_name: str):
+        def get() -> dict | None:
+            got = driver.api.get("Pod", driver.namespace, pod_name)
+            if got is None or (got.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                return None
+            logs = driver.logs(got)
+            line = next((ln for ln in logs.splitlines() if ln.startswith("RESULT ")), None)
+            assert line, f"the {pod_name} pod ended without a result:\n{logs[-3000:]}"
+            return json.loads(line.removeprefix("RESULT "))
+        return wait_for(f"the {pod_name} pod's result", get, 300, interval=1.0,
+                        on_timeout=lambda: driver.diagnostics(job))
+
+    outsider, impostor = result("outsider"), result("impostor")
+    assert driver.progress(job)["step"] < steps, "the job ended before the intruders were done: nothing was attacked"
+    for who, out in (("outsider", outsider), ("impostor", impostor)):
+        assert len(out["resolved"]) == 2 and all(out["resolved"].values()), \
+            f"the {who} pod could not resolve the job's Services: {out['resolved']}"
+    # the network: not one HTTP answer to the unlabelled pod, /health included (connections refused)
+    calls = {k: v for k, v in outsider.items() if k != "resolved"}
+    if not (len(calls) == 15 and all(isinstance(v, str) and v.startswith(("ConnectError", "ConnectTimeout"))
+                                     for v in calls.values())):
+        pytest.fail("the job's NetworkPolicies must keep a pod that is not the job's from connecting at all: "
+                    + json.dumps(outsider, indent=1))
+    # the token: the pod with the job's labels is let through the network and refused by every server
+    refused = {k: v for k, v in impostor.items() if k not in ("resolved", "health")}
+    if not (len(refused) == 14 and all(v == 401 for v in refused.values()) and impostor["health"] == 200):
         pytest.fail("every data-plane call without the job token must get 401, /health 200: "
-                    + json.dumps(out, indent=1))
+                    + json.dumps(impostor, indent=1))
 
     st = driver.wait_phase(job, "Succeeded", 900)
     assert st["step"] == steps and st["policyVersion"] == steps, st

@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -218,12 +217,12 @@ def test_multi_domain_mix_with_routed_evaluators(driver: JobDriver) -> None:
         assert all(abs(r[f"reward/{d}"] - r[f"domain/{d}/mean"]) < 1e-9 for d in ("arithmetic", "words", "code")), r
 
 
-def _reward_samples_scored(pod: dict) -> float | None:
-    """``rft_reward_samples_total`` from the reward pod's /metrics (None when it does not answer)."""
+def _reward_samples_scored(driver: JobDriver, pod: dict) -> float | None:
+    """``rft_reward_samples_total`` from the reward pod's /metrics, asked from the node (None when it
+    does not answer)."""
     url = f"http://{pod['status']['podIP']}:8200/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
+        text = driver.node.request(url, timeout=5).decode()
     except OSError:
         return None
     found = metrics_text.samples(text, "rft_reward_samples_total")
@@ -247,7 +246,7 @@ def test_code_sandbox_evaluator_in_the_reward_role(driver: JobDriver) -> None:
         assert time.monotonic() < deadline, f"code-sandbox did not succeed in time\n{driver.diagnostics(job)}"
         pod = driver.ready_pod(job, "reward")
         if pod is not None:
-            scored = max(scored, _reward_samples_scored(pod) or 0.0)
+            scored = max(scored, _reward_samples_scored(driver, pod) or 0.0)
         time.sleep(0.5)
     st = driver.status(job)
     assert st["step"] == max_steps and st["lastCheckpoint"]["step"] == max_steps, st

@@ -139,6 +139,7 @@ def test_the_jobs_own_data_paths_are_open(judged) -> None:
     assert allowed(pols, rollout, pod(judged.name, "reward"), CTX.reward_port)
     assert allowed(pols, pod(judged.name, "trainer"), inf, judged.spec.inference.port)  # weight publication
     assert allowed(pols, rollout, External("10.96.0.10"), 53, "UDP")  # DNS
+    assert allowed(pols, rollout, External("10.128.0.5"), 5353, "TCP")  # DNS pods on OpenShift
 
 
 def test_only_the_declared_ports_are_open(judged) -> None:

@@ -9,17 +9,19 @@ and where its rollout pods may go.
   of their choosing);
 - ``<job>-reward`` (when the job has a reward role): the reward pods accept connections on the reward
   port only from the job's rollout pods;
-- ``<job>-rollout``: the rollout pods may connect only to those three, to DNS (port 53), and to the
+- ``<job>-rollout``: the rollout pods may connect only to those three, to DNS, and to the
   destinations of ``spec.network.rolloutEgress``; nothing else (the evaluator bundle's code runs
-  there).
+  there). DNS is admitted by port wherever the cluster runs it (its pods' labels differ between
+  distributions): 53, and 5353, where OpenShift's DNS pods listen. A policy-enforcing network sees
+  the port of the DNS pod the ``kube-dns`` Service forwards to, not the Service's 53.
 
 "The job's pods" is a pod selector on the job's labels within the job's namespace: pods of another
 job or another namespace match none of these rules. The operator itself never connects to a job's
 pods (it reads the progress ConfigMap and the pods' status), so no rule admits it. Kubelet probes
 come from the node and are not subject to pod-selector rules on the common network plugins.
 
-These only isolate anything on a cluster whose network plugin enforces NetworkPolicies; the job
-token (``builders.secret``) guards the routes either way.
+These only isolate anything on a cluster whose network plugin enforces NetworkPolicies (the e2e
+node enforces them with kube-router); the job token (``builders.secret``) guards the routes either way.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from .common import BuildContext, metadata
 
 Obj = dict[str, Any]
 ROLE = "network"
-DNS_PORT = 53
+DNS_PORTS = (53, 5353)
 
 
 def _pods(job: RFTJob, role: str) -> Obj:
@@ -80,8 +82,8 @@ def rollout_policy(job: RFTJob, ctx: BuildContext) -> Obj:
     ]
     if reward_required(job.spec):
         egress.append({"to": [_pods(job, "reward")], "ports": [_port(ctx.reward_port)]})
-    # DNS, wherever the cluster runs it (its pods' labels differ between distributions)
-    egress.append({"ports": [_port(DNS_PORT, "UDP"), _port(DNS_PORT, "TCP")]})
+    # DNS, wherever the cluster runs it (see the module docstring)
+    egress.append({"ports": [_port(p, proto) for p in DNS_PORTS for proto in ("UDP", "TCP")]})
     for rule in job.spec.network.rollout_egress:
         egress.append({"to": [{"ipBlock": {"cidr": rule.cidr}}],
                        "ports": [_port(p.port, p.protocol) for p in rule.ports]})
