@@ -91,3 +91,35 @@ def test_inference_sync_reloads_a_server_that_lost_the_current_version(server, t
     assert sync.resynced == [(server, 0, 3)]
     assert pub.current_versions() == {server: 3} and sample(server, "m") == trained
     assert WeightPublisher(tmp_path / "w2", ["http://127.0.0.1:9"]).current_versions() == {"http://127.0.0.1:9": None}
+
+
+def test_a_replica_that_drops_connection_attempts_costs_short_retries_not_the_kernels_minutes(tmp_path, monkeypatch):
+    """A listener whose accept queue is full drops every SYN (as a network that has not yet admitted a
+    new pod does): each attempt gives up after the connect limit and is retried within the deadline.
+    Without the limit the first attempt would wait out the whole attempt timeout (here 120 s) alone."""
+    import socket
+
+    from rft_runtime import timeouts
+
+    monkeypatch.setattr(timeouts, "CONNECT_S", 0.3)
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    held = []
+    try:
+        for _ in range(4):  # fill the accept queue; nothing ever accepts
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(srv.getsockname())
+            held.append(c)
+        url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+        pub = WeightPublisher(tmp_path / "weights", [url], deadline_s=4.0, attempt_timeout_s=120.0)
+        warnings: list[str] = []
+        monkeypatch.setattr("rft_runtime.trainer.publisher.log.warning", lambda fmt, *a: warnings.append(fmt % a))
+        with pytest.raises(PublishError, match=r"failed after \d+ attempts: ConnectTimeout"):
+            pub.load_endpoint(url, tmp_path / "v1", 1)
+        assert len(warnings) >= 2 and all("ConnectTimeout" in w for w in warnings), warnings
+    finally:
+        for c in held:
+            c.close()
+        srv.close()

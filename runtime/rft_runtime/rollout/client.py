@@ -32,6 +32,7 @@ import httpx
 
 from .. import auth
 from ..adapters import adapter_name
+from ..timeouts import client_timeout
 from ..types import Sample
 from .concurrency import run_all
 from .errors import InferenceHTTPError, InferenceUnavailableError, ReplicaBehind, SampleAborted, TokenContractError
@@ -186,7 +187,8 @@ class InferenceClient:
             try:
                 async with self._sem:
                     self.stats["requests"] += 1
-                    resp = await self._http.post(url, json=body, timeout=min(remaining, self.retry.attempt_timeout_s))
+                    resp = await self._http.post(url, json=body,
+                                                 timeout=client_timeout(min(remaining, self.retry.attempt_timeout_s)))
                 if resp.status_code == 200:
                     return parse(_json(resp, url), resp.headers, url.removesuffix(path))
                 message, param = _error_message(resp)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable
 import httpx
 
 from .. import auth
+from ..timeouts import client_timeout
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class CoordinatorClient:
         self.deadline_s = deadline_s
         self.attempt_timeout_s = attempt_timeout_s
         # the job's token (``token``, else $RFT_JOB_TOKEN) on every call
-        self._http = httpx.AsyncClient(timeout=attempt_timeout_s, transport=transport,
+        self._http = httpx.AsyncClient(timeout=client_timeout(attempt_timeout_s), transport=transport,
                                        headers=auth.client_headers(token))
         self._rng = random.Random()
         self._should_stop = should_stop
