@@ -7,7 +7,8 @@ coordinator's status with its tasks — without a token and with a wrong one:
 - an unlabelled pod is stopped by the network: none of its connections gets an HTTP answer (the job's
   ingress policies admit only the job's own pods), though its DNS lookups of the Services work;
 - a pod carrying the job's rollout labels (anyone who may create pods in the namespace can do that)
-  passes the network rules and meets the second boundary: every call is answered 401 by the servers
+  passes the network rules once the network has programmed them for the new pod (it waits for that,
+  as the job's own clients do by retrying) and meets the second boundary: every call is answered 401 by the servers
   themselves, while ``/health`` stays open.
 
 The job trains on to the end unharmed: its policy version never moved off the trainer's.
@@ -27,7 +28,7 @@ from tests.e2e.stack import EXAMPLES, JobDriver, example_job, wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
 ATTACK = r"""
-import json, os, socket, urllib.parse, httpx
+import json, os, socket, time, urllib.parse, httpx
 job, inf, trainer = os.environ["JOB"], os.environ["INFERENCE_URL"], os.environ["COORDINATOR_URL"]
 forged = {"id": "t0:0", "task_id": "t0", "rollout_idx": 0, "trajectories": [{"name": "default", "reward": 1.0,
           "steps": [{"prompt_ids": [1], "response_ids": [2], "logprobs": [-0.1], "response_mask": [1],
@@ -50,6 +51,13 @@ def call(method, url, body, headers):
         return httpx.request(method, url, json=body, headers=headers, timeout=httpx.Timeout(30, connect=5)).status_code
     except httpx.HTTPError as e:
         return f"{type(e).__name__}: {e}"
+if os.environ.get("WAIT_ADMITTED"):
+    # a new pod is admitted once the network has programmed its rules (a second or so): wait for an
+    # HTTP answer from both servers, as the job's own clients do by retrying
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(isinstance(call("GET", u + "/health", None, {}), int)
+                                                  for u in (inf, trainer)):
+        time.sleep(0.5)
 for name, method, url, body in attempts:
     for label, headers in (("none", {}), ("wrong", {"Authorization": "Bearer not-the-token"})):
         out[f"{name}/{label}"] = call(method, url, body, headers)
@@ -58,7 +66,7 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def _intruder(name: str, job: str, endpoints: dict, labels: dict[str, str]) -> dict:
+def _intruder(name: str, job: str, endpoints: dict, labels: dict[str, str], wait_admitted: bool) -> dict:
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
         "spec": {
@@ -69,7 +77,8 @@ def _intruder(name: str, job: str, endpoints: dict, labels: dict[str, str]) -> d
                 "name": "attack", "image": DEFAULT_RUNTIME_IMAGE, "imagePullPolicy": "Never",
                 "command": ["python", "-c", ATTACK],
                 "env": [{"name": "JOB", "value": job}, {"name": "INFERENCE_URL", "value": endpoints["inference"][0]},
-                        {"name": "COORDINATOR_URL", "value": endpoints["coordinator"]}],
+                        {"name": "COORDINATOR_URL", "value": endpoints["coordinator"]},
+                        *([{"name": "WAIT_ADMITTED", "value": "1"}] if wait_admitted else [])],
                 "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}},
             }],
@@ -92,8 +101,8 @@ def test_pods_that_are_not_the_jobs_are_stopped_by_the_network_or_refused_by_the
     endpoints = json.loads(config["data"][names.CONFIG_KEY])["endpoints"]
     policies = driver.api.list("NetworkPolicy", driver.namespace, names.job_selector(job))
     assert {p["metadata"]["name"] for p in policies} == {names.inference(job), names.trainer(job), names.rollout(job)}
-    driver.apply_docs([_intruder("outsider", job, endpoints, {"app": "outsider"}),
-                       _intruder("impostor", job, endpoints, names.selector(job, "rollout"))])
+    driver.apply_docs([_intruder("outsider", job, endpoints, {"app": "outsider"}, wait_admitted=False),
+                       _intruder("impostor", job, endpoints, names.selector(job, "rollout"), wait_admitted=True)])
 
     def result(pod_name: str):
         def get() -> dict | None:
