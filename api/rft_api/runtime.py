@@ -22,7 +22,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from . import layout
@@ -161,6 +170,11 @@ class TrainerSettings(_Model):
     """torch intra-op threads (default: torch's)."""
     stall_timeout_seconds: float = Field(1800.0, gt=0)
     """The trainer fails when no episode arrives for this long."""
+    weight_transfer: Literal["path", "http"] = "path"
+    """How a published policy version reaches inference. ``path``: the replicas read its directory on
+    the volume they share with the trainer (``/update_weights_from_disk``; the operator's pods).
+    ``http``: the trainer uploads it to each replica (``/update_weights_from_archive``; ``rft run`` on
+    a Ray cluster, whose nodes share no filesystem). ``http`` needs the builtin engine."""
     master_address: str = Field("127.0.0.1", min_length=1, max_length=253)
     """Where every trainer process reaches global rank 0's rendezvous (in pods: the headless trainer
     Service, which selects only pod 0). The process group has ``spec.trainer.nodes ×
@@ -200,6 +214,13 @@ class RuntimeConfig(_Model):
         if v != expected:
             raise ValueError(f"expected {expected}, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _transfer(self) -> "RuntimeConfig":
+        if self.trainer.weight_transfer == "http" and self.spec.inference.engine != "builtin":
+            raise ValueError(f"trainer.weightTransfer: http uploads weights to the builtin server; "
+                             f"spec.inference.engine is {self.spec.inference.engine!r}")
+        return self
 
     # ------------------------------------------------------------------ derived, typed views
     def evaluators(self) -> list[ResolvedEvaluator]:

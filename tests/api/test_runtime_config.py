@@ -67,6 +67,9 @@ def test_file_evaluators_and_api_keys_are_resolved_by_index():
     (lambda d: d["algorithm"].update(bogus=1), "algorithm"),
     (lambda d: d["progress"].update(sink="carrier-pigeon"), "progress.sink"),
     (lambda d: d.update(runtime={}), "runtime"),  # the old second dialect is refused, not tolerated
+    (lambda d: d["trainer"].update(weightTransfer="carrier-pigeon"), "trainer.weightTransfer"),
+    (lambda d: (d["trainer"].update(weightTransfer="http"), d["spec"]["inference"].update(engine="vllm", weightSync="none")),
+     "trainer.weightTransfer: http uploads weights to the builtin server"),
 ])
 def test_errors_name_the_field(mutate, field):
     doc = json.loads(runtime_config(load_manifest("examples/01-tiny-arith.yaml"), BuildContext()).to_json())

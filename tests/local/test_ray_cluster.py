@@ -1,12 +1,13 @@
 """``rft run --address``: the roles run as actors of a Ray cluster that was already running.
 
-The cluster is a real one-node Ray head (``ray start --head --block``) in its own session, with
-Ray's token authentication on (a token file of the test's own, ``RAY_AUTH_TOKEN_PATH``, as a cluster
-operator would hand it to its users); it is stopped by killing that session at the end (never ``ray
-stop``, which would stop every Ray on the machine). Ray never takes loopback as a node's IP, so the
-run sets ``RFT_BIND_HOST=127.0.0.1`` and every server of the roles binds and advertises loopback. The
-run must attach to the cluster (not start a Ray of its own), train to the end, and leave the cluster
-running for the next job.
+Two clusters: a one-node head on which the roles share the driver's filesystem, and a head plus a
+worker node whose roles cannot see the driver's files (``two_node_cluster``). Each node is a real
+``ray start --block`` in its own session, with Ray's token authentication on (a token file of the
+test's own, ``RAY_AUTH_TOKEN_PATH``, as a cluster operator would hand it to its users); it is
+stopped by killing that session at the end (never ``ray stop``, which would stop every Ray on the
+machine). Ray never takes loopback as a node's IP, so the runs set ``RFT_BIND_HOST=127.0.0.1`` and
+every server of the roles binds and advertises loopback. A run must attach to the cluster (not start
+a Ray of its own), train to the end, and leave the cluster running for the next job.
 """
 
 from __future__ import annotations
@@ -31,34 +32,62 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def ray_head(tmp_path, monkeypatch):
-    token = tmp_path / "ray-token"
-    token.write_text(secrets.token_hex(32))
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # for the head, `ray status` and the run alike
-    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token))
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+def _ray() -> str:
+    return str(Path(sys.executable).parent / "ray")
+
+
+def _start_head(log: Path, temp_dir: str, *, num_cpus: int, client_port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """``ray start --head --block`` on loopback in its own session; returns (process, address) once
+    ``ray status`` answers."""
     port = _free_port()
-    temp_dir = tempfile.mkdtemp(prefix="rft-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    log = (tmp_path / "ray-head.log").open("wb")
-    ray = str(Path(sys.executable).parent / "ray")
-    p = subprocess.Popen(
-        [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--num-cpus", "4", "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir],
-        stdout=log, stderr=subprocess.STDOUT, env=rft_env(), start_new_session=True)
+    args = [_ray(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
+            "--num-cpus", str(num_cpus), "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir]
+    if client_port is not None:
+        args += ["--ray-client-server-port", str(client_port)]
+    # The Ray Client server starts a server process per client and gives it 30 s to answer by default:
+    # too little for a 2-core machine running a test suite (a CI run saw it give up).
+    env = {**rft_env(), "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "300"}
+    with log.open("wb") as f:
+        p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     address = f"127.0.0.1:{port}"
+    wait_for(lambda: _nodes_alive(address) >= 1, 120, "the Ray head to answer `ray status`", p)
+    return p, address
 
-    def up() -> bool:
-        r = subprocess.run([ray, "status", "--address", address], capture_output=True, text=True, env=rft_env())
-        return r.returncode == 0
 
+def _nodes_alive(address: str) -> int:
+    r = subprocess.run([_ray(), "status", "--address", address], capture_output=True, text=True, env=rft_env())
+    if r.returncode != 0:
+        return 0
+    # `ray status` lists each active node as " 1 node_<id>" under "Active:"
+    return sum(1 for line in r.stdout.splitlines() if line.strip().split(" ")[-1].startswith("node_"))
+
+
+def _stop(p: subprocess.Popen) -> None:
+    kill_session(p, 15)
+    kill_session(p)
+
+
+@pytest.fixture
+def ray_auth(tmp_path, monkeypatch):
+    """Ray's token authentication on, for the nodes, ``ray status`` and the runs alike (a token file
+    of the test's own, ``RAY_AUTH_TOKEN_PATH``, as a cluster operator would hand it to its users)."""
+    d = Path(tempfile.mkdtemp(prefix="rft-ray-auth-", dir="/tmp"))
+    (d / "token").write_text(secrets.token_hex(32))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(d / "token"))
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    yield
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_head(tmp_path, ray_auth):
+    temp_dir = tempfile.mkdtemp(prefix="rft-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    p, address = _start_head(tmp_path / "ray-head.log", temp_dir, num_cpus=4)
     try:
-        wait_for(up, 120, "the Ray head to answer `ray status`", p)
         yield address
     finally:
-        kill_session(p, 15)
-        kill_session(p)
-        log.close()
+        _stop(p)
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
@@ -84,3 +113,113 @@ def test_rft_run_attaches_to_a_running_ray_cluster(tmp_path, tiny_model, manifes
         config = json.loads((out / "config.json").read_text())
         urls = [*config["endpoints"]["inference"], config["endpoints"]["coordinator"]]
         assert all(u.startswith("http://127.0.0.1:") for u in urls), urls  # the node's own address
+
+
+MULTINODE_MANIFEST = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: far-files}
+data:
+  tasks.jsonl: |
+%(tasks)s
+  closeness.py: |
+    import re
+
+    def score(sample, item):
+        numbers = re.findall(r"-?\\\\d+", sample.text)
+        if not numbers:
+            return 0.0
+        guess, truth = int(numbers[-1]), int(str(item.ground_truth))
+        return max(0.0, 1.0 - abs(guess - truth) / 10)
+---
+apiVersion: rft.dev/v1alpha1
+kind: RFTJob
+metadata: {name: far-away}
+spec:
+  model: {base: "builtin:tiny"}
+  dataset: {train: {configMapKeyRef: {name: far-files, key: tasks.jsonl}}}
+  evaluator: {file: {configMapKeyRef: {name: far-files, key: closeness.py}, function: score}}
+  rollout: {samplesPerPrompt: 4, promptsPerStep: 4, temperature: 1.0, maxTokens: 8}
+  inference: {engine: builtin, replicas: 2}
+  trainer: {algorithm: grpo, learningRate: 2.0e-3, maxSteps: 4, seed: 0}
+  checkpoint: {everySteps: 2, keepLast: 1}
+"""
+
+
+def _multinode_manifest(path: Path) -> Path:
+    rows = [json.dumps({"task_id": f"add-{a}-{b}", "prompt": f"What is {a} + {b}?", "ground_truth": str(a + b)})
+            for a, b in ((1, 2), (3, 4), (5, 1), (2, 6), (4, 4), (7, 1))]
+    path.write_text(MULTINODE_MANIFEST % {"tasks": "\n".join("    " + r for r in rows)})
+    return path
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path, tiny_model, ray_auth):
+    """A Ray head with no CPUs (as production clusters keep theirs: the driver attaches there, no
+    role runs there) and a worker node with 8 CPUs, started by ``ray start`` in a mount namespace of
+    its own where the test's directory (``--out``, the manifest, the files placed from its
+    ConfigMaps) and the model cache are empty tmpfs mounts: nothing of the driver's reaches the
+    worker's roles by path. The worker refuses to start when it can still see the model. Yields
+    (GCS address, Ray Client address, the worker's stage directory)."""
+    temp_dir = tempfile.mkdtemp(prefix="rft-ray-", dir="/tmp")
+    stage = Path(tempfile.mkdtemp(prefix="rft-stage-", dir="/tmp"))
+    client_port = _free_port()
+    head, address = _start_head(tmp_path / "ray-head.log", temp_dir, num_cpus=0, client_port=client_port)
+    hidden = [str(tmp_path), str(tiny_model.parent)]
+    script = ('set -e; for d in "$@"; do mount -t tmpfs -o size=1m rft-hidden "$d"; done; '
+              f'test ! -e {tiny_model}/config.json; '
+              f'exec {_ray()} start --block --address {address} --node-ip-address 127.0.0.1 --num-cpus 8 '
+              '--disable-usage-stats')
+    env = {**rft_env(), "RFT_STAGE_DIR": str(stage)}
+    with (tmp_path / "ray-worker.log").open("wb") as f:  # opened before the namespace hides tmp_path
+        worker = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *hidden],
+                                  stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_for(lambda: _nodes_alive(address) >= 2, 120, "the worker node to join", worker)
+        yield address, f"ray://127.0.0.1:{client_port}", stage
+    finally:
+        _stop(worker)
+        _stop(head)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two_node_cluster, monkeypatch):
+    """Every role runs on the worker node, which cannot see the driver's files. The model, the
+    dataset and the evaluator file reach the roles through the object store, each policy version
+    reaches both inference replicas over HTTP, and the trainer's checkpoints, metrics and final model
+    and every role's log come back into ``--out`` on the driver's side. A second job resumes the
+    first from ``--out`` alone, through Ray Client (``ray://``), and the worker keeps nothing."""
+    address, client, stage = two_node_cluster
+    monkeypatch.setenv("RFT_BIND_HOST", "127.0.0.1")
+    job = _multinode_manifest(tmp_path / "far.yaml")
+    out = tmp_path / "out"
+
+    log = tmp_path / "first.log"
+    code = rft.run(["run", str(job), "--out", str(out), "--no-progress", "--address", address, "--max-steps", "2"], log)
+    text = log.read_text()
+    assert code == 0, text[-4000:]
+    assert f"attached to the Ray cluster at {address}: 2 node(s), 8 CPUs" in text
+    assert [r["step"] for r in rft.rows(out)] == [1, 2]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-000002"
+    assert (out / "checkpoints" / "step-000002" / "COMPLETE").exists()  # the marker travels with the files
+    for name in ("trainer.log", "inference-0.log", "inference-1.log", "rollout-0.log"):
+        assert (out / "logs" / name).stat().st_size > 0, name  # written on the worker, copied back
+    for name in ("inference-0.log", "inference-1.log"):
+        assert "serving policy version 2 (full weights)" in (out / "logs" / name).read_text(), name
+    trainer_log = (out / "logs" / "trainer.log").read_text()
+    assert "policy version 2 served by 2 inference replica(s)" in trainer_log, trainer_log[-3000:]
+    assert not any(stage.iterdir()), sorted(stage.iterdir())  # the worker's copies are gone
+
+    log = tmp_path / "second.log"
+    code = rft.run(["run", str(job), "--out", str(out), "--no-progress", "--address", client, "--resume"], log)
+    text = log.read_text()
+    assert code == 0, text[-4000:]
+    assert [r["step"] for r in rft.rows(out)] == [1, 2, 3, 4]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-000004"
+    assert not (out / "checkpoints" / "step-000002").exists()  # pruned by the trainer (keepLast 1), here too
+    final = out / "checkpoints" / "final"
+    assert (final / "config.json").exists() and list(final.glob("*.safetensors")), sorted(final.iterdir())
+    assert "(step 2, policy version 2)" in (out / "logs" / "trainer.log").read_text()  # resumed from --out
+    assert not (out / "checkpoints" / "weights").exists()  # the published versions stay with inference
+    assert not any(stage.iterdir()), sorted(stage.iterdir())

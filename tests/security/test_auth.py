@@ -37,7 +37,8 @@ EXPECTED = {
     "coordinator": {"POST /v1/lease", "POST /v1/episodes", "POST /v1/release", "GET /v1/status"},
     "reward": {"POST /v1/score"},
     "inference": {"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "POST /tokenize",
-                  "POST /detokenize", "POST /update_weights_from_disk", "GET /get_policy_version"},
+                  "POST /detokenize", "POST /update_weights_from_disk", "POST /update_weights_from_archive",
+                  "GET /get_policy_version"},
 }
 BAD_CREDENTIALS = {
     "none": {},

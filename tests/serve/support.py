@@ -7,6 +7,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -36,8 +37,9 @@ def fixture(case: str, mode: str = "processed_logprobs") -> dict:
 class ServerThread:
     """An aiohttp server for one engine, running its own event loop in a background thread."""
 
-    def __init__(self, engine: Engine, name: str = "tiny", health_timeout: float = 10.0):
+    def __init__(self, engine: Engine, name: str = "tiny", health_timeout: float = 10.0, **limits: Any):
         self.engine = engine
+        self.limits = limits
         self.name = name
         self.health_timeout = health_timeout
         self.url = ""
@@ -54,7 +56,8 @@ class ServerThread:
     async def _serve(self) -> None:
         self._stopped = asyncio.Event()
         try:
-            app = create_app(self.engine, self.name, health_timeout=self.health_timeout, stop_engine_on_cleanup=True)
+            app = create_app(self.engine, self.name, health_timeout=self.health_timeout, stop_engine_on_cleanup=True,
+                             **self.limits)
             runner = web.AppRunner(app, handler_cancellation=True)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -190,3 +190,72 @@ async def test_concurrent_requests_see_one_set_of_weights(wserver, dirs, ref_mod
     assert all(v == 101 for v in versions[-2:])
     for r in results:  # each completion is entirely explained by the weights of its reported version
         assert _max_err(models[r["policy_version"]], r["choices"][0]) <= ATOL
+
+
+def _archive(path: Path, top: str | None = None) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(path), arcname=top or path.name)
+    return buf.getvalue()
+
+
+def test_weights_uploaded_as_an_archive_are_served(wserver, dirs, caplog):
+    """/update_weights_from_archive: the trainer that shares no filesystem with the server
+    (``trainer.weightTransfer: http``) uploads the directory; the server serves exactly those
+    weights under the given version, and keeps no copy."""
+    import tempfile
+
+    from rft_runtime.trainer.publisher import WeightPublisher
+    from rft_runtime.trainer.reload import ArchiveReload
+
+    caplog.set_level("INFO", logger="rft_runtime.serve.routes")
+    url = wserver.url
+    leftovers = set(Path(tempfile.gettempdir()).glob("rft-weights-*"))
+    pub = WeightPublisher(dirs["root"], [url], protocol=ArchiveReload(), deadline_s=60)
+    assert pub.load(dirs["v1"], 21) == [url]  # the publisher's own check: the server reports 21
+    c = _complete(url).json()
+    assert c["policy_version"] == 21
+    assert _max_err(_load(dirs["v1"]), c["choices"][0]) <= ATOL
+    assert set(Path(tempfile.gettempdir()).glob("rft-weights-*")) == leftovers
+    assert "serving policy version 21 (full weights)" in caplog.text
+
+
+def test_bad_archives_are_refused_and_change_nothing(wserver, dirs, tmp_path):
+    import io
+    import tarfile
+
+    url = wserver.url
+    version = httpx.get(f"{url}/get_policy_version").json()["policy_version"]
+    escape = io.BytesIO()
+    with tarfile.open(fileobj=escape, mode="w") as tar:
+        info = tarfile.TarInfo("../outside.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    two = io.BytesIO()
+    with tarfile.open(fileobj=two, mode="w") as tar:
+        tar.add(str(dirs["v1"]), arcname="a")
+        tar.add(str(dirs["v1"]), arcname="b")
+    (tmp_path / "empty").mkdir()
+    cases = [(b"not a tar archive", "not a usable tar archive"), (escape.getvalue(), "not a usable tar archive"),
+             (two.getvalue(), "one top directory"), (_archive(tmp_path / "empty"), "no *.safetensors")]
+    for body, words in cases:
+        r = httpx.post(f"{url}/update_weights_from_archive?policy_version=30", content=body, timeout=60)
+        assert r.status_code == 400, (words, r.text)
+        assert r.json()["success"] is False and words in r.json()["message"], r.json()
+    r = httpx.post(f"{url}/update_weights_from_archive?policy_version=-2", content=_archive(dirs["v1"]), timeout=60)
+    assert r.status_code == 400 and "policy_version" in r.json()["message"]
+    assert not (tmp_path.parent / "outside.txt").exists()
+    assert httpx.get(f"{url}/get_policy_version").json()["policy_version"] == version
+
+
+def test_an_archive_over_the_cap_is_refused():
+    small = start_server(TINY, max_upload_bytes=64 << 10)
+    try:
+        r = httpx.post(f"{small.url}/update_weights_from_archive", content=_archive(TINY), timeout=60)
+        assert r.status_code == 413 and "cap of 65536 bytes" in r.json()["message"], r.text
+        assert httpx.get(f"{small.url}/get_policy_version").json()["policy_version"] == 0
+    finally:
+        small.stop()

@@ -1,7 +1,9 @@
 """The roles of a local run as Ray actors: inference (builtin server), trainer, rollout.
 
-Actors ask for ``num_cpus=0`` (the machine may have 2 cores; each actor pins torch to a few
-threads instead) and log to ``<out>/logs/<role>.log``. The trainer and rollout actors are threaded
+On one machine actors ask for ``num_cpus=0`` (the machine may have 2 cores; each actor pins torch
+to a few threads instead) and log to ``<out>/logs/<role>.log``. On a Ray cluster the driver asks for
+each role's CPUs and GPUs (:func:`.runner.cluster_resources`), and every actor takes its files from
+the object store and keeps its outputs and logs on its own node (:mod:`.staging`). The trainer and rollout actors are threaded
 (``max_concurrency=2``) so a stop request reaches them while a step or the loop runs.
 """
 
@@ -50,6 +52,32 @@ def _setup_process(log_file: str | None, threads: int) -> None:
         pass
 
 
+class _Staged:
+    """What every role actor has on a Ray cluster with no shared filesystem (:mod:`.staging`): its
+    work directory on its node, its log files, and the run's clean-up on its node."""
+
+    stage: Any = None
+
+    def _open_stage(self, shipment: Any, role: str, log_file: str | None) -> str | None:
+        """Set up the actor's stage when the run ships its files (``shipment``); returns where the
+        actor logs (``log_file`` itself on one machine, the same name in its work directory else)."""
+        if shipment is None:
+            return log_file
+        from .staging import Stage
+
+        self.stage = Stage(shipment, role)
+        return str(self.stage.log_dir / Path(log_file).name) if log_file else None
+
+    def logs(self) -> dict[str, bytes]:
+        """The actor's log files (on a cluster; on one machine they are in ``<out>/logs`` already)."""
+        return self.stage.logs() if self.stage is not None else {}
+
+    def cleanup(self) -> None:
+        """Remove the run's directory on this node (on a cluster, once outputs and logs are copied)."""
+        if self.stage is not None:
+            self.stage.cleanup()
+
+
 def node_host(local: bool) -> str:
     """The host other actors reach this one at, and the address its servers bind: 127.0.0.1 locally;
     on a Ray cluster (``rft run --address``) ``$RFT_BIND_HOST`` when the run sets it (a one-machine
@@ -60,13 +88,17 @@ def node_host(local: bool) -> str:
 
 
 @ray.remote(num_cpus=0)
-class InferenceActor:
-    """The builtin inference server (vLLM-compatible API) serving ``model_dir``."""
+class InferenceActor(_Staged):
+    """The builtin inference server (vLLM-compatible API) serving ``model_dir`` (the driver's path,
+    or on a cluster the copy of it that ``shipment`` carries)."""
 
     def __init__(self, model_dir: str, served_name: str, *, local: bool, threads: int = 1,
                  max_batch_size: int = 256, dtype: str = "auto", max_model_len: int | None = None,
-                 log_file: str | None = None) -> None:
+                 log_file: str | None = None, shipment: Any = None, role: str = "inference") -> None:
+        log_file = self._open_stage(shipment, role, log_file)
         _setup_process(log_file, threads)
+        if self.stage is not None:
+            model_dir = self.stage.get(model_dir)
         from .. import auth
         from ..coordinator.server import AppThread
         from ..serve.engine import Engine
@@ -79,6 +111,7 @@ class InferenceActor:
         token = auth.server_token("inference")  # the run's token (rft run puts it in every actor's env)
         self.server = AppThread(create_app(self.engine, served_name, stop_engine_on_cleanup=True, token=token),
                                 self.host, 0).start()
+        logging.getLogger(__name__).info("serving %s as %r at %s", model_dir, served_name, self.url())
 
     def url(self) -> str:
         return f"http://{self.host}:{self.server.port}"
@@ -86,9 +119,13 @@ class InferenceActor:
     def shutdown(self) -> None:
         self.server.stop()
 
+    def cleanup(self) -> None:
+        self.server.stop()
+        super().cleanup()
+
 
 @ray.remote(num_cpus=0, max_concurrency=2)
-class TrainerActor:
+class TrainerActor(_Staged):
     """The trainer role (:class:`~rft_runtime.trainer.trainer.Trainer`, coordinator included): global
     rank 0 of the trainer's process group. With ``trainer.nodes × processesPerNode`` above 1 it
     starts the other ranks on this machine (:mod:`~rft_runtime.trainer.launch`, one gloo group; their
@@ -98,7 +135,9 @@ class TrainerActor:
     servers' URLs): its process starts and imports the trainer while the servers load their models;
     :meth:`setup` then builds the trainer."""
 
-    def __init__(self, *, threads: int = 1, local: bool = True, log_file: str | None = None) -> None:
+    def __init__(self, *, threads: int = 1, local: bool = True, log_file: str | None = None,
+                 shipment: Any = None) -> None:
+        log_file = self._open_stage(shipment, "trainer", log_file)
         _setup_process(log_file, threads)
         from ..trainer import trainer  # noqa: F401 - imported now, in parallel with the other roles
 
@@ -119,6 +158,9 @@ class TrainerActor:
         cfg = runtime.parse(config_doc)
         cfg = cfg.model_copy(update={"endpoints": cfg.endpoints.model_copy(
             update={"coordinator": f"http://{host}:{cfg.ports.coordinator}"})})
+        if self.stage is not None:  # inputs from the object store; outputs in the work dir, pulled by the driver
+            cfg = self.stage.localize(cfg, outputs=True)
+            work_dir = str(self.stage.work)
         config_doc = cfg.to_json()
         t = cfg.spec.trainer
         if t.world_size() > 1:
@@ -135,6 +177,13 @@ class TrainerActor:
         tr = self.trainer.setup()
         return {"coordinator_url": tr.coordinator_url, "step": tr.step_count, "max_steps": tr.max_steps,
                 "resumed_from": tr.resumed_from, "policy_version": tr.policy_version}
+
+    def changed_outputs(self, known: dict[str, tuple[int, int]]) -> tuple[dict[str, bytes], list[str],
+                                                                         dict[str, tuple[int, int]]]:
+        """The outputs written or removed since ``known`` (:class:`.staging.OutputSync`)."""
+        from .staging import changed_outputs
+
+        return changed_outputs(self.stage.work, known)
 
     def step(self) -> dict[str, Any] | None:
         """One step's metrics; None when a stop request interrupted the step."""
@@ -166,12 +215,14 @@ class TrainerActor:
 
 
 @ray.remote(num_cpus=0, max_concurrency=2)
-class RolloutActor:
+class RolloutActor(_Staged):
     """The rollout role (:class:`~rft_runtime.rollout.loop.RolloutLoop`). Created with the other roles,
     before its config exists (that names the coordinator, which the trainer's set-up starts): its
     process starts and imports the rollout loop meanwhile; :meth:`run` gets the config."""
 
-    def __init__(self, worker_id: str, *, threads: int = 1, log_file: str | None = None) -> None:
+    def __init__(self, worker_id: str, *, threads: int = 1, log_file: str | None = None,
+                 shipment: Any = None) -> None:
+        log_file = self._open_stage(shipment, worker_id, log_file)
         _setup_process(log_file, threads)
         from ..rollout import loop  # noqa: F401 - imported now, in parallel with the other roles
 
@@ -184,7 +235,10 @@ class RolloutActor:
 
         from ..rollout.loop import RolloutLoop
 
-        loop = RolloutLoop(runtime.parse(config_doc), worker_id=self.worker_id, should_stop=self._stop.is_set)
+        cfg = runtime.parse(config_doc)
+        if self.stage is not None:  # the tokenizer and evaluator files from the object store
+            cfg = self.stage.localize(cfg, tokenizer_only=True)
+        loop = RolloutLoop(cfg, worker_id=self.worker_id, should_stop=self._stop.is_set)
         return dataclasses.asdict(asyncio.run(loop.run()))
 
     def stop(self) -> None:

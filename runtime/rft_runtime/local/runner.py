@@ -161,17 +161,25 @@ def run_local(opts: RunOptions) -> RunResult:
     # cluster, where the operator's Secret <job>-token carries it). It is never written to the output.
     _init_ray(opts.address, secrets.token_urlsafe(32))
     local = not opts.address
+    shipment = None
+    if not local:  # a Ray cluster: files travel through the object store, not by path (.staging)
+        from .staging import ship
+
+        paths = paths.model_copy(update={"model": str(model_dir)})
+        shipment = ship(paths, secrets.token_hex(6), resume_from=out if opts.resume else None)
     actors: list[Any] = []
     interrupted = False
     steps_done = 0
     try:
-        steps_done, interrupted = _run_roles(opts, job, model_dir, paths, out, local, actors)
+        steps_done, interrupted = _run_roles(opts, job, model_dir, paths, out, shipment, actors)
     except ray.exceptions.RayError as e:
         inner = _unwrap(e)
         if inner is e:
             raise LocalRunError(f"a role failed: {e}") from None
         raise inner from None
     finally:
+        if shipment is not None:
+            _collect_and_clean(actors, out)
         for a in actors:
             try:
                 ray.kill(a)
@@ -236,27 +244,69 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Paths, out: Path, local: bool,
+def cluster_resources(spec: Any, role: str, threads: int) -> dict[str, float]:
+    """What a role's actor asks a Ray cluster for: ``threads`` CPUs per process, and the GPUs of its
+    pod spec (``resources`` ``nvidia.com/gpu``; the trainer's for each of its ``nodes``, whose
+    processes all run on the actor's node)."""
+    from rft_api.spec import gpu_count
+
+    if role == "trainer":
+        t = spec.trainer
+        return {"num_cpus": threads * t.world_size(), "num_gpus": t.nodes * gpu_count(t.resources)}
+    if role == "inference":
+        return {"num_cpus": threads, "num_gpus": gpu_count(spec.inference.resources)}
+    return {"num_cpus": threads, "num_gpus": 0}
+
+
+def _collect_and_clean(actors: list[Any], out: Path, timeout_s: float = 60.0) -> None:
+    """On a Ray cluster: copy every actor's logs into ``<out>/logs`` (those that still answer), then
+    have each remove the run's directory on its node."""
+    import ray
+
+    from .staging import write_logs
+
+    refs = {a.logs.remote(): a for a in actors}
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    for ref in ready:
+        try:
+            write_logs(out, ray.get(ref))
+        except ray.exceptions.RayError as e:
+            log.warning("could not copy an actor's logs: %s", e)
+    ray.wait([a.cleanup.remote() for a in actors], num_returns=len(actors), timeout=timeout_s)
+
+
+def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Paths, out: Path, shipment: Any,
                actors: list[Any]) -> tuple[int, bool]:
-    """Start the role actors, drive the trainer, and shut the roles down; returns (steps, interrupted)."""
+    """Start the role actors, drive the trainer, and shut the roles down; returns (steps, interrupted).
+    ``shipment``: the run's files in the object store (a Ray cluster), None on one machine."""
     import ray
 
     spec = job.spec
     from .actors import InferenceActor, RolloutActor, TrainerActor, node_host
+    from .staging import OutputSync
+
+    local = shipment is None
+
+    def placed(cls: Any, role: str) -> Any:
+        return cls if local else cls.options(**cluster_resources(spec, role, opts.threads))
 
     logs = out / "logs"
     # Every role's process starts now, in parallel: the servers load the model while the trainer and
     # the rollout workers import theirs; each gets its config once the role it names is up.
-    infer = [InferenceActor.remote(str(model_dir), job.name, local=local, threads=opts.threads,
-                                   dtype=spec.model.dtype, max_model_len=spec.inference.max_model_len,
-                                   log_file=str(logs / f"inference-{i}.log"))
+    infer = [placed(InferenceActor, "inference").remote(
+                 str(model_dir), job.name, local=local, threads=opts.threads, dtype=spec.model.dtype,
+                 max_model_len=spec.inference.max_model_len, log_file=str(logs / f"inference-{i}.log"),
+                 shipment=shipment, role=f"inference-{i}")
              for i in range(max(1, spec.inference.replicas))]
     actors += infer
-    trainer = TrainerActor.remote(threads=opts.threads, local=local, log_file=str(logs / "trainer.log"))
+    trainer = placed(TrainerActor, "trainer").remote(threads=opts.threads, local=local,
+                                                     log_file=str(logs / "trainer.log"), shipment=shipment)
     actors.append(trainer)
-    rollouts = [RolloutActor.remote(f"local-rollout-{i}", threads=opts.threads, log_file=str(logs / f"rollout-{i}.log"))
+    rollouts = [placed(RolloutActor, "rollout").remote(f"local-rollout-{i}", threads=opts.threads,
+                                                       log_file=str(logs / f"rollout-{i}.log"), shipment=shipment)
                 for i in range(max(1, spec.rollout.replicas))]
     actors += rollouts
+    sync = None if local else OutputSync(out)
     urls = ray.get([a.url.remote() for a in infer])
     host = node_host(local)
     cfg = runtime.build(
@@ -264,7 +314,8 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
                                          coordinator=f"http://{host}:0"),
         ports=runtime.Ports(coordinator=0, rendezvous=_free_port() if spec.trainer.world_size() > 1 else 29500),
         paths=paths, scoring="rollout",
-        progress=runtime.ProgressTarget(sink="file"), trainer=runtime.TrainerSettings(threads=opts.threads))
+        progress=runtime.ProgressTarget(sink="file"),
+        trainer=runtime.TrainerSettings(threads=opts.threads, weight_transfer="path" if local else "http"))
     info = ray.get(trainer.setup.remote(cfg.to_json(), resume=opts.resume, require_resume=opts.resume,
                                         max_steps=opts.max_steps, work_dir=str(out)))
     cfg = cfg.model_copy(update={"endpoints": cfg.endpoints.model_copy(
@@ -272,11 +323,13 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
     doc = cfg.to_json()
     (out / "config.json").write_text(doc)
     runs = [r.run.remote(doc) for r in rollouts]
-    steps_done, interrupted = _drive(trainer, info, opts, runs)
+    steps_done, interrupted = _drive(trainer, info, opts, runs, after_step=(lambda: sync.pull(trainer)) if sync else None)
     if interrupted:
         steps_done = ray.get(trainer.stop.remote())
     else:
         ray.get(trainer.finish.remote())
+    if sync is not None:  # the last checkpoint (or the stop's), the final model, the last metrics
+        sync.pull(trainer)
     # Rollout workers stop while the coordinator still answers (they see "done" or the stop flag);
     # one that does not stop in time is killed with the other actors.
     for r in rollouts:
@@ -286,8 +339,10 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
     return steps_done, interrupted
 
 
-def _drive(trainer: Any, info: dict[str, Any], opts: RunOptions, runs: list[Any]) -> tuple[int, bool]:
-    """Step the trainer to the end (or a Ctrl-C); returns (last step, interrupted)."""
+def _drive(trainer: Any, info: dict[str, Any], opts: RunOptions, runs: list[Any],
+           after_step: Any = None) -> tuple[int, bool]:
+    """Step the trainer to the end (or a Ctrl-C); returns (last step, interrupted). ``after_step``:
+    called after every step (on a cluster: copy the trainer's new outputs into ``--out``)."""
     import ray
     from tqdm import tqdm
 
@@ -310,6 +365,8 @@ def _drive(trainer: Any, info: dict[str, Any], opts: RunOptions, runs: list[Any]
                 if row is None:
                     break
                 step = int(row["step"])
+                if after_step is not None:
+                    after_step()
                 bar.update(1)
                 bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.3f}",
                                 tok_s=f"{row.get('tokens_per_s', 0.0):.0f}")

@@ -15,9 +15,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
+import os
+import tarfile
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -42,6 +47,8 @@ from .render import chat_body, completion_body
 from .stream import Streamer, sse
 from .weights import WeightLoadError
 
+log = logging.getLogger(__name__)
+
 VERSION_HEADER = "x-policy-version"
 HEALTH_FRESH_S = 2.0  # a successful step this recent proves the engine can generate
 RENDER_TIMEOUT_S = 10.0  # one chat-template rendering
@@ -50,6 +57,25 @@ MAX_TEMPLATE_CHARS = 64 * 1024  # a request-supplied chat template
 MAX_CHOICES = 1024  # prompts × n of one request
 REQUEST_TOKENS_PER_CONTEXT = 64  # default max_request_tokens = this × max_model_len
 BODY_BYTES_PER_CONTEXT_TOKEN = 2048
+
+
+def max_upload_bytes_for(model_dir: str) -> int:
+    """The cap on a weights archive: four times the served model's weight files (a trainer's fp32
+    master weights of a bf16 model, and room), at least 64 MiB."""
+    base = Path(model_dir)
+    size = sum(f.stat().st_size for f in base.rglob("*") if f.is_file() and f.suffix in (".safetensors", ".bin")) \
+        if base.is_dir() else 0
+    return max(64 << 20, 4 * size)
+
+
+def _extract_weights(archive: Path, dest: Path) -> None:
+    """Unpack a weights archive whose one top entry is a directory into ``dest``."""
+    with tarfile.open(archive, mode="r") as tar:
+        tops = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+        if len(tops) != 1:
+            raise tarfile.TarError(f"expected one top directory, found {sorted(tops)[:5]}")
+        tar.extractall(dest.parent / ".unpacked", filter="data")
+    os.rename(dest.parent / ".unpacked" / tops.pop(), dest)
 
 
 def max_body_bytes(max_model_len: int) -> int:
@@ -84,8 +110,9 @@ class ServeRoutes:
     def __init__(self, engine: Engine, served_model_name: str, metrics: ServeMetrics, *,
                  health_timeout: float = 10.0, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
                  trust_request_chat_template: bool = False, render_timeout_s: float = RENDER_TIMEOUT_S,
-                 max_request_tokens: int | None = None):
+                 max_request_tokens: int | None = None, max_upload_bytes: int | None = None):
         self.engine = engine
+        self.max_upload_bytes = max_upload_bytes or max_upload_bytes_for(engine.lm.model_dir)
         self.trust_request_chat_template = trust_request_chat_template
         self.render_timeout_s = render_timeout_s
         self.max_request_tokens = max_request_tokens or REQUEST_TOKENS_PER_CONTEXT * engine.lm.max_model_len
@@ -109,6 +136,7 @@ class ServeRoutes:
         r.add_post("/detokenize", self.detokenize)
         r.add_get("/metrics", self.metrics_route)
         r.add_post("/update_weights_from_disk", self.update_weights_from_disk)
+        r.add_post("/update_weights_from_archive", self.update_weights_from_archive)
         r.add_get("/get_policy_version", self.get_policy_version)
 
         async def close_render_pool(_app: web.Application) -> None:
@@ -342,6 +370,10 @@ class ServeRoutes:
             version = get_int(body, "policy_version", None, lo=0)
         except APIError as exc:
             return self._update_failed(exc.message)
+        return await self._load(path, version)
+
+    async def _load(self, path: str, version: int | None) -> web.Response:
+        """Load the weights at ``path`` between batches and answer as SGLang's update routes."""
         async with self._update_lock:
             try:
                 new_version, kind = await self.engine.load_weights(path, version)
@@ -350,9 +382,38 @@ class ServeRoutes:
                 return self._update_failed(str(exc), status=400 if not isinstance(exc, EngineError) else 500)
         self.metrics.weight_updates.labels(result="ok").inc()
         self.metrics.policy_version.set(new_version)
+        log.info("serving policy version %d (%s weights)", new_version, kind)
         return json_response({"success": True, "message": "Succeeded to update model weights.",
                               "num_paused_requests": 0, "policy_version": new_version, "load_format": kind},
                              version=new_version)
+
+    async def update_weights_from_archive(self, request: web.Request) -> web.Response:
+        """POST /update_weights_from_archive?policy_version=N, the body a tar archive of a weights
+        directory (what ``/update_weights_from_disk`` reads; for a trainer that shares no filesystem
+        with this server). The archive is streamed to a temporary directory (at most
+        :func:`max_upload_bytes_for` unless the server sets another cap; a 413 above it), unpacked with Python's ``data`` filter (no
+        absolute paths, links out of it or devices), loaded as from disk, and deleted."""
+        raw = request.query.get("policy_version")
+        if raw is not None and not raw.isdigit():
+            return self._update_failed(f"policy_version must be a non-negative integer, got {raw[:40]!r}")
+        version = None if raw is None else int(raw)
+        limit = self.max_upload_bytes
+        with tempfile.TemporaryDirectory(prefix="rft-weights-") as tmp:
+            archive = Path(tmp) / "upload.tar"
+            size = 0
+            with archive.open("wb") as f:
+                async for chunk in request.content.iter_chunked(1 << 20):
+                    size += len(chunk)
+                    if size > limit:
+                        return self._update_failed(f"The weights archive is larger than the server's cap of {limit} "
+                                                   "bytes", status=413)
+                    f.write(chunk)
+            dest = Path(tmp) / "weights"
+            try:
+                await asyncio.to_thread(_extract_weights, archive, dest)
+            except (tarfile.TarError, OSError) as exc:
+                return self._update_failed(f"The body is not a usable tar archive of a weights directory: {exc}")
+            return await self._load(str(dest), version)
 
     def _update_failed(self, message: str, status: int = 400) -> web.Response:
         return json_response({"success": False, "message": message, "policy_version": self.engine.policy_version},

@@ -185,13 +185,13 @@ class WeightPublisher:
                 present: Callable[[], bool] | None = None) -> Callable[..., httpx.Response]:
         """``call(method, url, body=None, accept=(200,))`` for a protocol, retrying on ``http``;
         ``present``: whether the replica is still listed (asked when it does not answer)."""
-        def call(method: str, url: str, body: dict[str, Any] | None = None,
+        def call(method: str, url: str, body: dict[str, Any] | bytes | None = None,
                  accept: tuple[int, ...] = (200,)) -> httpx.Response:
             return self._request(http, method, url, body, accept,
                                  self.deadline_s if deadline_s is None else deadline_s, present)
         return call
 
-    def _request(self, http: httpx.Client, method: str, url: str, body: dict[str, Any] | None,
+    def _request(self, http: httpx.Client, method: str, url: str, body: dict[str, Any] | bytes | None,
                  accept: tuple[int, ...], deadline_s: float,
                  present: Callable[[], bool] | None = None) -> httpx.Response:
         deadline = time.monotonic() + deadline_s
@@ -199,7 +199,10 @@ class WeightPublisher:
         while True:
             attempt += 1
             try:
-                resp = http.request(method, url, json=body)
+                if isinstance(body, bytes):  # an archive (ArchiveReload)
+                    resp = http.request(method, url, content=body, headers={"content-type": "application/x-tar"})
+                else:
+                    resp = http.request(method, url, json=body)
                 if resp.status_code in accept:
                     return resp
                 if resp.status_code not in (425, 429) and resp.status_code < 500:

@@ -3,6 +3,9 @@
 - :class:`DiskReload` — ``POST /update_weights_from_disk {"model_path", "policy_version"}`` and
   ``GET /get_policy_version`` (our builtin server; the route name is SGLang's). The engine keeps one model name
   and reports the version it serves.
+- :class:`ArchiveReload` — the same, with the weights uploaded as a tar archive
+  (``POST /update_weights_from_archive?policy_version=N``) for a server that does not share the
+  trainer's filesystem.
 - :class:`AdapterReload` — runtime LoRA loading (vLLM with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``):
   ``POST /v1/load_lora_adapter {"lora_name": "<served>-v<version>", "lora_path", "load_inplace": true}``,
   ``GET /v1/models`` lists the adapters served, ``POST /v1/unload_lora_adapter`` retires old ones.
@@ -17,6 +20,9 @@ and raises :class:`PublishError` on any other status not listed in ``accept``.
 
 from __future__ import annotations
 
+import io
+import tarfile
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import httpx
@@ -77,6 +83,31 @@ class DiskReload:
         return []  # one model, replaced in place
 
 
+class ArchiveReload(DiskReload):
+    """``/update_weights_from_archive?policy_version=N`` with the weights directory as a tar body, then
+    ``/get_policy_version``: the builtin server on a machine that does not share the trainer's
+    filesystem (``trainer.weightTransfer: http``; ``rft run`` on a Ray cluster). The archive of a
+    version is built once and sent to every replica."""
+
+    def __init__(self) -> None:
+        self._archive: tuple[str, bytes] | None = None
+
+    def archive(self, path: str) -> bytes:
+        if self._archive is None or self._archive[0] != path:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                tar.add(path, arcname=Path(path).name)
+            self._archive = (path, buf.getvalue())
+        return self._archive[1]
+
+    def load(self, call: Call, url: str, path: str, version: int) -> None:
+        body = _json(call("POST", f"{url}/update_weights_from_archive?policy_version={version}", self.archive(path)),
+                     url)
+        if not body.get("success", False):
+            raise PublishError(f"{url}: update_weights_from_archive refused policy version {version}: "
+                               f"{body.get('message')}")
+
+
 class AdapterReload:
     """Each version a named LoRA adapter (vLLM runtime LoRA updating)."""
 
@@ -114,8 +145,12 @@ class AdapterReload:
         return gone
 
 
-def reload_protocol(engine: str, weight_sync: str, served_model: str) -> ReloadProtocol:
-    """The protocol for ``spec.inference.engine`` / ``weightSync`` serving ``served_model``."""
+def reload_protocol(engine: str, weight_sync: str, served_model: str, transfer: str = "path") -> ReloadProtocol:
+    """The protocol for ``spec.inference.engine`` / ``weightSync`` serving ``served_model``;
+    ``transfer`` (the runtime config's ``trainer.weightTransfer``): ``http`` uploads the weights."""
     if serves_adapters(engine, weight_sync):
+        if transfer == "http":
+            raise PublishError(f"trainer.weightTransfer: http uploads whole weights to the builtin server; the "
+                               f"{engine} engine with weightSync {weight_sync!r} loads adapters from a shared path")
         return AdapterReload(served_model)
-    return DiskReload()
+    return ArchiveReload() if transfer == "http" else DiskReload()

@@ -1,0 +1,299 @@
+"""Files of ``rft run --address`` on a Ray cluster whose nodes share no filesystem.
+
+On one machine every role reads the driver's paths. On a cluster a role may run on another node, so
+nothing travels by path:
+
+- **Inputs.** The driver packs every input path it has (the model directory, a separate tokenizer,
+  warm-start weights, the chat template, the dataset and evaluator files placed from the manifest's
+  ConfigMaps, and a resumed run's checkpoints and metrics) into a tar archive in Ray's object store,
+  once (:func:`ship`). Each role unpacks what it reads into a directory on its own node — shared by
+  the actors of one node, keyed by the archive's digest — and runs with its config's paths rewritten
+  to those copies (:meth:`Stage.localize`). Rollout workers get the model directory without its
+  weight files (they need the tokenizer only). A path the driver does not have is left as written:
+  a volume mounted at the same path on every node.
+- **Outputs.** The trainer writes checkpoints, metrics, TensorBoard events, progress and the final
+  model into a work directory on its node; after every step the driver copies what changed into
+  ``--out`` and removes what the trainer removed (pruned checkpoints) (:class:`OutputSync`), so a
+  checkpoint the trainer committed is on the driver's machine before the next step starts, and
+  ``--resume`` works from ``--out`` alone.
+- **Weights.** The trainer uploads each policy version to every inference replica over HTTP
+  (``trainer.weightTransfer: http``, :class:`~rft_runtime.trainer.reload.ArchiveReload`).
+- **Logs.** Each actor logs into its work directory; the driver copies them into ``<out>/logs`` at
+  the end of the run, a failed one included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from rft_api import runtime
+
+STAGE_ENV = "RFT_STAGE_DIR"
+"""Where a node keeps its copies and work directories (default: the system's temporary directory)."""
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
+"""Files left out of the model directory a rollout worker gets (it reads the tokenizer only)."""
+
+TRAINER_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "progress.json")
+"""What the trainer writes under its work directory that the driver keeps in ``--out``."""
+
+SKIPPED_OUTPUTS = ("checkpoints/weights",)
+"""Trainer outputs that are not copied back: the published policy versions (inference's copies)."""
+
+
+def pack(path: Path, *, skip_weights: bool = False) -> bytes:
+    """``path`` (a file or a directory) as an uncompressed tar archive whose one top entry is its name."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(str(path), arcname=path.name,
+                filter=(lambda m: None if m.isfile() and m.name.endswith(WEIGHT_SUFFIXES) else m) if skip_weights
+                else None)
+    return buf.getvalue()
+
+
+def unpack(data: bytes, dest: Path) -> None:
+    """Extract an archive of :func:`pack` into ``dest`` (Python's ``data`` filter: no absolute paths,
+    no links out of ``dest``, no devices)."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        tar.extractall(dest, filter="data")
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One input path in the object store."""
+
+    name: str
+    """The path's last component (the archive's top entry)."""
+    digest: str
+    ref: Any
+    """The ``ray.ObjectRef`` of the archive's bytes."""
+
+
+@dataclass
+class Shipment:
+    """The inputs of one run, by the path the driver's config names them with."""
+
+    run_id: str
+    full: dict[str, Archive] = field(default_factory=dict)
+    light: dict[str, Archive] = field(default_factory=dict)
+    """Directories without their weight files (what a rollout worker gets for the model)."""
+    outputs: Archive | None = None
+    """A resumed run's trainer outputs (``TRAINER_OUTPUTS`` of ``--out``), for the trainer's work dir."""
+
+
+def _put(path: Path, *, skip_weights: bool = False) -> Archive:
+    import ray
+
+    data = pack(path, skip_weights=skip_weights)
+    return Archive(path.name, hashlib.sha256(data).hexdigest()[:32], ray.put(data))
+
+
+def input_paths(paths: runtime.Paths) -> list[str]:
+    """Every input path a config names (the model, tokenizer, warm start, chat template, dataset and
+    evaluator files); builtin model names are not paths."""
+    found = [paths.model, paths.tokenizer, paths.warm_start, paths.chat_template,
+             paths.datasets.train, paths.datasets.eval, *paths.datasets.mix.values(),
+             *(f.path for f in paths.evaluator_files)]
+    return [p for p in dict.fromkeys(found) if p and not p.startswith("builtin:")]
+
+
+def ship(paths: runtime.Paths, run_id: str, resume_from: Path | None = None) -> Shipment:
+    """Put every input path of ``paths`` that exists here into the object store (see the module
+    docstring); ``resume_from``: the ``--out`` of a run to resume, whose trainer outputs go too."""
+    s = Shipment(run_id)
+    for p in input_paths(paths):
+        path = Path(p)
+        if not path.exists():
+            continue  # a volume the nodes mount at this path
+        s.full[p] = _put(path)
+        if path.is_dir():
+            s.light[p] = _put(path, skip_weights=True)
+    if resume_from is not None:
+        s.outputs = _put_outputs(resume_from)
+    return s
+
+
+def _put_outputs(out: Path) -> Archive:
+    import ray
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in _output_files(out):
+            tar.add(str(out / rel), arcname=rel)
+    data = buf.getvalue()
+    return Archive("", hashlib.sha256(data).hexdigest()[:32], ray.put(data))
+
+
+def node_root(run_id: str) -> Path:
+    """This node's directory for the run (copies of the inputs, the actors' work directories)."""
+    base = Path(os.environ.get(STAGE_ENV) or tempfile.gettempdir())
+    return base / f"rft-run-{run_id}"
+
+
+class Stage:
+    """One actor's view of a shipment: its work directory and the inputs it has unpacked."""
+
+    def __init__(self, shipment: Shipment, role: str) -> None:
+        self.shipment = shipment
+        self.root = node_root(shipment.run_id)
+        self.work = self.root / "work" / role
+        self.work.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.work / "logs"
+
+    def get(self, path: str, *, light: bool = False) -> str:
+        """The local copy of the driver's ``path`` (unpacked on first use; the actors of a node share
+        it), or ``path`` itself when the driver did not ship it."""
+        archives = self.shipment.light if light else self.shipment.full
+        archive = archives.get(path) or self.shipment.full.get(path)
+        if archive is None:
+            return path
+        dest = self.root / "inputs" / archive.digest
+        if not dest.exists():
+            import ray
+
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
+            unpack(ray.get(archive.ref), tmp)
+            try:
+                os.rename(tmp, dest)
+            except OSError:  # another actor of this node unpacked it first
+                shutil.rmtree(tmp, ignore_errors=True)
+        return str(dest / archive.name)
+
+    def localize(self, cfg: runtime.RuntimeConfig, *, tokenizer_only: bool = False,
+                 outputs: bool = False) -> runtime.RuntimeConfig:
+        """``cfg`` with every input path replaced by its local copy; ``tokenizer_only``: the model
+        directory without its weights (a rollout worker's); ``outputs``: checkpoints and metrics in
+        this actor's work directory (the trainer's), seeded with a resumed run's outputs."""
+        p = cfg.paths
+
+        def get(v: str | None, light: bool = False) -> str | None:
+            return None if v is None else self.get(v, light=light)
+
+        update: dict[str, Any] = {
+            "model": self.get(p.model, light=tokenizer_only), "tokenizer": get(p.tokenizer, tokenizer_only),
+            "warm_start": None if tokenizer_only else get(p.warm_start), "chat_template": get(p.chat_template),
+            "datasets": p.datasets.model_copy(update={
+                "train": get(p.datasets.train), "eval": get(p.datasets.eval),
+                "mix": {k: self.get(v) for k, v in p.datasets.mix.items()}}),
+            "evaluator_files": [f.model_copy(update={"path": self.get(f.path)}) for f in p.evaluator_files],
+        }
+        if outputs:
+            if self.shipment.outputs is not None and not (self.work / "checkpoints").exists():
+                import ray
+
+                unpack(ray.get(self.shipment.outputs.ref), self.work)
+            update.update(checkpoints=str(self.work / "checkpoints"), output=str(self.work))
+        return cfg.model_copy(update={"paths": p.model_copy(update=update)})
+
+    def logs(self) -> dict[str, bytes]:
+        """This actor's log files, by name."""
+        if not self.log_dir.is_dir():
+            return {}
+        return {f.name: f.read_bytes() for f in sorted(self.log_dir.iterdir()) if f.is_file()}
+
+    def cleanup(self) -> None:
+        """Remove the run's directory on this node (copies and work directories of every actor of
+        the node: called when the run ends, once its outputs and logs were copied)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _skipped(rel: str) -> bool:
+    return any(rel == s or rel.startswith(s + "/") for s in SKIPPED_OUTPUTS)
+
+
+def _temporary(name: str) -> bool:
+    """An entry being written: the trainer's ``.tmp-…`` directories and ``.<name>.tmp-…`` files, and
+    this module's ``.<name>.part`` (hidden names of their own, such as a distributed checkpoint's
+    ``.metadata``, are outputs)."""
+    return name.startswith(".") and (".tmp" in name or name.endswith(".part"))
+
+
+def _output_files(root: Path) -> list[str]:
+    """The trainer outputs under ``root`` (relative paths of files), temporary entries excluded."""
+    found = []
+    for top in TRAINER_OUTPUTS:
+        base = root / top
+        if base.is_file():
+            found.append(top)
+        elif base.is_dir():
+            for dirpath, dirnames, files in os.walk(base):
+                dirnames[:] = [d for d in dirnames if not _temporary(d)]
+                for f in files:
+                    rel = os.path.relpath(os.path.join(dirpath, f), root)
+                    if not _temporary(f) and not _skipped(rel):
+                        found.append(rel)
+    return sorted(found)
+
+
+def changed_outputs(root: Path, known: dict[str, tuple[int, int]]) -> tuple[dict[str, bytes], list[str],
+                                                                            dict[str, tuple[int, int]]]:
+    """The trainer's side of :class:`OutputSync`: (contents of files new or changed since ``known``,
+    paths in ``known`` that are gone, the new ``known``), each file's signature (size, mtime_ns)."""
+    now: dict[str, tuple[int, int]] = {}
+    changed: dict[str, bytes] = {}
+    for rel in _output_files(root):
+        try:
+            st = (root / rel).stat()
+            sig = (st.st_size, st.st_mtime_ns)
+            if known.get(rel) != sig:
+                changed[rel] = (root / rel).read_bytes()
+        except FileNotFoundError:  # removed while we looked (a pruned checkpoint)
+            continue
+        now[rel] = sig
+    return changed, [rel for rel in known if rel not in now], now
+
+
+class OutputSync:
+    """The driver's side: mirror the trainer's outputs into ``out`` (files it wrote earlier that the
+    trainer removed are removed here too; nothing else in ``out`` is touched)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.known: dict[str, tuple[int, int]] = {}
+
+    def pull(self, trainer: Any) -> int:
+        """Copy what changed from the trainer actor (its ``changed_outputs`` method); returns the
+        number of files written or removed."""
+        import ray
+
+        changed, gone, self.known = ray.get(trainer.changed_outputs.remote(self.known))
+        self.apply(changed, gone)
+        return len(changed) + len(gone)
+
+    def apply(self, changed: dict[str, bytes], gone: Iterable[str]) -> None:
+        # A checkpoint's files before the pointer that commits it: "latest" files are written last,
+        # each atomically, as the trainer does.
+        for rel in sorted(changed, key=lambda r: (Path(r).name == "latest", r)):
+            dest = self.out / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.part")
+            tmp.write_bytes(changed[rel])
+            os.replace(tmp, dest)
+        for rel in gone:
+            (self.out / rel).unlink(missing_ok=True)
+        for top in TRAINER_OUTPUTS:  # directories a pruned checkpoint left empty
+            base = self.out / top
+            if base.is_dir():
+                for dirpath, _, _ in sorted(os.walk(base), key=lambda t: -len(t[0])):
+                    if dirpath != str(base) and not os.listdir(dirpath):
+                        os.rmdir(dirpath)
+
+
+def write_logs(out: Path, logs: dict[str, bytes]) -> None:
+    """Write an actor's log files into ``<out>/logs``."""
+    d = out / "logs"
+    d.mkdir(parents=True, exist_ok=True)
+    for name, data in logs.items():
+        (d / Path(name).name).write_bytes(data)
