@@ -179,7 +179,10 @@ def run_local(opts: RunOptions) -> RunResult:
         raise inner from None
     finally:
         if shipment is not None:
-            _collect_and_clean(actors, out)
+            try:
+                _collect_and_clean(actors, out)
+            except Exception as e:  # noqa: BLE001 - the teardown below must still run
+                log.warning("could not collect the roles' logs: %s", e)
         for a in actors:
             try:
                 ray.kill(a)
@@ -258,7 +261,7 @@ def cluster_resources(spec: Any, role: str, threads: int) -> dict[str, float]:
     return {"num_cpus": threads, "num_gpus": 0}
 
 
-def _collect_and_clean(actors: list[Any], out: Path, timeout_s: float = 60.0) -> None:
+def _collect_and_clean(actors: list[Any], out: Path, timeout_s: float = 30.0) -> None:
     """On a Ray cluster: copy every actor's logs into ``<out>/logs`` (those that still answer), then
     have each remove the run's directory on its node."""
     import ray
