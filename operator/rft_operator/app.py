@@ -48,6 +48,9 @@ class OperatorConfig:
     kueue: bool = False
     """The Kueue integration: jobs labelled ``kueue.x-k8s.io/queue-name`` are admitted through a Kueue
     Workload (``policies.admission``); needs Kueue's CRDs installed."""
+    dns_ports: tuple[int, ...] = ()
+    """The ports the cluster's DNS pods listen on, admitted by every job's rollout egress policy
+    (empty: 53 and 5353)."""
 
 
 class LeadershipLost(RuntimeError):
@@ -90,7 +93,8 @@ async def run(config: OperatorConfig, *, stop_flag: Any = None, ready_flag: Any 
     api.api_client.configuration.connection_pool_maxsize = config.max_concurrent_reconciles + 2
     metrics = Metrics()
     controller = Controller(api, metrics, namespaces=config.namespaces, resync_seconds=config.resync_seconds,
-                            max_concurrent=config.max_concurrent_reconciles, kueue=config.kueue)
+                            max_concurrent=config.max_concurrent_reconciles, kueue=config.kueue,
+                            dns_ports=config.dns_ports or None)
     elector = None
     if config.leader_election_namespace:
         elector = (LeaderElector(api, config.leader_election_namespace, identity=config.leader_identity)

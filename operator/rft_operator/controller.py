@@ -37,9 +37,11 @@ class Controller:
 
     def __init__(self, api: Kube, metrics: Metrics, *, namespaces: tuple[str, ...] = (),
                  resync_seconds: float = 10.0,
-                 max_concurrent: int = 8, store: Optional[Store] = None, kueue: bool = False):
+                 max_concurrent: int = 8, store: Optional[Store] = None, kueue: bool = False,
+                 dns_ports: Optional[tuple[int, ...]] = None):
         self.api = api
         self.kueue = kueue
+        self.dns_ports = dns_ports
         self.metrics = metrics
         self.namespaces = namespaces
         self.resync_seconds = resync_seconds
@@ -91,7 +93,8 @@ class Controller:
         t0 = time.perf_counter()
         try:
             outcome = await asyncio.to_thread(reconcile, self.api, obj, children=self.store.children(key),
-                                              pods=self.store.pods(key), kueue=self.kueue)
+                                              pods=self.store.pods(key), kueue=self.kueue,
+                                              dns_ports=self.dns_ports)
         except KubeError as e:
             self.metrics.reconciles.labels(result="error").inc()
             self.metrics.errors.labels(kind="transient" if e.transient else "unexpected").inc()

@@ -2,7 +2,7 @@
 
     rft-operator [--namespace NS ... | --all-namespaces] [--metrics-port 8080] [--kubeconfig PATH]
                  [--resync-seconds 10] [--health-port 8081]
-                 [--leader-election-namespace NS] [--log-level INFO]
+                 [--leader-election-namespace NS] [--dns-port 53 ...] [--log-level INFO]
 """
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap.add_argument("--kueue", action="store_true",
                     help="Kueue integration: admit jobs labelled kueue.x-k8s.io/queue-name through a Workload "
                          "(needs Kueue's CRDs; the chart sets it with kueue.enabled)")
+    ap.add_argument("--dns-port", type=int, action="append", default=[], dest="dns_ports",
+                    help="a port the cluster's DNS pods listen on, admitted by each job's rollout egress policy "
+                         "(repeatable; default 53 and 5353). A policy-enforcing network checks the DNS pod's port, "
+                         "not the kube-dns Service's")
     ap.add_argument("--log-level", default=os.environ.get("RFT_OPERATOR_LOG_LEVEL", "INFO"), type=str.upper,
                     choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = ap.parse_args(argv)
@@ -43,6 +47,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
         ap.error("--resync-seconds must be positive")
     if a.max_concurrent_reconciles < 1:
         ap.error("--max-concurrent-reconciles must be at least 1")
+    for port in a.dns_ports:
+        if not 1 <= port <= 65535:
+            ap.error(f"--dns-port must be a port number (1-65535), got {port}")
     return a
 
 
@@ -56,7 +63,8 @@ def config_from_args(a: argparse.Namespace) -> OperatorConfig:
                           metrics_addr=a.metrics_addr, resync_seconds=a.resync_seconds,
                           health_port=None if a.health_port < 0 else a.health_port,
                           leader_election_namespace=a.leader_election_namespace or None,
-                          max_concurrent_reconciles=a.max_concurrent_reconciles, kueue=a.kueue)
+                          max_concurrent_reconciles=a.max_concurrent_reconciles, kueue=a.kueue,
+                          dns_ports=tuple(dict.fromkeys(a.dns_ports)))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

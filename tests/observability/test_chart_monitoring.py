@@ -55,3 +55,19 @@ def test_monitors_scrape_the_operator_and_every_role_port_keeping_their_labels()
     scraped = {e["port"] for e in pm["spec"]["podMetricsEndpoints"]}
     assert scraped == {"http", "coordinator"} and scraped <= ports and ports - scraped == {"rendezvous"}
     assert all(e["honorLabels"] for e in pm["spec"]["podMetricsEndpoints"])
+
+
+def test_the_charts_dns_ports_reach_the_operator_as_it_parses_them() -> None:
+    """``network.dnsPorts`` becomes ``--dns-port`` flags that the operator's own parser reads back."""
+    from rft_operator.main import config_from_args, parse_args
+
+    def dns_ports(*sets: str) -> tuple[int, ...]:
+        (dep,) = [d for d in render(*sets) if d["kind"] == "Deployment"]
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        return config_from_args(parse_args(container["args"])).dns_ports
+
+    assert dns_ports() == (53, 5353)
+    assert dns_ports("network.dnsPorts={1053}") == (1053,)
+    bad = subprocess.run([str(bin_dir() / "helm"), "template", "rft", str(CHART), "--set", "network.dnsPorts={0}"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "dnsPorts" in bad.stderr

@@ -51,6 +51,11 @@ def test_cli(monkeypatch) -> None:
         parse_args(["-n", "a", "-A"])
     with pytest.raises(SystemExit):
         parse_args(["--resync-seconds", "0"])
+    assert config_from_args(parse_args([])).dns_ports == ()  # the builders' default: 53 and 5353
+    c = config_from_args(parse_args(["--dns-port", "1053", "--dns-port", "53", "--dns-port", "1053"]))
+    assert c.dns_ports == (1053, 53)
+    with pytest.raises(SystemExit):
+        parse_args(["--dns-port", "0"])
 
 
 def test_kopf_settings_keep_bookkeeping_out_of_status() -> None:

@@ -142,6 +142,19 @@ def test_the_jobs_own_data_paths_are_open(judged) -> None:
     assert allowed(pols, rollout, External("10.128.0.5"), 5353, "TCP")  # DNS pods on OpenShift
 
 
+def test_dns_is_admitted_on_the_ports_the_operator_is_given(judged) -> None:
+    """A cluster whose DNS pods listen on 1053 (the operator's ``--dns-port 1053``): that port, and no
+    longer the defaults."""
+    import dataclasses
+
+    pols = policies(judged, dataclasses.replace(CTX, dns_ports=(1053,)))
+    rollout = pod(judged.name, "rollout")
+    assert allowed(pols, rollout, External("10.96.0.10"), 1053, "UDP")
+    assert allowed(pols, rollout, External("10.96.0.10"), 1053, "TCP")
+    assert not allowed(pols, rollout, External("10.96.0.10"), 53, "UDP")
+    assert not allowed(pols, rollout, External("10.128.0.5"), 5353, "TCP")
+
+
 def test_only_the_declared_ports_are_open(judged) -> None:
     pols = _all(judged)
     rollout = pod(judged.name, "rollout")

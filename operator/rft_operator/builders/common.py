@@ -34,6 +34,9 @@ class BuildContext:
     """The trainer's torch.distributed rendezvous port (on pod 0, through the headless Service)."""
     placements: tuple[tuple[str, Any], ...] = ()
     """Role → :class:`~rft_operator.builders.workload.Placement` from a Kueue admission (none otherwise)."""
+    dns_ports: tuple[int, ...] = (53, 5353)
+    """The ports the cluster's DNS pods listen on (the operator's ``--dns-port``): the rollout pods'
+    egress policy admits DNS there."""
 
 
 def owner_reference(job: RFTJob) -> Obj:

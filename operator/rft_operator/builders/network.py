@@ -12,7 +12,8 @@ and where its rollout pods may go.
 - ``<job>-rollout``: the rollout pods may connect only to those three, to DNS, and to the
   destinations of ``spec.network.rolloutEgress``; nothing else (the evaluator bundle's code runs
   there). DNS is admitted by port wherever the cluster runs it (its pods' labels differ between
-  distributions): 53, and 5353, where OpenShift's DNS pods listen. A policy-enforcing network sees
+  distributions): by default 53, and 5353, where OpenShift's DNS pods listen; the operator's
+  ``--dns-port`` (chart value ``network.dnsPorts``) names others. A policy-enforcing network sees
   the port of the DNS pod the ``kube-dns`` Service forwards to, not the Service's 53.
 
 "The job's pods" is a pod selector on the job's labels within the job's namespace: pods of another
@@ -35,7 +36,6 @@ from .common import BuildContext, metadata
 
 Obj = dict[str, Any]
 ROLE = "network"
-DNS_PORTS = (53, 5353)
 
 
 def _pods(job: RFTJob, role: str) -> Obj:
@@ -83,7 +83,7 @@ def rollout_policy(job: RFTJob, ctx: BuildContext) -> Obj:
     if reward_required(job.spec):
         egress.append({"to": [_pods(job, "reward")], "ports": [_port(ctx.reward_port)]})
     # DNS, wherever the cluster runs it (see the module docstring)
-    egress.append({"ports": [_port(p, proto) for p in DNS_PORTS for proto in ("UDP", "TCP")]})
+    egress.append({"ports": [_port(p, proto) for p in ctx.dns_ports for proto in ("UDP", "TCP")]})
     for rule in job.spec.network.rollout_egress:
         egress.append({"to": [{"ipBlock": {"cidr": rule.cidr}}],
                        "ports": [_port(p.port, p.protocol) for p in rule.ports]})
