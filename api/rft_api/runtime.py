@@ -170,8 +170,9 @@ class TrainerSettings(_Model):
     """torch intra-op threads (default: torch's)."""
     stall_timeout_seconds: float = Field(1800.0, gt=0)
     """The trainer fails when no episode arrives for this long."""
-    weight_transfer: Literal["path", "http"] = "path"
-    """How a published policy version reaches inference. ``path``: the replicas read its directory on
+    weight_transfer: Optional[Literal["path", "http"]] = None
+    """How a published policy version reaches inference. ``path`` (unset: the same, so that configs
+    written before the field existed hash as before): the replicas read its directory on
     the volume they share with the trainer (``/update_weights_from_disk``; the operator's pods).
     ``http``: the trainer uploads it to each replica (``/update_weights_from_archive``; ``rft run`` on
     a Ray cluster, whose nodes share no filesystem). ``http`` needs the builtin engine."""

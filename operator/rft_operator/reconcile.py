@@ -347,7 +347,7 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     cfg_hash = config_hash(job, BuildContext(trainer_attempt=persisted_restarts))
     gate = _admission(api, job, observed_objs, kueue)
     ctx = BuildContext(trainer_attempt=persisted_restarts, placements=gate.placements,
-                       **({"dns_ports": dns_ports} if dns_ports else {}))
+                       dns_ports=dns_ports or BuildContext.dns_ports)
     first = compute_status(job, observed, cfg_hash, gate.hold)
     trainer_hash = template_hash(job, ctx, cfg_hash)
     plan = make_plan(job.spec.suspend or gate.hold is not None, first.phase, observed, persisted_restarts, trainer_hash)

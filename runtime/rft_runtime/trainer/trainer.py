@@ -335,7 +335,7 @@ class Trainer:
         self.publisher = WeightPublisher(published_weights_dir(cfg.paths.checkpoints), replicas,
                                          keep=spec.rollout.policy_versions_served(),
                                          protocol=reload_protocol(inf.engine, inf.weight_sync, cfg.endpoints.served_model_name,
-                                                                   cfg.trainer.weight_transfer))
+                                                                   cfg.trainer.weight_transfer or "path"))
         if spec.inference.weight_sync != "none":
             self.publisher.publish(self.model, self.policy_version, self.tokenizer, state_dict=self._gather())
             # a restarted inference server comes back with the base weights: bring it to the current ones
