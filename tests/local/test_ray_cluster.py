@@ -188,8 +188,9 @@ def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two
     """Every role runs on the worker node, which cannot see the driver's files. The model, the
     dataset and the evaluator file reach the roles through the object store, each policy version
     reaches both inference replicas over HTTP, and the trainer's checkpoints, metrics and final model
-    and every role's log come back into ``--out`` on the driver's side. A second job resumes the
-    first from ``--out`` alone, through Ray Client (``ray://``), and the worker keeps nothing."""
+    and every role's log come back into ``--out`` on the driver's side. A job that fails on the worker
+    gets its logs back too. A third job resumes the first from ``--out`` alone, through Ray Client
+    (``ray://``), and the worker keeps nothing."""
     address, client, stage = two_node_cluster
     monkeypatch.setenv("RFT_BIND_HOST", "127.0.0.1")
     job = _multinode_manifest(tmp_path / "far.yaml")
@@ -210,6 +211,17 @@ def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two
     trainer_log = (out / "logs" / "trainer.log").read_text()
     assert "policy version 2 served by 2 inference replica(s)" in trainer_log, trainer_log[-3000:]
     assert not any(stage.iterdir()), sorted(stage.iterdir())  # the worker's copies are gone
+
+    # A job whose evaluator file is broken fails on the worker; the error reaches the driver and the
+    # roles' logs come back all the same.
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(job.read_text().replace("    def score(sample, item):", "    def score(sample, item:"))
+    log = tmp_path / "broken.log"
+    code = rft.run(["run", str(broken), "--out", str(tmp_path / "broken"), "--no-progress", "--address", address], log)
+    assert code != 0 and "closeness.py" in log.read_text(), log.read_text()[-3000:]
+    assert "serving policy version 0" in (tmp_path / "broken" / "logs" / "inference-0.log").read_text()
+    assert (tmp_path / "broken" / "logs" / "trainer.log").stat().st_size > 0
+    assert not any(stage.iterdir()), sorted(stage.iterdir())
 
     log = tmp_path / "second.log"
     code = rft.run(["run", str(job), "--out", str(out), "--no-progress", "--address", client, "--resume"], log)
