@@ -218,7 +218,11 @@ def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two
     broken.write_text(job.read_text().replace("    def score(sample, item):", "    def score(sample, item:"))
     log = tmp_path / "broken.log"
     code = rft.run(["run", str(broken), "--out", str(tmp_path / "broken"), "--no-progress", "--address", address], log)
-    assert code != 0 and "closeness.py" in log.read_text(), log.read_text()[-3000:]
+    text = log.read_text()
+    assert code == 2 and "SyntaxError" in text and "Traceback" not in text, text[-3000:]
+    # the message names the file the user gave (placed from the ConfigMap), not the worker's copy
+    assert str(tmp_path / "broken" / "mounts" / "evaluator" / "0" / "closeness.py") in text, text[-3000:]
+    assert "rft-run-" not in text
     assert "serving policy version 0" in (tmp_path / "broken" / "logs" / "inference-0.log").read_text()
     assert (tmp_path / "broken" / "logs" / "trainer.log").stat().st_size > 0
     assert not any(stage.iterdir()), sorted(stage.iterdir())

@@ -105,3 +105,19 @@ def test_a_pointer_is_written_after_the_checkpoint_it_names(tmp_path, monkeypatc
     sync.apply({"checkpoints/latest": b"step-000002", "checkpoints/step-000002/z.bin": b"z",
                 "checkpoints/step-000002/COMPLETE": b"{}"}, [])
     assert order[-1] == "checkpoints/latest" and len(order) == 3
+
+
+def test_errors_name_the_drivers_files_not_a_nodes_copies():
+    from rft_runtime.local.staging import Archive, Shipment, driver_paths
+
+    s = Shipment("0123abcd", full={"/home/u/out/mounts/evaluator/0/closeness.py": Archive("closeness.py", "a" * 32, None),
+                                   "/models/qwen": Archive("qwen", "b" * 32, None)},
+                 light={"/models/qwen": Archive("qwen", "c" * 32, None)})
+    copy = "/tmp/rft-run-0123abcd/inputs/" + "a" * 32 + "/closeness.py"
+    text = f"evaluator 'score': '{copy}:score': evaluator file {copy} failed to load"
+    assert driver_paths(s, text) == ("evaluator 'score': '/home/u/out/mounts/evaluator/0/closeness.py:score': "
+                                     "evaluator file /home/u/out/mounts/evaluator/0/closeness.py failed to load")
+    light = "/var/tmp/rft-run-0123abcd/inputs/" + "c" * 32 + "/qwen/tokenizer.json"
+    assert driver_paths(s, f"no {light}") == "no /models/qwen/tokenizer.json"
+    other = "/tmp/rft-run-ffff0000/inputs/" + "a" * 32 + "/closeness.py"  # another run's: left alone
+    assert driver_paths(s, other) == other

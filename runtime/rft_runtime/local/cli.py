@@ -32,13 +32,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..coordinator import CollectTimeout
     from ..data import DatasetError
+    from ..rewards.options import ConfigError as EvaluatorConfigError
     from ..trainer.checkpoint import CheckpointError
     from ..trainer.publisher import PublishError
     from ..trainer.state import ResumeError
     from .runner import LocalRunError, RunOptions, run_local
 
     known = (LocalRunError, ResumeError, CheckpointError, ConfigError, DatasetError, PublishError, CollectTimeout,
-             FileNotFoundError)
+             EvaluatorConfigError, FileNotFoundError)
 
     try:
         result = run_local(RunOptions(args.manifest, args.out, args.resume, args.address, args.max_steps,

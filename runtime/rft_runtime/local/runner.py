@@ -176,6 +176,10 @@ def run_local(opts: RunOptions) -> RunResult:
         inner = _unwrap(e)
         if inner is e:
             raise LocalRunError(f"a role failed: {e}") from None
+        if shipment is not None:  # name the user's files, not a node's copies of them
+            from .staging import driver_paths
+
+            raise LocalRunError(driver_paths(shipment, f"{type(inner).__name__}: {inner}")) from None
         raise inner from None
     finally:
         if shipment is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -87,6 +88,14 @@ class Shipment:
     """Directories without their weight files (what a rollout worker gets for the model)."""
     outputs: Archive | None = None
     """A resumed run's trainer outputs (``TRAINER_OUTPUTS`` of ``--out``), for the trainer's work dir."""
+
+
+def driver_paths(shipment: Shipment, text: str) -> str:
+    """``text`` (a role's error message) with the paths of a node's copies replaced by the driver's
+    paths they were made from: the user sees the files they gave."""
+    parents = {a.digest: str(Path(p).parent) for archives in (shipment.full, shipment.light) for p, a in archives.items()}
+    pattern = re.compile(rf"[^\s'\"]*/rft-run-{re.escape(shipment.run_id)}/inputs/([0-9a-f]{{32}})(?=/)")
+    return pattern.sub(lambda m: parents.get(m.group(1), m.group(0)), text)
 
 
 def _put(path: Path, *, skip_weights: bool = False) -> Archive:
