@@ -159,8 +159,10 @@ class ReplayServer:
             "tokens": [f"token_id:{t}" for t in ids],
             "top_logprobs": [{f"token_id:{t}": lp} for t, lp in zip(ids, lps)],
         }
-        resp["usage"] = {"prompt_tokens": len(body["prompt"]), "completion_tokens": len(ids),
-                         "total_tokens": len(body["prompt"]) + len(ids)}
+        n = int(body.get("n") or 1)  # a request of n: n such choices, indexed
+        resp["choices"] = [{**copy.deepcopy(c), "index": j} for j in range(n)]
+        resp["usage"] = {"prompt_tokens": len(body["prompt"]), "completion_tokens": n * len(ids),
+                         "total_tokens": len(body["prompt"]) + n * len(ids)}
         return resp
 
 

@@ -199,3 +199,50 @@ async def test_connection_refused_is_retried_then_fails():
     async with InferenceClient("http://127.0.0.1:9", "tiny", retry=retry) as c:
         with pytest.raises(InferenceUnavailableError, match="ConnectError"):
             await c.complete([1, 2], 1)
+
+
+async def test_one_request_of_n_draws_the_samples_of_n_single_requests(real_server):
+    """``n_per_request``: one request with ``n`` and the base seed draws exactly what ``n`` single
+    requests with consecutive seeds draw (vLLM's rule, and the builtin server's: choice ``j`` is
+    seeded ``seed + j``), so batching the samples changes no sample."""
+    sampling = SamplingParams(max_tokens=6, temperature=1.0, seed=31)
+    async with InferenceClient(real_server, "tiny", retry=FAST) as single, \
+            InferenceClient(real_server, "tiny", retry=FAST, n_per_request=True) as batched:
+        apart = await single.complete(PROMPT, 4, sampling)
+        together = await batched.complete(PROMPT, 4, sampling)
+    assert single.stats["requests"] == 4 and batched.stats["requests"] == 1
+    assert [s.seed for s in together] == [31, 32, 33, 34]
+    assert [s.completion_ids for s in together] == [s.completion_ids for s in apart]
+    for a, b in zip(apart, together):
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+    assert len({tuple(s.completion_ids) for s in together}) > 1  # distinct seeds, distinct samples
+
+
+async def test_a_failed_request_of_n_is_retried_whole_with_the_same_seeds(replay):
+    server, url = replay
+    server.faults = [503, "drop", "abort"]
+    async with client(url, n_per_request=True) as c:
+        out = await c.complete(PROMPT, 3, SamplingParams(max_tokens=3, temperature=0.7, seed=7))
+    assert [s.seed for s in out] == [7, 8, 9]
+    assert [(r["n"], r["seed"]) for r in server.requests] == [(3, 7)] * 4  # three failures, then the answer
+    assert c.stats["retries"] == 3
+
+
+async def test_samples_in_flight_are_bounded_when_requests_carry_several():
+    """The concurrency limit counts samples: with 4 slots, requests of 3 samples go one at a time,
+    and a request of more samples than slots takes them all rather than waiting forever."""
+    server = ReplayServer(delay_s=0.05)
+    async with serve_app(server.app) as url:
+        async with client(url, max_concurrency=4, n_per_request=True) as c:
+            await asyncio.gather(*(c.complete(PROMPT, 3, SamplingParams(max_tokens=2)) for _ in range(3)),
+                                 c.complete(PROMPT, 6, SamplingParams(max_tokens=2)))
+    assert sorted(r["n"] for r in server.requests) == [3, 3, 3, 6]
+    assert server.max_in_flight == 1
+
+
+async def test_seeds_that_are_not_consecutive_go_one_request_each(replay):
+    server, url = replay
+    async with client(url, n_per_request=True) as c:
+        out = await c.complete(PROMPT, 3, SamplingParams(max_tokens=2), seeds=[5, 50, 500])
+    assert sorted(r["seed"] for r in server.requests) == [5, 50, 500] and [s.seed for s in out] == [5, 50, 500]
+    assert all(r["n"] == 1 for r in server.requests)

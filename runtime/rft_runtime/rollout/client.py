@@ -1,14 +1,19 @@
 """`InferenceClient`: token-id completions against one or more vLLM-compatible servers.
 
-n samples per prompt are n parallel single-sample requests, each with its own seed (the caller's
-`sampling.seed + i`, or a fresh random seed). A failed sample is retried alone, with the same seed,
-so a retry cannot change which sample a slot holds, and one slow or failed replica never costs the
-other samples. Retries: 425, 429, 5xx, connection errors and engine aborts, with capped exponential
+n samples per prompt carry consecutive seeds (the caller's `sampling.seed + i`, or a random base
+seed + i). By default they are n parallel single-sample requests: a failed sample is retried alone,
+with the same seed, so a retry cannot change which sample a slot holds, and one slow or failed
+replica never costs the other samples. With ``n_per_request=True`` (the rollout role's client) they
+are one request with ``n`` and the base seed: vLLM and the builtin server give choice ``j`` of such a
+request seed ``seed + j``, so it draws exactly the samples of the n single requests, with the prompt
+sent and rendered once, one HTTP exchange instead of n, and all n admitted to the engine together; a
+failed request is retried whole, with the same seeds, so it cannot change the samples either. Retries: 425, 429, 5xx, connection errors and engine aborts, with capped exponential
 backoff and jitter, at most `retry.max_attempts` attempts within `retry.deadline_s`; any other 4xx
 raises `InferenceHTTPError` at once with the server's message. An answer from a replica serving an
 older policy version than the one the task was granted (`ReplicaBehind`: it restarted, or has not taken
 the newest version yet) is discarded and retried like an abort. The concurrency limit counts HTTP
-requests in flight (a request waiting out its backoff holds no slot). Replicas are used round-robin,
+samples in flight (a request of ``n`` samples holds ``n`` slots, at most all of them; a request
+waiting out its backoff holds none). Replicas are used round-robin,
 so a retry normally lands on another replica.
 
 With ``adapter_versions=True`` (an engine serving each policy version as a LoRA adapter, see
@@ -21,12 +26,13 @@ the attempts run out and the caller gives its task back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
 import random
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 import httpx
 
@@ -63,6 +69,7 @@ class InferenceClient:
         rng: random.Random | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         adapter_versions: bool = False,
+        n_per_request: bool = False,
     ) -> None:
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
@@ -74,10 +81,11 @@ class InferenceClient:
         self.base_urls = [u.rstrip("/") for u in urls]
         self.model = model
         self.adapter_versions = adapter_versions
+        self.n_per_request = n_per_request
         self.retry = retry or RetryPolicy()
         self.require_prompt_echo = require_prompt_echo
         self._rr = itertools.cycle(range(len(self.base_urls)))
-        self._sem = asyncio.Semaphore(max_concurrency)
+        self._slots = _Slots(max_concurrency)
         self._rng = rng or random.Random()
         headers = auth.client_headers(api_key)  # api_key, else the job's token ($RFT_JOB_TOKEN)
         limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
@@ -121,41 +129,52 @@ class InferenceClient:
             raise ValueError(f"n must be >= 1, got {n}")
         sampling = sampling or SamplingParams()
         if seeds is None:
-            seeds = [sampling.seed + i if sampling.seed is not None else self.new_seed() for i in range(n)]
+            base = sampling.seed if sampling.seed is not None else self._rng.randrange(SEED_RANGE - n)
+            seeds = [base + i for i in range(n)]
         elif len(seeds) != n:
             raise ValueError(f"got {len(seeds)} seeds for n={n}")
         if n == 1:
             return [await self.complete_one(ids, sampling, seed=seeds[0], policy_version=policy_version)]
+        if self.n_per_request and all(s == seeds[0] + i for i, s in enumerate(seeds)):
+            return await self._request(ids, sampling, seeds, policy_version)
         return await run_all([self.complete_one(ids, sampling, seed=s, policy_version=policy_version) for s in seeds])
 
     async def complete_one(
         self, prompt_ids: list[int], sampling: SamplingParams, *, seed: int | None, policy_version: int | None
     ) -> Sample:
         """One single-sample request (retried alone) → one `Sample`."""
-        model = self.model_for(policy_version)
-        body = {"model": model, "prompt": prompt_ids, "n": 1, **sampling.request_fields(seed)}
+        return (await self._request(prompt_ids, sampling, [seed], policy_version))[0]
 
-        def parse(resp_body: Any, headers: Mapping[str, str], url: str) -> Sample:
+    async def _request(self, prompt_ids: list[int], sampling: SamplingParams, seeds: Sequence[int | None],
+                       policy_version: int | None) -> list[Sample]:
+        """One request for ``len(seeds)`` samples (consecutive seeds: choice ``j`` is drawn with
+        ``seeds[0] + j``), retried whole → the samples in seed order."""
+        model = self.model_for(policy_version)
+        n = len(seeds)
+        body = {"model": model, "prompt": prompt_ids, "n": n, **sampling.request_fields(seeds[0])}
+
+        def parse(resp_body: Any, headers: Mapping[str, str], url: str) -> list[Sample]:
             if self.adapter_versions and isinstance(resp_body, dict) and resp_body.get("model") != model:
                 raise TokenContractError(f"{url}: asked for model {model!r}, the answer names {resp_body.get('model')!r}")
-            sample = parse_completions(
+            samples = parse_completions(
                 resp_body,
                 headers,
                 prompt_ids=prompt_ids,
-                n=1,
+                n=n,
                 max_tokens=sampling.max_tokens,
-                seeds=[seed],
+                seeds=list(seeds),
                 policy_version=policy_version,
                 server=url,
                 require_prompt_echo=self.require_prompt_echo,
-            )[0]
-            served = sample.policy_version
-            if policy_version is not None and served is not None and served < policy_version:
-                self.stats["replica_behind"] += 1
-                raise ReplicaBehind(f"{url} serves policy version {served}, the task was granted {policy_version}")
-            return sample
+            )
+            for sample in samples:
+                served = sample.policy_version
+                if policy_version is not None and served is not None and served < policy_version:
+                    self.stats["replica_behind"] += 1
+                    raise ReplicaBehind(f"{url} serves policy version {served}, the task was granted {policy_version}")
+            return samples
 
-        return await self.post_json("/v1/completions", body, parse)
+        return await self.post_json("/v1/completions", body, parse, weight=n)
 
     def model_for(self, policy_version: int | None) -> str:
         """The model name to request for ``policy_version``: the served name, or with
@@ -169,8 +188,9 @@ class InferenceClient:
     def _retryable(self, status: int, param: str | None) -> bool:
         return is_retryable_status(status) or (self.adapter_versions and status == 404 and param == "model")
 
-    async def post_json(self, path: str, body: dict[str, Any], parse: Any) -> Any:
+    async def post_json(self, path: str, body: dict[str, Any], parse: Any, weight: int = 1) -> Any:
         """POST `body` with retries; `parse(json, headers, url)` turns a 200 answer into the result.
+        ``weight``: the samples the request asks for (the concurrency slots it holds).
 
         A `SampleAborted` raised by `parse` is retried like a 5xx.
         """
@@ -185,7 +205,7 @@ class InferenceClient:
             url = self.base_urls[next(self._rr)] + path
             retry_after = None
             try:
-                async with self._sem:
+                async with self._slots.hold(weight):
                     self.stats["requests"] += 1
                     resp = await self._http.post(url, json=body,
                                                  timeout=client_timeout(min(remaining, self.retry.attempt_timeout_s)))
@@ -209,6 +229,31 @@ class InferenceClient:
             await asyncio.sleep(delay)
         self.stats["failures"] += 1
         raise InferenceUnavailableError(f"POST {path} failed", attempts=attempt, last_error=last_error)
+
+
+class _Slots:
+    """A counting semaphore whose holders take several units at once (all of it at most), granted in
+    arrival order: a request of n samples waits until n are free, and later ones queue behind it."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._turn = asyncio.Lock()  # the head of the queue waits for units; the rest wait for the lock
+        self._released = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, units: int) -> AsyncIterator[None]:
+        units = max(1, min(units, self.total))
+        async with self._turn:
+            while self.free < units:
+                self._released.clear()
+                await self._released.wait()
+            self.free -= units
+        try:
+            yield
+        finally:
+            self.free += units
+            self._released.set()
 
 
 def _json(resp: httpx.Response, url: str) -> Any:

@@ -97,7 +97,8 @@ class RolloutLoop:
         per_lease = max(1, spec.rollout.concurrency // spec.rollout.samples_per_prompt)
         adapters = serves_adapters(spec.inference.engine, spec.inference.weight_sync)
         async with InferenceClient(self.cfg.endpoints.inference, self.cfg.endpoints.served_model_name, adapter_versions=adapters,
-                                   max_concurrency=spec.rollout.concurrency, retry=retry) as inference, \
+                                   max_concurrency=spec.rollout.concurrency, retry=retry,
+                                   n_per_request=True) as inference, \
                 CoordinatorClient(self.cfg.endpoints.coordinator, should_stop=self.should_stop) as coord:
             worker = RolloutWorker(inference, tok, bundle=_bundle(self.cfg), scorer=scorer,
                                    max_concurrent_rollouts=spec.rollout.concurrency,
