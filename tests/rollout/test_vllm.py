@@ -46,6 +46,20 @@ async def test_vllm_logprob_parity(vllm_url, model):  # noqa: F811
     assert worst < VLLM_TOL
 
 
+async def test_vllm_draws_choice_j_of_a_seeded_request_with_seed_plus_j(vllm_url):
+    """What the rollout role's one-request-per-prompt sampling rests on, checked on vLLM itself: a
+    request of n with seed s draws the samples of n single requests seeded s, s+1, ..."""
+    prompt = [1, 87, 85, 262, 201, 269, 272, 223, 20, 270, 223, 21, 33, 2, 201, 1, 67, 85, 85, 266, 86, 67, 80, 86, 201]
+    sampling = SamplingParams(max_tokens=8, temperature=1.0, seed=41)
+    async with InferenceClient(vllm_url, MODEL_NAME) as single, \
+            InferenceClient(vllm_url, MODEL_NAME, n_per_request=True) as batched:
+        apart = await single.complete(prompt, 4, sampling)
+        together = await batched.complete(prompt, 4, sampling)
+    assert batched.stats["requests"] == 1 and single.stats["requests"] == 4
+    assert [s.completion_ids for s in together] == [s.completion_ids for s in apart]
+    assert len({tuple(s.completion_ids) for s in together}) > 1
+
+
 async def test_vllm_multi_turn_and_calculator_bundle(vllm_url, chat_tokenizer):
     task = Task(task_id="v1", prompt="what is 2 + 3?", ground_truth="5")
     sampling = SamplingParams(max_tokens=8, temperature=0.7, seed=5)
