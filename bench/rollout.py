@@ -1,8 +1,9 @@
 """The rollout client (`rft_runtime.rollout.client.InferenceClient`) against raw httpx requests.
 
-Both sides send identical request bodies -- the client's own (`SamplingParams.request_fields`: a
-token-id prompt, n 1, a seed per sample, logprobs, return_token_ids, return_tokens_as_token_ids) -- to
-one builtin server started here, with the same concurrency limit: P prompts x n samples per batch.
+Both sides send identical request bodies -- the client's own as the rollout role uses it
+(`n_per_request`: one request per prompt, a token-id prompt, `n` and the base of its consecutive
+seeds, logprobs, return_token_ids, return_tokens_as_token_ids) -- to one builtin server started
+here, with the same concurrency limit in samples: P prompts x n samples per batch.
 The client also checks the token contract, retries and builds `Sample`s; raw httpx only decodes
 the JSON. Batches alternate (client, raw, raw, client, ...) over `--repeats` rounds; medians reported.
 
@@ -43,7 +44,7 @@ def workload(prompts: int, n: int) -> list[tuple[list[int], list[int]]]:
 
 async def run_client(url: str, work, sampling: SamplingParams, concurrency: int) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
-    async with InferenceClient(url, "tiny", max_concurrency=concurrency) as client:
+    async with InferenceClient(url, "tiny", max_concurrency=concurrency, n_per_request=True) as client:
         outs = await asyncio.gather(*(client.complete(p, len(seeds), sampling, seeds=seeds) for p, seeds in work))
     samples = sum(len(o) for o in outs)
     tokens = sum(len(s.completion_ids) for o in outs for s in o)
@@ -52,19 +53,21 @@ async def run_client(url: str, work, sampling: SamplingParams, concurrency: int)
 
 async def run_raw(url: str, work, sampling: SamplingParams, concurrency: int) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
-    sem = asyncio.Semaphore(concurrency)
+    requests = max(1, concurrency // max(len(seeds) for _, seeds in work))  # the same samples in flight
+    sem = asyncio.Semaphore(requests)
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=None) as http:
-        async def one(prompt: list[int], seed: int) -> dict:
-            body = {"model": "tiny", "prompt": prompt, "n": 1, **sampling.request_fields(seed)}
+        async def one(prompt: list[int], seeds: list[int]) -> dict:
+            body = {"model": "tiny", "prompt": prompt, "n": len(seeds), **sampling.request_fields(seeds[0])}
             async with sem:
                 r = await http.post(url + "/v1/completions", json=body)
             r.raise_for_status()
             return r.json()
 
-        outs = await asyncio.gather(*(one(p, s) for p, seeds in work for s in seeds))
-    tokens = sum(len(o["choices"][0]["token_ids"]) for o in outs)
-    return _result(len(outs), tokens, time.perf_counter() - t0, time.process_time() - c0)
+        outs = await asyncio.gather(*(one(p, seeds) for p, seeds in work))
+    choices = [c for o in outs for c in o["choices"]]
+    tokens = sum(len(c["token_ids"]) for c in choices)
+    return _result(len(choices), tokens, time.perf_counter() - t0, time.process_time() - c0)
 
 
 def _result(samples: int, tokens: int, wall: float, cpu: float) -> dict:
