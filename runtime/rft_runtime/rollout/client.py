@@ -9,13 +9,14 @@ request seed ``seed + j``, so it draws exactly the samples of the n single reque
 sent and rendered once, one HTTP exchange instead of n, and all n admitted to the engine together; a
 failed request is retried whole, with the same seeds, so it cannot change the samples either.
 
-Retries: 425, 429, 5xx, connection errors and engine aborts, with capped exponential backoff and jitter, at most `retry.max_attempts` attempts within `retry.deadline_s`; any other 4xx
-raises `InferenceHTTPError` at once with the server's message. An answer from a replica serving an
-older policy version than the one the task was granted (`ReplicaBehind`: it restarted, or has not taken
-the newest version yet) is discarded and retried like an abort. The concurrency limit counts
-samples in flight (a request of ``n`` samples holds ``n`` slots, at most all of them; a request
-waiting out its backoff holds none). Replicas are used round-robin,
-so a retry normally lands on another replica.
+Retries: 425, 429, 5xx, connection errors and engine aborts, with capped exponential backoff and
+jitter, at most `retry.max_attempts` attempts within `retry.deadline_s`; any other 4xx raises
+`InferenceHTTPError` at once with the server's message. An answer from a replica serving an older
+policy version than the one the task was granted (`ReplicaBehind`: it restarted, or has not taken
+the newest version yet) is discarded and retried like an abort. The concurrency limit counts samples
+in flight (a request of ``n`` samples holds ``n`` slots, at most all of them; a request waiting out
+its backoff holds none). Replicas are used round-robin, so a retry normally lands on another
+replica.
 
 With ``adapter_versions=True`` (an engine serving each policy version as a LoRA adapter, see
 :mod:`rft_runtime.adapters`) a sample of policy version ``v`` requests model ``<model>-v<v>``, the
