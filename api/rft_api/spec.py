@@ -418,7 +418,7 @@ class RolloutSpec(ApiModel):
     replicas: int = Field(1, ge=1, le=256)
     """Rollout pods (at least one: the job needs them; ``suspend`` stops every pod)."""
     concurrency: int = Field(32, ge=1, le=4096)
-    """Concurrent requests per rollout pod."""
+    """Samples in flight per rollout pod (a request for a prompt's n samples counts n; a pod leases concurrency / samplesPerPrompt tasks at a time)."""
     max_staleness: int = Field(0, ge=0, le=64)
     """0: on-policy. S > 0: episodes from policies at most S versions old are accepted (bounded-staleness async)."""
     lease_timeout_seconds: int = Field(300, ge=5, le=86400)
