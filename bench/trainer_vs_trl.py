@@ -1,15 +1,16 @@
 """Our trainer step against TRL's GRPOTrainer on one frozen batch: step time, step-1 loss and gradient norm.
 
-One frozen GRPO batch (``--batch`` sequences in groups of ``--group``: random prompts of
-``--prompt-len`` tokens, random completions of up to ``--resp-len`` tokens, 0/1 rewards, the GRPO
+One frozen GRPO batch (``--batch`` sequences in groups of ``--group``, the rows of a group sampled from
+one prompt: random prompts of ``--prompt-len`` tokens, random completions of up to ``--resp-len`` tokens, 0/1 rewards, the GRPO
 advantages computed once) goes through
 
 - **ours**: the trainer's update as the trainer runs it (the policy sharded with FSDP2 over a
   process group of one, float32 master weights, bfloat16 compute on a GPU;
   :class:`rft_runtime.trainer.learner.Learner`: micro-batches of ``--micro-batch``, the token-mean
   loss over the whole batch, gradient clipping, AdamW), once with ``trainer.oldLogprobs: inference``
-  (``ours``: no old-log-prob pass, the same work as TRL's step) and once with ``recompute`` (the
-  default: one extra no-gradient forward);
+  (``ours``: no old-log-prob pass, the same work as TRL's step), once with ``recompute`` (the
+  default: one extra no-gradient forward), and once running every row whole (``ours_whole_rows``:
+  without :mod:`rft_runtime.trainer.prefix`, which runs a group's shared prompt once);
 - **trl**: TRL's ``GRPOTrainer`` (from PyPI, ``requirements/trl.txt``; run with ``--trl-python``,
   ``hack/trl-venv.sh`` builds one) with the same settings: ``loss_type="dapo"`` (the token-mean over the
   whole batch), ``beta=0``, ``epsilon=0.2``, ``per_device_train_batch_size`` = the micro-batch,
@@ -18,13 +19,13 @@ advantages computed once) goes through
   subclass returns it from ``_generate_and_score_completions``), so its own training loop,
   accumulation, clipping and optimizer run unchanged.
 
-Each side runs in a fresh process, ``--rounds`` times, interleaved (ours, trl, ours-recompute, then the
-reverse order), each run one warm-up step (step 1: its loss and gradient norm are compared) and
+Each side runs in a fresh process, ``--rounds`` times, interleaved (ours, trl, ours-recompute,
+ours-whole-rows, then the reverse order), each run one warm-up step (step 1: its loss and gradient norm are compared) and
 ``--steps`` timed steps; medians are reported. Prompts all have the same length, so neither side pads a
 prompt and the two compute the same log-probabilities.
 
 ``ratios``: ``step_time_ours_over_trl`` (a time ratio: lower is better; goal <= 0.8) and
-``step_time_ours_recompute_over_trl``; ``agreement``: the step-1 ``loss_rel_diff`` and
+``step_time_ours_recompute_over_trl``, ``step_time_ours_whole_rows_over_trl``; ``agreement``: the step-1 ``loss_rel_diff`` and
 ``grad_norm_rel_diff`` (|ours - trl| / |trl|, ``ours`` against TRL).
 
     .venv/bin/python bench/trainer_vs_trl.py --trl-python $(bash hack/trl-venv.sh) [--quick] [--device cuda]
@@ -49,7 +50,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("ours", "trl", "ours_recompute")
+SIDES = ("ours", "trl", "ours_recompute", "ours_whole_rows")
 
 
 def sync(device: torch.device) -> None:
@@ -73,7 +74,8 @@ def make_frozen(model_dir: Path, n: int, group: int, prompt_len: int, resp_len: 
     g = torch.Generator().manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
     vocab = model.config.vocab_size
-    prompts = torch.randint(3, vocab, (n, prompt_len), generator=g).tolist()
+    # GRPO: a group is `group` samples of one prompt
+    prompts = torch.randint(3, vocab, (-(-n // group), prompt_len), generator=g).repeat_interleave(group, 0)[:n].tolist()
     lengths = torch.randint(max(1, resp_len // 2), resp_len + 1, (n,), generator=g).tolist()
     completions = [torch.randint(3, vocab, (k,), generator=g).tolist() for k in lengths]
     rewards = (torch.rand(n, generator=g) < 0.4).double()
@@ -91,14 +93,15 @@ def make_frozen(model_dir: Path, n: int, group: int, prompt_len: int, resp_len: 
 
 # ---------------------------------------------------------------------------------------- ours
 
-def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs: str) -> dict:
+def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs: str, share: bool = True) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from rft_runtime.trainer import distributed
+    from rft_runtime.trainer import distributed, prefix
     from rft_runtime.trainer.batch import TrainSequence, collate
     from rft_runtime.trainer.learner import Learner, LearnerConfig, build_optimizer
     from rft_runtime.trainer.model_io import compute_dtype
 
+    prefix.SHARE_PROMPTS = share
     ctx = distributed.DistContext()
     distributed.ensure_group(ctx)
     dev = ctx.device
@@ -215,7 +218,8 @@ def child(args: argparse.Namespace) -> int:
             res = run_trl(Path(args.model), frozen, args.micro_batch, args.steps, Path(tmp))
         else:
             res = run_ours(Path(args.model), frozen, args.micro_batch, args.steps,
-                           "recompute" if args.side == "ours_recompute" else "inference")
+                           "recompute" if args.side == "ours_recompute" else "inference",
+                           share=args.side != "ours_whole_rows")
     print("RESULT " + json.dumps(res), flush=True)
     return 0
 
@@ -302,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     report["medians"] = {s: {"step_s": round(v, 5)} for s, v in med.items()}
     report["trl_version"] = runs["trl"][0].get("trl")
     report["ratios"] = {"step_time_ours_over_trl": round(med["ours"] / med["trl"], 3),
-                        "step_time_ours_recompute_over_trl": round(med["ours_recompute"] / med["trl"], 3)}
+                        "step_time_ours_recompute_over_trl": round(med["ours_recompute"] / med["trl"], 3),
+                        "step_time_ours_whole_rows_over_trl": round(med["ours_whole_rows"] / med["trl"], 3)}
     report["agreement"] = {"loss_rel_diff": rel(ours1["loss"], trl1["loss"]),
                            "grad_norm_rel_diff": rel(ours1["grad_norm"], trl1["grad_norm"]),
                            "ours_step1": ours1, "trl_step1": trl1}

@@ -80,9 +80,15 @@ def test_trainer_vs_trl_quick(tmp_path):
     trl_python = subprocess.run(["bash", str(ROOT / "hack" / "trl-venv.sh")], capture_output=True, text=True,
                                 check=True, timeout=900).stdout.strip()
     report = _run("trainer_vs_trl.py", tmp_path / "trainer_vs_trl.json", "--trl-python", trl_python)
-    assert {"step_time_ours_over_trl", "step_time_ours_recompute_over_trl"} <= set(report["ratios"])
+    assert {"step_time_ours_over_trl", "step_time_ours_recompute_over_trl",
+            "step_time_ours_whole_rows_over_trl"} <= set(report["ratios"])
     assert report["agreement"]["loss_rel_diff"] < 1e-4 and report["agreement"]["grad_norm_rel_diff"] < 1e-4
-    assert report["trl_version"] and all(len(report["runs"][s]) == 1 for s in ("ours", "trl", "ours_recompute"))
+    sides = ("ours", "trl", "ours_recompute", "ours_whole_rows")
+    assert report["trl_version"] and all(len(report["runs"][s]) == 1 for s in sides)
+    # running a group's prompt once changes the rounding only
+    whole, shared = report["runs"]["ours_whole_rows"][0]["step1"], report["runs"]["ours"][0]["step1"]
+    assert shared["loss"] == pytest.approx(whole["loss"], rel=1e-4) and \
+        shared["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
 
 
 @pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py",

@@ -35,17 +35,20 @@ def tiny_model(tiny_model_dir: Path) -> torch.nn.Module:
 
 
 def make_episode(task_key: str, idx: int, *, reward: float | None, prompt_len: int = 5, resp_len: int = 4,
-                 version: int = 0, seed: int = 0, steps: int = 1) -> Episode:
+                 version: int = 0, seed: int = 0, steps: int = 1, shared_prompt: bool = False) -> Episode:
     """A single- or multi-turn episode with random token ids (bytes of the tokenizer)."""
     return Episode.model_validate(episode_json(task_key, idx, reward=reward, prompt_len=prompt_len,
-                                               resp_len=resp_len, version=version, seed=seed, steps=steps))
+                                               resp_len=resp_len, version=version, seed=seed, steps=steps,
+                                               shared_prompt=shared_prompt))
 
 
 def episode_json(task_key: str, idx: int, *, reward: float | None, prompt_len: int = 5, resp_len: int = 4,
-                 version: int = 0, seed: int = 0, steps: int = 1) -> dict[str, Any]:
-    """The same episode in its JSON form (as a rollout worker posts it)."""
-    rng = random.Random(f"{task_key}:{idx}:{seed}")
-    prompt = [rng.randrange(3, 250) for _ in range(prompt_len)]
+                 version: int = 0, seed: int = 0, steps: int = 1, shared_prompt: bool = False) -> dict[str, Any]:
+    """The same episode in its JSON form (as a rollout worker posts it). With ``shared_prompt`` every
+    episode of ``task_key`` (and ``seed``) has the same prompt, as the samples of a GRPO group do."""
+    prng = random.Random(f"{task_key}:{seed}" if shared_prompt else f"{task_key}:{idx}:{seed}")
+    prompt = [prng.randrange(3, 250) for _ in range(prompt_len)]
+    rng = random.Random(f"{task_key}:{idx}:{seed}:r") if shared_prompt else prng
     out_steps = []
     context = list(prompt)
     for _ in range(steps):
@@ -66,12 +69,15 @@ class FakeGroup:
         self.episodes = episodes
 
 
-def make_groups(n_groups: int = 2, n: int = 4, *, seed: int = 0, steps: int = 1) -> list[FakeGroup]:
-    """Groups with rewards that vary within each group (so advantages are non-zero)."""
+def make_groups(n_groups: int = 2, n: int = 4, *, seed: int = 0, steps: int = 1,
+                shared_prompt: bool = False) -> list[FakeGroup]:
+    """Groups with rewards that vary within each group (so advantages are non-zero); with
+    ``shared_prompt`` the episodes of a group share its prompt."""
     groups = []
     for g in range(n_groups):
         key = f"t{g}@{g}"
-        eps = [make_episode(key, i, reward=float((i + g) % 2), resp_len=3 + (i % 3), seed=seed, steps=steps)
+        eps = [make_episode(key, i, reward=float((i + g) % 2), resp_len=3 + (i % 3), seed=seed, steps=steps,
+                            shared_prompt=shared_prompt)
                for i in range(n)]
         groups.append(FakeGroup(key, eps))
     return groups

@@ -16,11 +16,12 @@ import torch
 
 
 def steps_batch(step: int) -> list[Any]:
-    """The sequences of ``step``: 5 groups of 2 (10 rows: uneven over 4 ranks, so padding runs)."""
+    """The sequences of ``step``: 5 groups of 2 (10 rows: uneven over 4 ranks, so padding runs), the two
+    rows of a group sharing their prompt (so its forward runs once, :mod:`rft_runtime.trainer.prefix`)."""
     from rft_runtime.trainer.batch import sequences_from_groups
     from tests.trainer.conftest import make_groups
 
-    return sequences_from_groups(make_groups(n_groups=5, n=2, seed=step))
+    return sequences_from_groups(make_groups(n_groups=5, n=2, seed=step, shared_prompt=True))
 
 
 def run_rank(rank: int, config_json: str, port: int, steps: list[int], out: str, resume_from: str | None,

@@ -134,6 +134,7 @@ class TrainBatch:
     inference_logprobs: torch.Tensor  # [B, L-1] float, 0 off-mask
     lengths: torch.Tensor  # [B] real tokens (prompt + response)
     response_lengths: torch.Tensor  # [B] model tokens
+    prompt_lengths: torch.Tensor | None = None  # [B] tokens of each row's prompt (None: not known)
 
     @property
     def size(self) -> int:
@@ -155,6 +156,7 @@ class TrainBatch:
             inference_logprobs=self.inference_logprobs[idx_t, : width - 1],
             lengths=self.lengths[idx_t],
             response_lengths=self.response_lengths[idx_t],
+            prompt_lengths=None if self.prompt_lengths is None else self.prompt_lengths[idx_t],
         )
 
 
@@ -188,4 +190,5 @@ def collate(seqs: Sequence[TrainSequence], pad_id: int = 0, max_len: int | None 
         input_ids=input_ids, attention_mask=attn, loss_mask=mask, inference_logprobs=inf,
         lengths=torch.tensor(lengths, dtype=torch.long),
         response_lengths=torch.tensor([s.model_tokens for s in seqs], dtype=torch.long),
+        prompt_lengths=torch.tensor([len(s.prompt_ids) for s in seqs], dtype=torch.long),
     )

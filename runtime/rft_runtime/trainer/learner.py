@@ -27,6 +27,7 @@ from ..algos import (
     logprobs_from_logits,
 )
 from .batch import TrainBatch
+from .prefix import order_rows, prompt_owners, shared_logits, shares
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def response_start(loss_mask: torch.Tensor) -> int:
     return int(cols[0]) if len(cols) else max(loss_mask.shape[1] - 1, 0)
 
 
-def forward_logits(model: torch.nn.Module, batch: TrainBatch) -> tuple[torch.Tensor, int]:
+def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool = False) -> tuple[torch.Tensor, int]:
     """``(logits, start)``: the logits [B, W - start] predicting ``batch.targets[:, start:]``, where
     ``start`` is :func:`response_start` of the batch's loss mask, in float32 whatever the compute dtype
     (log-probs and the loss are float32 math), on the model's device.
@@ -82,20 +83,17 @@ def forward_logits(model: torch.nn.Module, batch: TrainBatch) -> tuple[torch.Ten
     The output layer runs only from the first response token of any row on (the model's
     ``logits_to_keep``): no logits, float32 copies, log-softmax or entropy for the prompt positions
     before it, which no loss reads. With a real vocabulary (150k) the prompt's logits would be most
-    of the step's memory."""
+    of the step's memory. Rows that share a prompt run it once (:mod:`.prefix`; ``collective``: the
+    model is sharded over several ranks, which must run the same number of forward passes)."""
     dev = model_device(model)
     start = response_start(batch.loss_mask)
+    plan = prompt_owners(batch, collective) if shares(dev) else None
+    if plan is not None:
+        return shared_logits(model, batch, start, plan, dev, collective), start
     keep = batch.input_ids.shape[1] - start
     out = model(input_ids=batch.input_ids.to(dev), attention_mask=batch.attention_mask.to(dev), use_cache=False,
                 logits_to_keep=keep)
     return out.logits[:, :-1].float(), start
-
-
-def by_length(lengths: torch.Tensor) -> torch.Tensor:
-    """Row positions ordered by length (stable): micro-batches cut from this order hold rows of similar
-    lengths, and :meth:`TrainBatch.select` trims each to its own longest row, so little is padded.
-    Gradients are accumulated over the whole batch, so the order changes nothing but float rounding."""
-    return torch.argsort(lengths, stable=True)
 
 
 def micro_batches(n: int, size: int, order: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -130,9 +128,10 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
     dev = model_device(model)
     out = torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
     try:
-        for pos in micro_batches(len(rows), micro_batch_size, by_length(batch.lengths[rows])):
+        order = order_rows(batch, rows, micro_batch_size, shares(dev))
+        for pos in micro_batches(len(rows), micro_batch_size, order):
             mb = batch.select(rows[pos])
-            logits, start = forward_logits(model, mb)
+            logits, start = forward_logits(model, mb, collective=shard is not None and shard.world_size > 1)
             lp = logprobs_from_logits(logits, mb.targets[:, start:].to(dev), temperature).float()
             w = mb.loss_mask.shape[1]
             keep = (mb.loss_mask.to(dev) & live[pos].to(dev).unsqueeze(-1))[:, start:]
@@ -254,7 +253,7 @@ class Learner:
         for epoch in range(cfg.epochs):
             # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
             # rounding, so every pass cuts them by length
-            order = by_length(batch.lengths[rows])
+            order = order_rows(batch, rows, cfg.micro_batch_size, shares(dev))
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), dtype=torch.float32, device=dev)
             for pos in micro_batches(len(rows), cfg.micro_batch_size, order):
@@ -264,7 +263,7 @@ class Learner:
                 m_host = mask[idx, :w] & live[pos].unsqueeze(-1)
                 ntok = int(m_host.sum())
                 m = m_host.to(dev)
-                logits, start = forward_logits(self.model, mb)
+                logits, start = forward_logits(self.model, mb, collective=world > 1)
                 # [B, w], 0 left of the response window (those columns are off every row's mask)
                 lp = torch.nn.functional.pad(logprobs_from_logits(logits, mb.targets[:, start:].to(dev),
                                                                   cfg.temperature), (start, 0))
