@@ -4,7 +4,8 @@ The same job trained 3 steps at world size 1, 2 and 4 (each rank trains its rows
 the loss normaliser is global; FSDP2 shards the policy and the reference) ends with the same
 weights to 2e-5 (float32: over several ranks every micro-batch runs its prompts and continuations as
 two forward passes, :mod:`rft_runtime.trainer.prefix`, where one rank runs a micro-batch without a
-shared prompt in one; the two round differently, and 6 AdamW steps at 1e-3 carry that to about 1e-5), and a world-size-2 run resumed from a world-size-1 distributed checkpoint
+shared prompt in one; the two round differently, and 6 AdamW steps at 1e-3 carry that to about 1e-5),
+and a world-size-2 run resumed from a world-size-1 distributed checkpoint
 of step 1 ends exactly where the uninterrupted run does. The ranks are real processes
 (``tests/trainer/dist_harness.py``) in one gloo process group.
 """
