@@ -252,7 +252,7 @@ class Learner:
         self.model.train()
         for epoch in range(cfg.epochs):
             # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
-            # rounding, so every pass cuts them by length
+            # rounding, so every pass cuts them the cheapest way (by length, or a shared prompt together)
             order = order_rows(batch, rows, cfg.micro_batch_size, shares(dev))
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), dtype=torch.float32, device=dev)

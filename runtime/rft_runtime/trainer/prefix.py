@@ -8,9 +8,10 @@ through the model a second time, attending to their prompt's cache. The backward
 prompt's gradients over its rows, so the loss and the gradients are those of running every row
 whole, up to float rounding (``tests/trainer/test_prefix.py``).
 
-With the sample job's prompts at 93 % of its tokens, most of a step's forward and backward work was
-the same prompt eight times. :func:`order_rows` cuts micro-batches so that rows of one prompt sit
-together when that is cheaper (in tokens run) than cutting by length.
+:func:`order_rows` cuts micro-batches so that rows of one prompt sit together when that is cheaper (in
+tokens run) than cutting by length. Fewer tokens is less time where the step is bound by the tokens it
+runs (the CPU, a large enough model); on the tiny sample model the step is bound by per-operation
+overhead and sharing saves nothing (``docs/trainer.md``, "Speed").
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def shares(device: torch.device) -> bool:
     return SHARE_PROMPTS and device.type in SHARE_ON
 
 
+def _prompt_keys(batch: Any, rows: torch.Tensor | None = None) -> list[int]:
+    """For each row (of ``rows``, or of the batch), the index of its prompt among the distinct prompts,
+    numbered in order of first appearance."""
+    ids = batch.input_ids if rows is None else batch.input_ids[rows]
+    plen = batch.prompt_lengths if rows is None else batch.prompt_lengths[rows]
+    index: dict[tuple[int, ...], int] = {}
+    return [index.setdefault(tuple(ids[i, :p].tolist()), len(index)) for i, p in enumerate(plen.tolist())]
+
+
 def prompt_owners(batch: Any, collective: bool = False) -> tuple[list[int], list[int]] | None:
     """``(leaders, owner)``: the first row of each distinct prompt, and for every row the index of its
     prompt in ``leaders``; None when no two rows share a prompt (or prompt lengths are unknown).
@@ -45,17 +55,8 @@ def prompt_owners(batch: Any, collective: bool = False) -> tuple[list[int], list
     its rows share a prompt."""
     if batch.prompt_lengths is None:
         return None
-    seen: dict[tuple[int, ...], int] = {}
-    leaders: list[int] = []
-    owner: list[int] = []
-    ids = batch.input_ids
-    for r, p in enumerate(batch.prompt_lengths.tolist()):
-        key = tuple(ids[r, :p].tolist())
-        u = seen.get(key)
-        if u is None:
-            u = seen[key] = len(leaders)
-            leaders.append(r)
-        owner.append(u)
+    owner = _prompt_keys(batch)
+    leaders = [owner.index(u) for u in range(max(owner) + 1)]
     return (leaders, owner) if collective or len(leaders) < len(owner) else None
 
 
@@ -68,7 +69,7 @@ def _cost_shared(lengths: list[int], prompts: list[int], keys: list[int], chunks
     for c in chunks:
         distinct = {keys[i]: prompts[i] for i in c}
         if len(distinct) == len(c):  # nothing shared: one whole forward
-            total += len(c) * max(lengths[i] for i in c)
+            total += _cost_whole(lengths, [c])
         else:
             total += len(distinct) * max(distinct.values()) + len(c) * max(lengths[i] - prompts[i] for i in c)
     return total
@@ -87,10 +88,8 @@ def order_rows(batch: Any, rows: torch.Tensor, size: int, share: bool = True) ->
     if batch.prompt_lengths is None or not share:
         return by_len
     prompts = batch.prompt_lengths[rows].tolist()
-    ids = batch.input_ids[rows]
-    index: dict[tuple[int, ...], int] = {}
-    keys = [index.setdefault(tuple(ids[i, :p].tolist()), len(index)) for i, p in enumerate(prompts)]
-    if len(index) == len(keys):
+    keys = _prompt_keys(batch, rows)
+    if len(set(keys)) == len(keys):
         return by_len
     lens = lengths.tolist()
     grouped = sorted(range(len(keys)), key=lambda i: (prompts[i], keys[i], lens[i]))
