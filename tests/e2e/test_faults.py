@@ -227,10 +227,11 @@ def test_operator_killed_and_restarted_keeps_one_of_each_child(driver: JobDriver
 # -------------------------------------------------------------------------------------- inference
 
 
-def _policy_version(driver: JobDriver, name: str, pod: dict, port: int = 8000) -> int | None:
+def _policy_version(driver: JobDriver, name: str, pod: dict, port: int = 8000, timeout: float = 10) -> int | None:
     """The policy version the pod serves (None when it does not answer); with the job's token."""
     try:
-        return int(driver.get_json(name, f"http://{pod['status']['podIP']}:{port}/get_policy_version")["policy_version"])
+        return int(driver.get_json(name, f"http://{pod['status']['podIP']}:{port}/get_policy_version",
+                                   timeout)["policy_version"])
     except OSError:
         return None
 
@@ -239,7 +240,12 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     """Delete the inference pod while rollouts are in flight: they retry until the new pod serves,
     the new pod is brought to the trainer's current weights (the policy version it reports equals the
     trainer's), and the job completes on-policy (no stale sample trained on)."""
-    name, steps = "inference-kill", 12
+    # A step takes about a quarter of a second here, and the kubelet stops a deleted pod's container a
+    # few seconds after the deletion on a busy node: enough steps that the outage lands mid-run.
+    name, steps = "inference-kill", 60
+    # kept as they run: the rollout pod's first container ends with the run, and the operator deletes
+    # the pods of a finished job (their logs with them)
+    rollout_logs, trainer_logs = driver.keep_logs(name, "rollout"), driver.keep_logs(name, "trainer")
     driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, rollout={"promptsPerStep": 8}))
     driver.wait_step(name, 2, START_S)
     old = wait_for("the inference pod", lambda: driver.ready_pod(name, "inference"), 30)
@@ -249,6 +255,11 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     driver.delete_pod(old, wait=False)
     version_at_kill = driver.progress(name)["policyVersion"]
     assert version_at_kill >= 3 and driver.progress(name)["step"] < steps
+    # The old pod drains the requests in flight and stops listening once its container gets SIGTERM.
+    wait_for("the deleted pod to stop serving", lambda: _policy_version(driver, name, old, timeout=2) is None,
+             60, interval=0.2)
+    assert driver.progress(name)["step"] < steps, \
+        "the job finished before the deleted inference pod stopped serving: the fault fell after the run"
 
     new = wait_for("a new ready inference pod", lambda: (
         p if (p := driver.ready_pod(name, "inference")) and p["metadata"]["name"] != old["metadata"]["name"] else None),
@@ -267,7 +278,7 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     # The outage was hit where it fell: rollouts in flight retried (the client's backoff, or the task
     # given back and re-leased), or the trainer's next publication waited for the new pod (the rollouts
     # of the step had finished; nothing is granted before every replica serves the version).
-    rollout_log, trainer_log = driver.role_logs(name, "rollout"), driver.role_logs(name, "trainer")
+    rollout_log, trainer_log = "\n".join(rollout_logs.logs()), "\n".join(trainer_logs.logs())
     assert (re.search(r"retrying /v1/completions|releasing its lease", rollout_log)
             or re.search(r"update_weights_from_disk: \w+Error.*retrying", trainer_log)), \
         rollout_log[-2000:] + trainer_log[-2000:]

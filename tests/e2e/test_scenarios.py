@@ -181,6 +181,7 @@ def test_eval_protocol_evaluation_test_as_the_reward(driver: JobDriver) -> None:
     ``@evaluation_test`` written as its docs show) trains to Succeeded in the runtime image, each sample
     scored by that test as an ``EvaluationRow``, and the reward rises."""
     job = "eval-protocol"
+    rollout_logs = driver.keep_logs(job, "rollout")  # the operator deletes a finished job's rollout pods
     driver.apply_file(EXAMPLES / "07-eval-protocol.yaml")
     max_steps = driver.job(job)["spec"]["trainer"]["maxSteps"]
     st = driver.wait_phase(job, "Succeeded", START_S + 420)
@@ -191,8 +192,8 @@ def test_eval_protocol_evaluation_test_as_the_reward(driver: JobDriver) -> None:
     assert all(abs(r["reward/test_arithmetic"] - r["reward_mean"]) < 1e-9 for r in rows), sorted(rows[0])
     rewards = [r["reward_mean"] for r in rows]
     assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.05, rewards
-    log = driver.role_logs(job, "rollout")
-    assert "model cost map" not in log and "Traceback" not in log, log[-3000:]
+    log = "\n".join(rollout_logs.logs())
+    assert log and "model cost map" not in log and "Traceback" not in log, log[-3000:]
 
 
 def test_multi_domain_mix_with_routed_evaluators(driver: JobDriver) -> None:
@@ -234,6 +235,7 @@ def test_code_sandbox_evaluator_in_the_reward_role(driver: JobDriver) -> None:
     ``code_sandbox`` evaluator) gets a reward role that passes the sandbox's isolation probe (it would
     not become Ready otherwise), scores every sample there, and the job reaches Succeeded."""
     job = "code-sandbox"
+    reward_logs = driver.keep_logs(job, "reward")  # the operator deletes a finished job's reward pods
     driver.apply_file(EXAMPLES / "04-code-sandbox.yaml")
     spec = driver.job(job)["spec"]
     max_steps = spec["trainer"]["maxSteps"]
@@ -258,7 +260,7 @@ def test_code_sandbox_evaluator_in_the_reward_role(driver: JobDriver) -> None:
     rows = driver.metrics_rows(job)
     assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
     assert all("reward/code_sandbox" in r for r in rows), sorted(rows[0])
-    reward_log = driver.role_logs(job, "reward")
+    reward_log = "\n".join(reward_logs.logs())
     assert "code_sandbox" in reward_log and "Traceback" not in reward_log, reward_log[-3000:]
 
 
@@ -341,17 +343,25 @@ def test_model_from_volume_example(driver: JobDriver, tmp_path: Path) -> None:
 def test_scale_out_example(driver: JobDriver) -> None:
     """``examples/06-scale-out.yaml``: two trainer pods in one process group, two inference replicas
     and two rollout pods on a model from a volume reach Succeeded; both trainer ranks trained every
-    step, and the trainer published each policy version to every inference replica Ready at the time
-    (both, once both are Ready)."""
-    keeper = driver.keep_logs("scale-out", "trainer")
+    step; the trainer published each policy version to every inference replica Ready at the time (as
+    many as loaded it, by their own logs), and both replicas end on the final version."""
+    keeper, inference_keeper = driver.keep_logs("scale-out", "trainer"), driver.keep_logs("scale-out", "inference")
     job, st, rows = _model_volume_example(driver, "06-scale-out.yaml", "make-scale-out-model")
     assert all(r.get("staleness_max", 0) == 0 for r in rows), rows
     logs = keeper.logs("trainer")
     assert len(logs) == 2, f"one log per trainer pod (rank), got {len(logs)}"
     rank0 = next(log for log in logs if "served by" in log)
-    served = [int(n) for n in re.findall(r"policy version \d+ served by (\d+) inference replica", rank0)]
-    # each version went to every replica Ready at the time (the other loads current.json when it starts);
-    # over 30 steps the two are Ready together for some of them
-    assert len(served) == st["step"] + 1 and set(served) <= {1, 2} and 2 in served, served
+    served = {int(v): int(n) for v, n in re.findall(r"policy version (\d+) served by (\d+) inference replica", rank0)}
+    assert sorted(served) == list(range(st["step"] + 1)) and set(served.values()) <= {1, 2}, served
+    # What each replica loaded: the version current at its start, then every version the trainer sent it.
+    replicas = inference_keeper.logs("inference")
+    assert len(replicas) == 2, f"one log per inference replica, got {len(replicas)}"
+    pushed = [[int(v) for v in re.findall(r"serving policy version (\d+)", log)] for log in replicas]
+    at_start = [[int(v) for v in re.findall(r"loaded the current policy version (\d+)", log)] for log in replicas]
+    # The trainer counts a version served by a replica only when that replica loaded it (version 0 is
+    # the initial weights, not loaded).
+    assert all(served[v] == sum(v in p for p in pushed) for v in range(1, st["step"] + 1)), (served, pushed)
+    for p, s0 in zip(pushed, at_start):
+        assert p == sorted(p) and (p or s0)[-1] == st["step"], (p, s0)
     joined = sorted(int(m) for log in logs for m in re.findall(r"rank (\d+) of world size 2 joined", log))
     assert joined == [0, 1], [log[-2000:] for log in logs]
