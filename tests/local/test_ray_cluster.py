@@ -239,3 +239,31 @@ def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two
     assert "(step 2, policy version 2)" in (out / "logs" / "trainer.log").read_text()  # resumed from --out
     assert not (out / "checkpoints" / "weights").exists()  # the published versions stay with inference
     assert not any(stage.iterdir()), sorted(stage.iterdir())
+
+
+@pytest.mark.parametrize("address, attempts_made", [("ray://127.0.0.1:1", 2), ("127.0.0.1:1", 1)])
+def test_a_ray_client_session_the_server_failed_to_start_is_tried_again(monkeypatch, address, attempts_made):
+    """Ray Client's proxier now and then loses the server it starts for a session (ray-project/ray#63202:
+    ``ConnectionAbortedError: Initialization failure from server``, seen in the test above); it cannot be
+    caused on demand, so ``ray.init`` fails once here. A ``ray://`` connection is tried again; the same
+    error from a cluster address is not (it is no client session) and reaches the user."""
+    import ray
+
+    from rft_runtime.local import runner
+
+    calls: list[str] = []
+
+    def init(address: str, **kwargs) -> None:
+        calls.append(address)
+        if len(calls) == 1:
+            raise ConnectionAbortedError("Initialization failure from server:\npsutil.ZombieProcess: zombie")
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(runner.time, "sleep", lambda s: None)
+    if attempts_made == 1:
+        with pytest.raises(ConnectionAbortedError):
+            runner._attach_ray(address, {})
+    else:
+        runner._attach_ray(address, {})
+    assert calls == [address] * attempts_made

@@ -117,6 +117,28 @@ def _unwrap(e: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) else e
 
 
+RAY_CLIENT_ATTEMPTS = 3
+"""Connections to a ``ray://`` address tried before giving up: Ray Client's proxier now and then loses
+the server process it starts for a connection (ray-project/ray#63202, a fork race in its gRPC poller),
+and the next connection gets a new one."""
+
+
+def _attach_ray(address: str, kwargs: dict[str, Any]) -> None:
+    import ray
+
+    for attempt in range(1, RAY_CLIENT_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, **kwargs)
+            return
+        except ConnectionAbortedError as e:
+            if not address.startswith("ray://") or attempt == RAY_CLIENT_ATTEMPTS:
+                raise
+            log.warning("the Ray Client server at %s failed to start a session (%s); connecting again (%d of %d)",
+                        address, str(e).strip().splitlines()[-1], attempt + 1, RAY_CLIENT_ATTEMPTS)
+            ray.shutdown()
+            time.sleep(attempt)
+
+
 def _init_ray(address: str | None, token: str) -> None:
     """Start (or attach to) Ray; every actor gets the run's token in ``$RFT_JOB_TOKEN``."""
     import ray
@@ -130,7 +152,7 @@ def _init_ray(address: str | None, token: str) -> None:
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING,
                               "runtime_env": {"env_vars": env}, "configure_logging": False}
     if address:
-        ray.init(address=address, **kwargs)
+        _attach_ray(address, kwargs)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         print(f"attached to the Ray cluster at {address}: {len(nodes)} node(s), "
               f"{int(ray.cluster_resources().get('CPU', 0))} CPUs", flush=True)
