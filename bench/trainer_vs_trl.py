@@ -4,8 +4,8 @@ One frozen GRPO batch (``--batch`` sequences in groups of ``--group``, the rows 
 one prompt: random prompts of ``--prompt-len`` tokens, random completions of up to ``--resp-len`` tokens, 0/1 rewards, the GRPO
 advantages computed once) goes through
 
-- **ours**: the trainer's update as the trainer runs it (the policy sharded with FSDP2 over a
-  process group of one, float32 master weights, bfloat16 compute on a GPU;
+- **ours**: the trainer's update as the trainer runs it (one process: a plain module on the CPU;
+  on a GPU FSDP2 over a process group of one, float32 master weights, bfloat16 compute;
   :class:`rft_runtime.trainer.learner.Learner`: micro-batches of ``--micro-batch``, the token-mean
   loss over the whole batch, gradient clipping, AdamW), once with ``trainer.oldLogprobs: inference``
   (``ours``: no old-log-prob pass, the same work as TRL's step), once with ``recompute`` (the
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--resp-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=3, help="timed steps per run (after one warm-up step)")
-    p.add_argument("--rounds", type=int, default=2, help="runs of each side, interleaved")
+    p.add_argument("--rounds", type=int, default=3, help="runs of each side, interleaved")
     p.add_argument("--threads", type=int, default=2, help="torch threads on the CPU (both sides)")
     p.add_argument("--quick", action="store_true", help="a tiny model and batch, one round (a smoke test)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_vs_trl.json"))

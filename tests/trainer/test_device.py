@@ -95,7 +95,7 @@ def test_update_after_the_old_logprob_pass_has_the_unsharded_gradient(tmp_path):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         if sharded:
-            model = distributed.shard(model, ctx, None)
+            model = distributed.fsdp(model, ctx, None)  # what world sizes above 1 run
         learner = Learner(model, LearnerConfig(micro_batch_size=4), build_optimizer(list(model.parameters()), 1e-6, 0.0))
         batch = collate(seqs)
         old = learner.logprobs(batch) if recompute else reference_old

@@ -6,7 +6,8 @@ weights to 2e-5 (float32: over several ranks every micro-batch runs its prompts 
 two forward passes, :mod:`rft_runtime.trainer.prefix`, where one rank runs a micro-batch without a
 shared prompt in one; the two round differently, and 6 AdamW steps at 1e-3 carry that to about 1e-5),
 and a world-size-2 run resumed from a world-size-1 distributed checkpoint
-of step 1 ends exactly where the uninterrupted run does. The ranks are real processes
+of step 1 ends exactly where the uninterrupted run does (and a world-size-1 run, a plain module,
+resumed from a world-size-2 checkpoint of FSDP2 shards, where it does to the same bound). The ranks are real processes
 (``tests/trainer/dist_harness.py``) in one gloo process group.
 """
 
@@ -93,6 +94,16 @@ def test_resume_at_another_world_size(tmp_path, tiny_model_dir, reference_run):
     ckpt = ws1_dir / "run" / "ckpt-1"
     assert (ckpt / "dcp").is_dir() and (ckpt / "weights.safetensors").is_file()
     _assert_same(_train(tmp_path, tiny_model_dir, 2, "resumed", steps=[2, 3], resume_from=ckpt), want)
+
+
+def test_resume_a_sharded_checkpoint_at_world_size_1(tmp_path, tiny_model_dir, reference_run):
+    """One CPU process trains a plain module (no FSDP2); the checkpoint a world-size-2 run wrote of its
+    sharded policy, reference and optimiser loads into it, and the run ends where one process ends."""
+    _, want = reference_run
+    _train(tmp_path, tiny_model_dir, 2, "ws2", steps=[1], save_after=1)
+    ckpt = tmp_path / "ws2" / "ckpt-1"
+    assert (ckpt / "dcp").is_dir()
+    _assert_same(_train(tmp_path, tiny_model_dir, 1, "resumed", steps=[2, 3], resume_from=ckpt), want)
 
 
 def test_lora_adapter_trains_the_same_at_world_size_2(tmp_path, tiny_model_dir):

@@ -92,7 +92,7 @@ class Reference:
             if dist is not None:
                 from .distributed import shard
 
-                shard(self._model, dist, compute_dtype(model_spec.dtype, dist.device))
+                self._model = shard(self._model, dist, compute_dtype(model_spec.dtype, dist.device))
 
     def logprobs(self, batch: Any, temperature: float, micro_batch_size: int, shard: Any = None) -> torch.Tensor:
         """[B, L-1] reference log-probs (``shard``: see :func:`~.learner.sequence_logprobs`)."""
