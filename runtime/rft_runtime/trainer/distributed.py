@@ -125,7 +125,7 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 def shard(model: torch.nn.Module, ctx: DistContext, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Move ``model`` to this rank's device and shard it over every rank (:func:`fsdp`). One rank
     computing in the stored dtype has nothing to shard or cast: the model stays a plain module (on
-    the CPU, the 4-layer model of ``bench/trainer_vs_trl.py``: a step 7 % faster than under FSDP2)."""
+    the CPU, the 4-layer model of ``bench/trainer_vs_trl.py``: a step 6-7 % faster than under FSDP2)."""
     if ctx.world_size == 1 and compute_dtype is None:
         return model.to(ctx.device)
     return fsdp(model, ctx, compute_dtype)
