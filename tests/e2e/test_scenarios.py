@@ -194,6 +194,8 @@ def test_eval_protocol_evaluation_test_as_the_reward(driver: JobDriver) -> None:
     assert sum(rewards[-3:]) / 3 >= sum(rewards[:3]) / 3 + 0.05, rewards
     log = "\n".join(rollout_logs.logs())
     assert log and "model cost map" not in log and "Traceback" not in log, log[-3000:]
+    # a worker told "done" idles until the operator deletes its pod (a Deployment restarts one that exits)
+    assert {k.restart for k in rollout_logs.kept.values()} == {0}, log[-3000:]
 
 
 def test_multi_domain_mix_with_routed_evaluators(driver: JobDriver) -> None:

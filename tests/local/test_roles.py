@@ -41,8 +41,11 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     raise AssertionError(f"{url} not ready within {timeout}s")
 
 
-@pytest.mark.parametrize("remote", [False, True], ids=["in-process-scoring", "reward-role"])
+@pytest.mark.parametrize("remote", [False, True], ids=["in-process-scoring", "reward-role-rollout-waits-when-done"])
 def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
+    """The roles as separate processes train 3 steps. The reward-role variant's rollout worker runs as
+    the operator's Deployment runs it (``--when-done wait``): told "done", it stays up idle (a
+    Deployment would restart a worker that exits) and exits 0 on SIGTERM."""
     job = yaml.safe_load(manifest("roles", trainer={"maxSteps": 3}, checkpoint={"everySteps": 2}).read_text())
     if remote:
         job["spec"]["evaluator"]["remote"] = True
@@ -69,13 +72,21 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         _wait_http(f"http://127.0.0.1:{p_inf}/get_policy_version", serve)
         trainer = start(["trainer", "--config", str(tmp_path / "config.json")], "trainer")
         _wait_http(f"http://127.0.0.1:{p_coord}/health", trainer)
-        rollout = start(["rollout", "--config", str(tmp_path / "config.json"), "--worker-id", "r0"], "rollout")
+        rollout = start(["rollout", "--config", str(tmp_path / "config.json"), "--worker-id", "r0",
+                         *(["--when-done", "wait"] if remote else [])], "rollout")
         rft.wait(lambda: len(rft.rows(tmp_path / "out")) >= 1, 600, "the first step", trainer)
         metrics = httpx.get(f"http://127.0.0.1:{p_coord}/metrics").text  # the trainer's Prometheus endpoint
         assert metrics_text.samples(metrics, "rft_trainer_reward_mean", role="trainer")
         assert metrics_text.samples(metrics, "rft_trainer_step_phase_seconds", phase="update")
         assert trainer.wait(600) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+        if remote:
+            rft.wait(lambda: "idle until stopped" in (tmp_path / "rollout.log").read_text(), 60,
+                     "the rollout worker to idle after done", rollout)
+            assert rollout.poll() is None, "a --when-done wait worker stays up after done"
+            rollout.send_signal(signal.SIGTERM)
         assert rollout.wait(60) == 0, (tmp_path / "rollout.log").read_text()[-3000:]
+        if remote:
+            assert "rollout stopped by a signal" in (tmp_path / "rollout.log").read_text()
         if remote:
             scored = httpx.get(reward_url + "/metrics").text
             # every sample went through the reward role

@@ -163,7 +163,8 @@ def test_rollout_runs_the_bundle_image_and_mounts_file_evaluators() -> None:
     c = children(job)
     pod = c[("Deployment", names.rollout(job.name))]["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "registry.example.com/calc-bundle:1.2"
-    assert pod["containers"][0]["command"] == ["rft", "rollout", "--config", "/etc/rft/config.json"]
+    assert pod["containers"][0]["command"] == ["rft", "rollout", "--config", "/etc/rft/config.json",
+                                                 "--when-done", "wait"]
     assert {"name": "evaluator", "mountPath": EVALUATOR_DIR, "readOnly": True} in pod["containers"][0]["volumeMounts"]
     vol = next(v for v in pod["volumes"] if v["name"] == "evaluator")
     assert vol["projected"]["sources"] == [

@@ -43,7 +43,7 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     model_vols, model_mounts = claim_volumes([job.spec.model.volume], "model")
     container = {
         "name": ROLE, "image": evaluator.scoring_image(job),
-        "command": ["rft", "rollout", "--config", CONFIG_PATH],
+        "command": ["rft", "rollout", "--config", CONFIG_PATH, "--when-done", "wait"],
         "env": base_env(job) + (evaluator.secret_envs(job.spec) if scores_here else []),
         "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts, *model_mounts],
         "securityContext": container_security_context(read_only_root=True),

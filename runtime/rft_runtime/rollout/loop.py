@@ -8,6 +8,11 @@ inference fails is released for immediate re-issue. The loop leases at most
 ``max(1, concurrency // n)`` tasks at a time (``spec.rollout.concurrency`` requests in flight) and
 stops when the coordinator answers ``done`` or ``should_stop()`` turns true; it gives up with an
 error after ``max_consecutive_failures`` failed tasks in a row (a misconfiguration, not bad luck).
+
+``rft rollout`` stops gracefully on SIGTERM or SIGINT (tasks in flight are cancelled; their leases
+expire and are re-issued). With ``--when-done wait`` (what the operator's rollout Deployment passes) a
+worker the coordinator told "done" stays up, idle, until it is stopped: a Deployment restarts a
+container that exits, so exiting would only start another worker that is told "done" again.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import time
 from typing import Any, Callable
@@ -48,6 +54,9 @@ class LoopStats:
     episodes_posted: int = 0
     episodes_accepted: int = 0
     episodes_rejected: int = 0
+    ended: str = ""
+    """Why the loop ended: ``done`` (the coordinator said so), ``stopped`` (``should_stop()``) or
+    ``coordinator unavailable`` (no answer within its retry deadline)."""
 
 
 def _bundle(cfg: RuntimeConfig) -> EvaluatorBundle | None:
@@ -122,8 +131,10 @@ class RolloutLoop:
                         resp = await coord.lease(self.worker_id, free)
                     except CoordinatorUnavailable as e:
                         log.warning("coordinator unavailable: %s", e)
+                        self.stats.ended = "stopped" if self.should_stop() else "coordinator unavailable"
                         break
                     if resp.get("done"):
+                        self.stats.ended = "done"
                         break
                     for grant in resp["tasks"]:
                         inflight.add(asyncio.create_task(self._one(coord, worker, scorer, grant)))
@@ -135,6 +146,8 @@ class RolloutLoop:
                                                          return_when=asyncio.FIRST_COMPLETED)
                 else:
                     await asyncio.sleep(self.poll_s)
+            else:
+                self.stats.ended = "stopped"
         finally:
             for t in inflight:
                 t.cancel()
@@ -186,12 +199,35 @@ def main(argv: list[str] | None = None) -> int:
                                 "score and post episodes until the trainer is done.")
     p.add_argument("--config", required=True, help="the resolved runtime config (config.json)")
     p.add_argument("--worker-id", default=None, help="default: <hostname>-<pid>")
+    p.add_argument("--when-done", choices=("exit", "wait"), default="exit",
+                   help="once the coordinator says the run is done: exit (default), or stay up idle until "
+                        "SIGTERM/SIGINT (a Deployment's pod, which would otherwise be restarted)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request at INFO: the lease poll alone would be five lines a second.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     cfg = runtime.load(args.config)
-    stats = asyncio.run(RolloutLoop(cfg, worker_id=args.worker_id).run())
-    log.info("rollout done: %s", dataclasses.asdict(stats))
-    return 0
+    return asyncio.run(_serve(cfg, args.worker_id, args.when_done))
+
+
+async def _serve(cfg: RuntimeConfig, worker_id: str | None, when_done: str) -> int:
+    """Run one loop until done or a stop signal (handled: a container's PID 1 ignores a signal it has
+    no handler for, so an unhandled SIGTERM would keep the pod up for its whole grace period); with
+    ``when_done == "wait"`` a finished worker then idles until the signal."""
+    stop = asyncio.Event()
+    aio = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        aio.add_signal_handler(sig, stop.set)
+    try:
+        stats = await RolloutLoop(cfg, worker_id=worker_id, should_stop=stop.is_set).run()
+        log.info("rollout done: %s", dataclasses.asdict(stats))
+        if stats.ended == "done" and when_done == "wait" and not stop.is_set():
+            log.info("the run is done; idle until stopped")
+            await stop.wait()
+        if stop.is_set():
+            log.info("rollout stopped by a signal")
+        return 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            aio.remove_signal_handler(sig)
