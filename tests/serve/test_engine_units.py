@@ -75,6 +75,63 @@ def test_runner_matches_transformers_forward(lm):
     assert torch.allclose(out[1], ref_c, atol=1e-5, rtol=0)
 
 
+def _small_decoder(kind: str):
+    """A randomly initialised small decoder of one of the supported architectures (no download)."""
+    import transformers
+
+    common = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128)
+    config = {"llama": lambda: transformers.LlamaConfig(**common),
+              "mistral": lambda: transformers.MistralConfig(**common, sliding_window=None),
+              "qwen3": lambda: transformers.Qwen3Config(**common, head_dim=16)}[kind]()
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # biases and norms away from their initial 0 / 1, so that a wrong one shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
+def test_runner_matches_transformers_on_each_supported_architecture(kind):
+    """The fused projections, rotary pass and norms give each architecture's own logits (Qwen3 with its
+    q/k norms), for a batched prefill and a decode step."""
+    model = _small_decoder(kind)
+    runner = SlotRunner(model)
+    cache = runner.make_cache(2, 64)
+    a, b = [3, 14, 15, 92, 65, 35], [2, 71, 82, 81, 82, 84]
+    with torch.no_grad():
+        out = runner.forward(cache, [], [], [], [Chunk(0, a, 0), Chunk(1, b, 0)], [5, 11])
+        ref = model(torch.tensor([a, b])).logits[:, -1]
+        assert torch.allclose(out, ref, atol=1e-5, rtol=0)
+        out = runner.forward(cache, [0, 1], [7, 9], [6, 6], [], [0, 1])
+        ref = model(torch.tensor([a + [7], b + [9]])).logits[:, -1]
+        assert torch.allclose(out, ref, atol=1e-5, rtol=0)
+
+
+def test_runner_sees_an_in_place_weight_update(lm):
+    """The engine swaps weights by copying into the model's parameters (``state_dict()[name].copy_``): the
+    runner's fused q/k/v and gate/up weights are those parameters' storage, so it computes with the new
+    weights, as transformers' forward of the updated model does."""
+    from rft_runtime.serve.model import load_model as load
+
+    fresh = load(TINY, device="cpu")
+    runner = SlotRunner(fresh.model)
+    params = fresh.model.state_dict()
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.bias",
+                     "model.layers.1.mlp.up_proj.weight", "model.layers.0.mlp.gate_proj.weight"):
+            params[name].copy_(params[name] + 0.05 * torch.randn_like(params[name]))
+        out = runner.forward(runner.make_cache(1, 64), [], [], [], [Chunk(0, CHAT_PROMPT, 0)], [len(CHAT_PROMPT) - 1])
+        ref = fresh.model(torch.tensor([CHAT_PROMPT])).logits[0, -1]
+        stale = lm.model(torch.tensor([CHAT_PROMPT])).logits[0, -1]
+    assert not torch.allclose(ref, stale, atol=1e-3), "the update changed the model"
+    assert torch.allclose(out[0], ref, atol=1e-5, rtol=0)
+
+
 def test_filter_matches_naive_definition():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 50, generator=g)
@@ -123,6 +180,16 @@ def test_hashed_noise_is_exponential_and_keyed():
     qq = exponential_noise(torch.arange(n), torch.zeros(n, dtype=torch.long), 3)
     freq = torch.bincount((p / qq).argmax(-1), minlength=3).float() / n
     assert torch.allclose(freq, p, atol=0.02)
+
+
+def test_row_keys_in_python_equal_the_tensor_hash():
+    """A row's key is computed in Python integers; it must equal splitmix64 on int64 tensors (wrapping)."""
+    from rft_runtime.serve.sampler import _GOLDEN, _STEP, _i64, _mix, row_keys
+
+    seeds = [0, 1, -1, 2**63 - 1, -2**63, _i64(0xDEADBEEFCAFEF00D), 123456789]
+    steps = [0, 1, 4095, 7, 0, 99999, 3]
+    as_tensor = _mix(torch.tensor(seeds) * _GOLDEN + torch.tensor(steps) * _STEP + 1).tolist()
+    assert row_keys(seeds, steps) == as_tensor
 
 
 def test_staggered_joins_equal_single_runs(lm):

@@ -9,9 +9,14 @@ needs no expanded copy of the cache either); consecutive whole prompts of one le
 batched causal ``scaled_dot_product_attention``, and a chunk continuing a prompt attends to its slot
 (causal, offset by the tokens already in the cache).
 
-The model's own modules do the work (embedding, norms, projections, rotary embedding, MLP, head), so
-the numbers are transformers' numbers; supported are decoders shaped like Llama / Qwen2 / Qwen3 /
-Mistral with full attention.
+The model's own weights do the work, with fewer, larger operations than its modules would run (on a
+CPU, and for small batches on a GPU, an iteration's time is mostly per-operation overhead): each
+layer's q/k/v projections are one matrix multiplication, and so are the MLP's gate and up projections
+(the model's parameters become views into those fused weights, so an in-place weight update reaches
+both); rotary embedding turns queries and keys in one pass; float32 RMSNorm is ``F.rms_norm``
+(bitwise the model's own). Embedding, q/k norms (Qwen3), rotary tables and the head are the model's
+own modules. Supported are decoders shaped like Llama / Qwen2 / Qwen3 / Mistral with full attention;
+tests check the logits against transformers' forward to 1e-5.
 """
 
 from __future__ import annotations
@@ -42,6 +47,61 @@ class UnsupportedModel(ValueError):
 # Decoders whose layer is exactly: RMSNorm -> q/k/v projections (+ optional q/k norm) -> rotary -> attention
 # -> o_proj -> residual -> RMSNorm -> MLP -> residual, with plain token embeddings (no scaling).
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def _fuse_rows(mods: list[Any], name: str) -> torch.Tensor | None:
+    """Concatenate the ``name`` tensors (weight or bias) of ``mods`` along their output rows into one
+    new tensor, and make each module's parameter a view of its rows in it (no extra memory; an in-place
+    update of a parameter, as a weight swap does, updates the fused tensor). None where they have none."""
+    parts = [getattr(m, name, None) for m in mods]
+    if all(p is None for p in parts):
+        return None
+    if any(p is None for p in parts):
+        raise UnsupportedModel(f"{name}: some of the projections to fuse have one and some do not")
+    fused = torch.cat([p.detach() for p in parts])
+    row = 0
+    for p in parts:
+        p.data = fused[row: row + p.shape[0]]
+        row += p.shape[0]
+    return fused
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's fused weights and what its forward needs."""
+
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    gate_up_w: torch.Tensor
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+    intermediate: int
+    act: Any
+    qk_norm: bool
+
+
+def _fused_layer(layer: Any) -> _Layer:
+    attn, mlp = layer.self_attn, layer.mlp
+    for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
+        if not hasattr(mlp, name):
+            raise UnsupportedModel(f"{type(mlp).__name__} has no {name}")
+    act = F.silu if isinstance(mlp.act_fn, torch.nn.SiLU) else mlp.act_fn
+    return _Layer(qkv_w=_fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
+                  qkv_b=_fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
+                  o_w=attn.o_proj.weight, o_b=attn.o_proj.bias,
+                  gate_up_w=_fuse_rows([mlp.gate_proj, mlp.up_proj], "weight"),
+                  gate_up_b=_fuse_rows([mlp.gate_proj, mlp.up_proj], "bias"),
+                  down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
+                  intermediate=int(mlp.gate_proj.weight.shape[0]), act=act,
+                  qk_norm=getattr(attn, "q_norm", None) is not None)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class SlotRunner:
@@ -75,6 +135,8 @@ class SlotRunner:
         self.scaling = float(attn.scaling)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        self.layers = [_fused_layer(layer) for layer in base.layers]
+        self._norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in base.layers]
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for positions 0..n-1
 
     def _rope(self, h: torch.Tensor, pos_t: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +154,16 @@ class SlotRunner:
         return SlotKVCache(layers=self.num_layers, kv_heads=self.kv_heads, head_dim=self.head_dim, slots=slots,
                            max_len=max_len, dtype=self.dtype, device=self.device)
 
-    @torch.no_grad()
+    def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
+        """The model's RMSNorm: ``F.rms_norm`` in float32 (bitwise the same), else its own module (which
+        rounds to the model's dtype before the weight multiplies)."""
+        if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
+            eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
+            if eps is not None:
+                return F.rms_norm(x, module.weight.shape, module.weight, float(eps))
+        return module(x)
+
+    @torch.inference_mode()
     def forward(self, cache: SlotKVCache, decode_slots: list[int], decode_tokens: list[int], decode_pos: list[int],
                 chunks: list[Chunk], logit_rows: list[int]) -> torch.Tensor:
         """Run one iteration; return the logits ``[len(logit_rows), vocab]`` of the packed rows asked for.
@@ -119,15 +190,17 @@ class SlotRunner:
             dense = decode_slots == list(range(n_dec))
             span = max(decode_slots) + 1
             width = max(decode_pos) + 1
-            if dense:
-                row_pos = dpos
-            else:
-                row_pos = torch.zeros(span, dtype=torch.long, device=dev)
-                row_pos[dslots] = dpos
-            visible = torch.arange(width, device=dev).unsqueeze(0) <= row_pos.unsqueeze(1)
-            # additive mask [S, 1, 1, width], shared by every layer and query head
-            dmask = torch.zeros(visible.shape, dtype=h.dtype, device=dev).masked_fill_(~visible, float("-inf"))
-            dmask = dmask[:, None, None, :]
+            dmask: torch.Tensor | None = None  # every row sees all ``width`` columns when they decode alike
+            if min(decode_pos) != width - 1:
+                if dense:
+                    row_pos = dpos
+                else:
+                    row_pos = torch.zeros(span, dtype=torch.long, device=dev)
+                    row_pos[dslots] = dpos
+                visible = torch.arange(width, device=dev).unsqueeze(0) <= row_pos.unsqueeze(1)
+                # additive mask [S, 1, 1, width], shared by every layer and query head
+                dmask = torch.zeros(visible.shape, dtype=h.dtype, device=dev).masked_fill_(~visible, float("-inf"))
+                dmask = dmask[:, None, None, :]
         # prefill work: runs of consecutive whole-prompt chunks of one length (attention among their own
         # tokens, batched), and single chunks continuing a prompt (attention over their slot's cache)
         runs: list[tuple[int, int, list[int], torch.Tensor | None]] = []  # (offset, length, slots, mask)
@@ -149,17 +222,23 @@ class SlotRunner:
 
         hd, nh = self.head_dim, self.heads
         group = nh // self.kv_heads
-        for li, layer in enumerate(self.base.layers):
-            attn = layer.self_attn
+        nkv = self.kv_heads
+        cos_h, sin_h = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, hd]: every head alike
+        for li, (L, layer) in enumerate(zip(self.layers, self.base.layers)):
             residual = h
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(1, total, -1, hd)
-            k = attn.k_proj(x).view(1, total, -1, hd)
-            v = attn.v_proj(x).view(1, total, -1, hd)
-            if getattr(attn, "q_norm", None) is not None:
+            x = self._norm(self._norms[li][0], h)
+            qkv = F.linear(x, L.qkv_w, L.qkv_b).view(1, total, nh + 2 * nkv, hd)
+            if L.qk_norm:
+                attn = layer.self_attn
+                q, k, v = qkv.split((nh, nkv, nkv), dim=2)
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, heads, T, hd]
-            q, k = self.rope(q, k, cos, sin)
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, heads, T, hd]
+                q, k = self.rope(q, k, cos, sin)
+            else:  # queries and keys turned together: [1, heads + kv_heads, T, hd]
+                qk = qkv[:, :, : nh + nkv].transpose(1, 2)
+                qk = qk * cos_h + _rotate_half(qk) * sin_h
+                q, k = qk[:, :nh], qk[:, nh:]
+                v = qkv[:, :, nh + nkv:].transpose(1, 2)
             keys, values = cache.keys[li], cache.values[li]
             outs = []
             if n_dec:
@@ -171,7 +250,9 @@ class SlotRunner:
                     full = qd.new_zeros((span, self.kv_heads, group, hd))
                     full[dslots] = qd
                     qd = full
-                scores = torch.matmul(qd, keys[:span, :, :width].transpose(-1, -2)).mul_(self.scaling).add_(dmask)
+                scores = torch.matmul(qd, keys[:span, :, :width].transpose(-1, -2)).mul_(self.scaling)
+                if dmask is not None:
+                    scores.add_(dmask)
                 o = torch.matmul(scores.softmax(dim=-1), values[:span, :, :width])
                 if not dense:
                     o = o[dslots]
@@ -202,7 +283,9 @@ class SlotRunner:
                                                    scale=self.scaling, enable_gqa=True)
                 outs.append(o[0].transpose(0, 1))  # [n, heads, hd]
             a = (torch.cat(outs) if len(outs) > 1 else outs[0]).reshape(1, total, nh * hd)
-            h = residual + attn.o_proj(a)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = residual + F.linear(a, L.o_w, L.o_b)
+            gate, up = F.linear(self._norm(self._norms[li][1], h), L.gate_up_w, L.gate_up_b).split(
+                L.intermediate, dim=-1)
+            h = h + F.linear(L.act(gate) * up, L.down_w, L.down_b)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=dev)
         return self.head(self.base.norm(h[0].index_select(0, rows)))

@@ -60,9 +60,9 @@ def processed_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> to
     logits = logits.float()
     vocab = logits.shape[-1]
     greedy = [p.greedy for p in params]
-    temps = torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)],
-                         dtype=torch.float32, device=logits.device)
-    scaled = logits / temps.unsqueeze(1)
+    temps = [1.0 if g else p.temperature for g, p in zip(greedy, params)]
+    scaled = logits if all(t == 1.0 for t in temps) else \
+        logits / torch.tensor(temps, dtype=torch.float32, device=logits.device).unsqueeze(1)
     ks = [vocab if (g or p.top_k <= 0) else min(p.top_k, vocab) for g, p in zip(greedy, params)]
     ps = [1.0 if g else p.top_p for g, p in zip(greedy, params)]
     top_k = torch.tensor(ks, device=logits.device) if any(k < vocab for k in ks) else None
@@ -94,14 +94,46 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def exponential_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
+def _mix_int(x: int) -> int:
+    """:func:`_mix` of one value, in Python integers (modulo 2**64; signed int64 result)."""
+    x &= _M64
+    x = ((x ^ (x >> 30)) * (_C1 & _M64)) & _M64
+    x = ((x ^ (x >> 27)) * (_C2 & _M64)) & _M64
+    return _i64(x ^ (x >> 31))
+
+
+_COLUMNS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _columns(vocab: int, device: torch.device) -> torch.Tensor:
+    """``[1, vocab]`` column keys ``(1..vocab) * golden`` (int64, wrapping), made once per size and device."""
+    key = (vocab, device)
+    cols = _COLUMNS.get(key)
+    if cols is None:
+        with torch.inference_mode(False):
+            cols = _COLUMNS[key] = (torch.arange(1, vocab + 1, dtype=torch.long, device=device) * _GOLDEN).unsqueeze(0)
+    return cols
+
+
+def row_keys(seeds: list[int], steps: list[int]) -> list[int]:
+    """Each row's hash key ``mix(seed * golden + step * step_constant + 1)`` (int64), in Python: a batch
+    has few rows, and per-row tensor work would cost more in dispatch than it computes."""
+    return [_mix_int(s * _GOLDEN + t * _STEP + 1) for s, t in zip(seeds, steps)]
+
+
+def exponential_noise(seeds: torch.Tensor | list[int], steps: torch.Tensor | list[int], vocab: int,
+                      device: torch.device | None = None) -> torch.Tensor:
     """``Exp(1)`` noise ``[B, vocab]`` (float32), a pure function of each row's (seed, step) and the column."""
-    dev = seeds.device
-    base = _mix(seeds * _GOLDEN + steps * _STEP + 1)
-    cols = torch.arange(1, vocab + 1, dtype=torch.long, device=dev) * _GOLDEN
-    h = _mix(base.unsqueeze(1) + cols.unsqueeze(0))
-    u = (_shr(h, 40).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
-    return -torch.log(u)
+    if isinstance(seeds, torch.Tensor):
+        device = device or seeds.device
+        seeds = seeds.tolist()
+    if isinstance(steps, torch.Tensor):
+        steps = steps.tolist()
+    dev = device or torch.device("cpu")
+    base = torch.tensor(row_keys(seeds, steps), dtype=torch.long, device=dev)
+    h = _mix(base.unsqueeze(1) + _columns(vocab, dev))
+    u = _shr(h, 40).to(torch.float32).add_(0.5).mul_(1.0 / (1 << 24))  # in (0, 1)
+    return u.log_().neg_()
 
 
 def new_seed() -> int:
@@ -120,14 +152,15 @@ def sample_step(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
     ``seeds[b]`` is row ``b``'s seed (see :func:`seed_of`), ``steps[b]`` the index of the token it samples
     now (its number of generated tokens so far)."""
     logprobs = processed_logprobs(logits, params)
-    chosen = logprobs.argmax(dim=-1)
     sampling = [not p.greedy for p in params]
     if any(sampling):
         dev = logits.device
-        q = exponential_noise(torch.tensor(seeds, dtype=torch.long, device=dev),
-                              torch.tensor(steps, dtype=torch.long, device=dev), logprobs.shape[-1])
+        q = exponential_noise(seeds, steps, logprobs.shape[-1], device=dev)
         sampled = (logprobs.exp() / q).argmax(dim=-1)
-        chosen = sampled if all(sampling) else torch.where(torch.tensor(sampling, device=dev), sampled, chosen)
+        chosen = sampled if all(sampling) else \
+            torch.where(torch.tensor(sampling, device=dev), sampled, logprobs.argmax(dim=-1))
+    else:
+        chosen = logprobs.argmax(dim=-1)
     chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
     kmax = max((p.logprobs or 0) for p in params)
     top: list[list[tuple[int, float]] | None] = [None] * len(params)
