@@ -80,6 +80,6 @@ class TextCodec:
             seq = (seq + [t])[-_PIECE_CONTEXT:]
         return out
 
-    def token_label(self, context: Sequence[int], token_id: int, as_id: bool) -> str:
+    def token_label(self, context: Sequence[int] | None, token_id: int, as_id: bool) -> str:
         """``token_id:N`` when ``as_id`` (vLLM's return_tokens_as_token_ids), else :meth:`piece`."""
         return f"token_id:{token_id}" if as_id else self.piece(context, token_id)

@@ -71,17 +71,19 @@ def completion_logprobs(codec: TextCodec, seq: Sequence, k: int, echo: bool, as_
     tokens: list[str] = []
     token_lps: list[float | None] = []
     tops: list[dict | None] = []
-    steps: list[tuple[int, list[tuple[int, float]] | None, list[int]]] = []
+    steps: list[tuple[int, list[tuple[int, float]] | None, list[int] | None]] = []
     if echo:
         plps = seq.prompt_logprobs or [None] * len(seq.prompt)
         for t, tid in enumerate(seq.prompt):
             entry = plps[t] if t < len(plps) else None
             cands = None if entry is None else [(i, v) for i, (v, _r) in entry.items()]
-            steps.append((tid, cands, seq.prompt[:t]))
+            steps.append((tid, cands, None if as_ids else seq.prompt[:t]))
     for i in range(start, len(seq.output) if end is None else end):
         tid = seq.output[i]
         top = seq.top[i] if i < len(seq.top) else []
-        steps.append((tid, _step_candidates(tid, seq.logprobs[i], top), seq.prompt + seq.output[:i]))
+        # the context (for a token's text piece) is only built where labels are text, not token ids
+        steps.append((tid, _step_candidates(tid, seq.logprobs[i], top),
+                      None if as_ids else seq.prompt + seq.output[:i]))
     offsets: list[int] = []
     for tid, cands, ctx in steps:
         label = codec.token_label(ctx, tid, as_ids)

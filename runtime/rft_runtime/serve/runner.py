@@ -288,4 +288,4 @@ class SlotRunner:
                 L.intermediate, dim=-1)
             h = h + F.linear(L.act(gate) * up, L.down_w, L.down_b)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=dev)
-        return self.head(self.base.norm(h[0].index_select(0, rows)))
+        return self.head(self._norm(self.base.norm, h[0].index_select(0, rows)))
