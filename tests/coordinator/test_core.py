@@ -191,7 +191,22 @@ def test_done_stops_leasing(coord, episode, tasks):
     coord.submit(tasks(1), seeds=[0])
     coord.finish()
     out = coord.lease("w", 1)
-    assert out["done"] is True and out["tasks"] == []
+    assert out["done"] is True and out["finished"] is True and out["tasks"] == []
+
+
+def test_a_stopping_trainer_says_done_but_not_finished(coord, tasks):
+    """A trainer that stops without completing (its pod deleted, interrupted) ends leasing with ``done``
+    alone: its next attempt resumes the run, so a worker must not idle as if training were over. A later
+    completion still says ``finished``."""
+    coord.submit(tasks(1), seeds=[0])
+    assert coord.lease("w", 1)["finished"] is False
+    coord.finish(complete=False)
+    out = coord.lease("w", 1)
+    assert out["done"] is True and out["finished"] is False and out["tasks"] == []
+    coord.finish()
+    assert coord.lease("w", 1)["finished"] is True
+    coord.finish(complete=False)  # closing after completion keeps it
+    assert coord.lease("w", 1)["finished"] is True
 
 
 def test_version_never_goes_backwards(coord, episode, tasks):

@@ -242,6 +242,7 @@ class Coordinator:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._stale_leases: set[str] = set()  # task keys whose lease turned out stale during one post
         self.done = False
+        self.finished = False  # done because training completed (not because the trainer is stopping)
         self.counters: dict[str, int] = {k: 0 for k in COUNTER_NAMES}
         self._idle_total = 0.0
         self._idle_since: float | None = clock()
@@ -346,9 +347,12 @@ class Coordinator:
         self._note_work()
         return out
 
-    def finish(self) -> None:
-        """Training is over: leases answer ``done`` from now on."""
+    def finish(self, complete: bool = True) -> None:
+        """No more work: leases answer ``done`` from now on. ``complete``: because training completed
+        (leases also answer ``finished``); else the trainer is stopping (interrupted, its pod deleted)
+        and a later attempt will resume the run, so a worker should come back rather than idle."""
         self.done = True
+        self.finished = self.finished or complete
 
     # ---------------------------------------------------------------- worker side
     def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
@@ -384,6 +388,7 @@ class Coordinator:
         self.counters["leases_granted"] += len(grants)
         return {
             "done": self.done,
+            "finished": self.finished,
             "policy_version": self._version,
             "lease_timeout_s": self.cfg.lease_timeout_s,
             "tasks": grants,

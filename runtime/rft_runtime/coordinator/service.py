@@ -87,10 +87,10 @@ class CoordinatorService:
         with self._cond:
             return self._core.cancel(keys)
 
-    def finish(self) -> None:
+    def finish(self, complete: bool = True) -> None:
         """See :meth:`Coordinator.finish`."""
         with self._cond:
-            self._core.finish()
+            self._core.finish(complete)
             self._cond.notify_all()
 
     def counters(self) -> dict[str, int]:

@@ -11,8 +11,10 @@ error after ``max_consecutive_failures`` failed tasks in a row (a misconfigurati
 
 ``rft rollout`` stops gracefully on SIGTERM or SIGINT (tasks in flight are cancelled; their leases
 expire and are re-issued). With ``--when-done wait`` (what the operator's rollout Deployment passes) a
-worker the coordinator told "done" stays up, idle, until it is stopped: a Deployment restarts a
-container that exits, so exiting would only start another worker that is told "done" again.
+worker the coordinator told training is finished stays up, idle, until it is stopped: a Deployment
+restarts a container that exits, so exiting would only start another worker that is told "done"
+again. A worker told "done" by a trainer that is only stopping (its pod deleted, interrupted) exits
+either way, and its restart connects to the trainer's next attempt.
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ class LoopStats:
     episodes_accepted: int = 0
     episodes_rejected: int = 0
     ended: str = ""
-    """Why the loop ended: ``done`` (the coordinator said so), ``stopped`` (``should_stop()``) or
-    ``coordinator unavailable`` (no answer within its retry deadline)."""
+    """Why the loop ended: ``done`` (the coordinator said training completed), ``trainer stopped`` (the
+    coordinator said done because its trainer is stopping: a later attempt resumes the run),
+    ``stopped`` (``should_stop()``) or ``coordinator unavailable`` (no answer within its retry deadline)."""
 
 
 def _bundle(cfg: RuntimeConfig) -> EvaluatorBundle | None:
@@ -134,7 +137,8 @@ class RolloutLoop:
                         self.stats.ended = "stopped" if self.should_stop() else "coordinator unavailable"
                         break
                     if resp.get("done"):
-                        self.stats.ended = "done"
+                        # "finished": training completed; else the trainer is stopping and will resume
+                        self.stats.ended = "done" if resp.get("finished", True) else "trainer stopped"
                         break
                     for grant in resp["tasks"]:
                         inflight.add(asyncio.create_task(self._one(coord, worker, scorer, grant)))

@@ -737,8 +737,9 @@ class Trainer:
             self._inference_sync.stop()
             self._inference_sync = None
         if self._server is not None:
-            self.coordinator.finish()
-            time.sleep(0.2)  # let polling workers see "done"
+            # workers polling now see "done" (and "finished" only if finish() ran: training completed)
+            self.coordinator.finish(complete=False)
+            time.sleep(0.2)
             self._server.stop()
             self._server = None
         for tracker in getattr(self, "trackers", []):
