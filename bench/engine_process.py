@@ -1,7 +1,8 @@
-"""The builtin server with the engine in-process (thread) against `--engine-process`, interleaved.
+"""The builtin server with its engine in a child process (the default) against `--no-engine-process`
+(the engine a thread of the HTTP server's process), interleaved.
 
 Both variants run at once; rounds alternate their order (see `bench/inference.py`, whose cells and
-request shapes this reuses). `ratios.process_vs_thread_<shape>_c<C>`: tokens/s of `--engine-process`
+request shapes this reuses). `ratios.process_vs_thread_<shape>_c<C>`: tokens/s of the engine process
 over the in-process engine (higher is better); `cpu_per_1k_tokens_process_over_thread_<shape>_c<C>`.
 
     .venv/bin/python bench/engine_process.py [--quick]
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     procs, servers = [], {}
     try:
-        for name, extra in (("thread", []), ("process", ["--engine-process"])):
+        for name, extra in (("thread", ["--no-engine-process"]), ("process", [])):
             port = free_port()
             proc = start_builtin(args.model, port, args.threads, 32, out.parent / f"engine_process_{name}.log", extra)
             procs.append(proc)

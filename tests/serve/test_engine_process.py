@@ -1,11 +1,17 @@
-"""``rft serve --engine-process``: the engine in a child process gives the same answers as in-process."""
+"""The engine in a child process (`rft serve`'s default): the same answers as in-process, its metrics, its failures."""
 
 from __future__ import annotations
+
+import os
+import signal
+import time
 
 import httpx
 import pytest
 
+from rft_runtime.serve.engine import EngineError
 from rft_runtime.serve.procengine import ProcessEngine, served_model
+from tests import metrics_text
 from tests.serve.support import CHAT_PROMPT, TINY, ServerThread, fixture
 from tests.serve.test_fixture_shapes import GENERATION_CASES, OUR_EXTRA_TOP_LEVEL, skeleton
 from tests.serve.test_streaming import _events
@@ -56,3 +62,48 @@ def test_weight_updates_in_the_engine_process(proc_server, tmp_path):
     assert after.headers["x-policy-version"] == "4" and after.json()["choices"][0]["text"] == before["choices"][0]["text"]
     bad = httpx.post(url + "/update_weights_from_disk", json={"model_path": str(tmp_path / "missing")}, timeout=60)
     assert bad.status_code == 400 and bad.json()["success"] is False and bad.json()["policy_version"] == 4
+
+
+def test_the_engines_metrics_reach_the_front_end(proc_server):
+    """The engine observes batch sizes, tokens and its queue in the child; the front end's /metrics shows
+    them as soon as the answer that produced them has arrived."""
+    url = proc_server.url
+    before = httpx.get(url + "/metrics").text
+    r = httpx.post(url + "/v1/completions", json={"prompt": [[5, 6, 7], [8, 9]], "max_tokens": 6, "n": 2,
+                                                  "temperature": 1.0, "ignore_eos": True}, timeout=60)
+    assert r.status_code == 200
+    after = httpx.get(url + "/metrics").text
+    tokens = [metrics_text.value(t, "rft_serve_generation_tokens_total") or 0 for t in (before, after)]
+    steps = [metrics_text.value(t, "rft_serve_batch_size_count") or 0 for t in (before, after)]
+    assert tokens[1] - tokens[0] == 4 * 6  # two prompts x n=2 x 6 tokens, nothing else ran meanwhile
+    assert steps[1] - steps[0] >= 6
+    big = {labels["le"]: v for labels, v in metrics_text.samples(after, "rft_serve_batch_size_bucket")}
+    assert big["4.0"] - big["2.0"] >= 1  # some step ran the four sequences together
+    assert metrics_text.value(after, "rft_serve_num_sequences_running") == 0
+    assert metrics_text.value(after, "rft_serve_num_requests_waiting") == 0
+
+
+def test_an_engine_process_that_cannot_load_fails_the_servers_start():
+    engine = ProcessEngine(served_model(str(TINY), None), str(TINY), max_batch_size=2, threads=1,
+                           load_kwargs={"device": "cpu", "max_model_len": 100000})
+    with pytest.raises(EngineError, match="engine process exited"):
+        ServerThread(engine, health_timeout=5).start()
+    assert not engine.alive
+
+
+def test_a_dead_engine_process_fails_requests_and_health():
+    engine = ProcessEngine(served_model(str(TINY), None), str(TINY), max_batch_size=2, threads=1,
+                           load_kwargs={"device": "cpu"})
+    s = ServerThread(engine, health_timeout=5).start()
+    try:
+        assert httpx.get(s.url + "/health", timeout=30).status_code == 200
+        os.kill(engine._proc.pid, signal.SIGKILL)
+        engine._proc.join(30)
+        deadline = time.monotonic() + 30
+        while engine.alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(s.url + "/health", timeout=30).status_code == 503
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": [5, 6], "max_tokens": 2}, timeout=30)
+        assert r.status_code >= 500 and "engine" in r.json()["error"]["message"]
+    finally:
+        s.stop()

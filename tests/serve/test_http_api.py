@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -167,11 +168,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_cli_main_serves_and_stops(tmp_path):
+def _engine_children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` and that run a multiprocessing-spawned engine."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("mode", [[], ["--no-engine-process"]], ids=["engine-process", "one-process"])
+def test_cli_main_serves_and_stops(tmp_path, mode):
     port = _free_port()
     cmd = [sys.executable, "-m", "rft_runtime.serve.server", "--model", str(TINY), "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "tiny", "--max-batch-size", "4", "--threads", "1",
-           "--policy-version", "3", "--max-model-len", "64", "--dtype", "float32"]
+           "--policy-version", "3", "--max-model-len", "64", "--dtype", "float32", *mode]
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
@@ -201,8 +219,23 @@ def test_cli_main_serves_and_stops(tmp_path):
                                                                        "max_tokens": 10}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
         assert "maximum context length is 64 tokens" in r.json()["error"]["message"]
+        # the engine runs in its own process by default, in the server's process with --no-engine-process
+        children = _engine_children(proc.pid)
+        assert len(children) == (0 if mode else 1), children
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
         log.close()
     assert rc == 0, (tmp_path / "server.log").read_text()
+    assert not any(Path(f"/proc/{c}").exists() for c in children), "the engine process outlived the server"
+
+
+@pytest.mark.parametrize("mode", [[], ["--no-engine-process"]], ids=["engine-process", "one-process"])
+def test_cli_exits_when_the_model_cannot_be_served(tmp_path, mode):
+    """A model the engine cannot load ends the server with its error, in either mode (in process mode
+    the model loads in the child, and the front end waits for it before it listens)."""
+    cmd = [sys.executable, "-m", "rft_runtime.serve.server", "--model", str(TINY), "--host", "127.0.0.1",
+           "--port", str(_free_port()), "--threads", "1", "--max-model-len", "100000", *mode]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode != 0
+    assert "max_model_len" in r.stderr or "max-model-len" in r.stderr, r.stderr[-2000:]

@@ -145,6 +145,9 @@ class Engine:
             self._thread.join(timeout)
             self._thread = None
 
+    async def ready(self) -> None:
+        """Return once the engine can take requests: at once, the model is loaded in this process."""
+
     @property
     def alive(self) -> bool:
         """True while the worker thread runs."""

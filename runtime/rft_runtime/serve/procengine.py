@@ -9,11 +9,18 @@ API. They talk over one ``multiprocessing`` pipe (pickled tuples):
   ``("load", rid, model_path, version)``, ``("stop",)``;
 * engine -> front end: ``("tok", rid, version, updates)`` (streamed requests: each sequence's new
   tokens, logprobs, top alternatives and finish), ``("done", rid, version, outputs)``,
-  ``("loaded", rid, version, kind)``, ``("fail", rid, error kind, message)``.
+  ``("loaded", rid, version, kind)``, ``("fail", rid, error kind, message)``,
+  ``("metrics", None, counts)`` (what the engine observed since the last such message: steps and
+  their generated tokens by batch size, aborted sequences, and the queue now).
 
 The front end rebuilds :class:`~rft_runtime.serve.batch.Sequence` objects from those messages, so the
-routes and renderers are the same in both modes. Engine metrics (batch sizes, queue) are observed in
-the child and are not exported by the front end's ``/metrics``.
+routes and renderers are the same in both modes, and replays the engine's observations into its own
+:class:`~rft_runtime.serve.metrics.ServeMetrics`: the child sends them before every answer (so a
+``/metrics`` read after a response counts its tokens) and every :data:`METRICS_INTERVAL_S` while it
+works.
+
+The child is spawned by :meth:`ProcessEngine.launch`, which ``rft serve`` calls first thing: the model
+loads in the child while the front end loads the tokenizer and builds its routes.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +42,8 @@ from .protocol import SamplingParams
 from .weights import WeightLoadError
 
 log = logging.getLogger(__name__)
+
+METRICS_INTERVAL_S = 0.5
 
 
 @dataclass
@@ -57,16 +67,62 @@ def _seq_state(s: Sequence, start: int, end: int, reason: str | None) -> tuple:
             s.prompt_logprobs if start == 0 else None, reason, s.stop_reason if reason is not None else None)
 
 
+class _MetricsRelay:
+    """The engine's metrics hooks in the child: counts what the engine observes until it is sent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # observed by the engine thread, taken by the event loop
+        self._steps: dict[int, list[int]] = {}  # batch size -> [steps, tokens they generated]
+        self._aborted = 0
+        self._queue = (0, 0)
+        self._dirty = False
+
+    def observe_step(self, batch_size: int, new_tokens: int) -> None:
+        with self._lock:
+            entry = self._steps.setdefault(batch_size, [0, 0])
+            entry[0] += 1
+            entry[1] += new_tokens
+            self._dirty = True
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        with self._lock:
+            self._queue = (running, waiting)
+            self._dirty = True
+
+    def observe_aborted(self, sequences: int) -> None:
+        with self._lock:
+            self._aborted += sequences
+            self._dirty = True
+
+    def take(self) -> dict | None:
+        """What was observed since the last call (None: nothing)."""
+        with self._lock:
+            if not self._dirty:
+                return None
+            out = {"steps": self._steps, "aborted": self._aborted, "queue": self._queue}
+            self._steps, self._aborted, self._dirty = {}, 0, False
+            return out
+
+
 async def _child_serve(conn: Any, engine: Any) -> None:
     loop = asyncio.get_running_loop()
     tasks: dict[int, asyncio.Task] = {}
     closed = asyncio.Event()
+    relay: _MetricsRelay = engine.metrics
 
     def send(msg: tuple) -> None:
         try:
+            if msg[0] in ("done", "fail") and (counts := relay.take()) is not None:
+                conn.send(("metrics", None, counts))
             conn.send(msg)
         except (OSError, EOFError, BrokenPipeError):
             closed.set()
+
+    async def flush_metrics() -> None:
+        while True:
+            await asyncio.sleep(METRICS_INTERVAL_S)
+            if (counts := relay.take()) is not None:
+                send(("metrics", None, counts))
 
     async def gen(rid: int, prompts: list, params: list, stream: bool) -> None:
         q: asyncio.Queue | None = asyncio.Queue() if stream else None
@@ -125,8 +181,10 @@ async def _child_serve(conn: Any, engine: Any) -> None:
                 return
 
     loop.add_reader(conn.fileno(), on_readable)
+    flusher = asyncio.ensure_future(flush_metrics())
     send(("ready", engine.policy_version))
     await closed.wait()
+    flusher.cancel()
     loop.remove_reader(conn.fileno())
 
 
@@ -140,7 +198,7 @@ def _child_main(conn: Any, model_dir: str, load_kwargs: dict, engine_kwargs: dic
         torch.set_num_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     lm = load_model(model_dir, **load_kwargs)
-    engine = Engine(lm, **engine_kwargs)
+    engine = Engine(lm, metrics=_MetricsRelay(), **engine_kwargs)
     engine.start()
     try:
         asyncio.run(_child_serve(conn, engine))
@@ -161,9 +219,9 @@ class _Pending:
 class ProcessEngine:
     """The :class:`~rft_runtime.serve.engine.Engine` API, served by a child process."""
 
-    def __init__(self, lm: ServedModel, model_dir: str, *, load_kwargs: dict, max_batch_size: int = 32,
+    def __init__(self, lm: ServedModel | None, model_dir: str, *, load_kwargs: dict, max_batch_size: int = 32,
                  policy_version: int = 0, threads: int | None = None, metrics: Any = None):
-        self.lm = lm
+        self.lm = lm  # may be set after launch(), before start()
         self.max_batch_size = max_batch_size
         self.metrics = metrics
         self.policy_version = policy_version
@@ -178,11 +236,13 @@ class ProcessEngine:
         self._loads: dict[int, asyncio.Future] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._dead = False
+        self._ready: asyncio.Future | None = None  # resolved by the child's "ready"
+        self._queue = (0, 0)  # the child's running sequences and waiting requests, as last reported
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        """Spawn the engine process and read its pipe on the running event loop."""
+    def launch(self) -> None:
+        """Spawn the engine process (idempotent); it loads the model while this process goes on."""
         if self._proc is not None:
             return
         ctx = mp.get_context("spawn")
@@ -191,8 +251,21 @@ class ProcessEngine:
         self._proc.start()
         child.close()
         self._conn = parent
+
+    def start(self) -> None:
+        """Launch the engine process if needed and read its pipe on the running event loop."""
+        if self._loop is not None:
+            return
+        self.launch()
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(parent.fileno(), self._on_readable)
+        self._ready = self._loop.create_future()
+        self._loop.add_reader(self._conn.fileno(), self._on_readable)
+
+    async def ready(self) -> None:
+        """Return once the engine process has loaded the model; raise :class:`EngineError` if it exits first."""
+        if self._ready is None:
+            raise EngineError("the engine process was not started")
+        await asyncio.shield(self._ready)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the engine process; pending requests fail."""
@@ -220,8 +293,8 @@ class ProcessEngine:
                 p.future.set_exception(exc)
             if p.progress is not None:
                 p.progress.put_nowait(None)
-        for f in self._loads.values():
-            if not f.done():
+        for f in [*self._loads.values(), self._ready]:
+            if f is not None and not f.done():
                 f.set_exception(exc)
         self._pending.clear()
         self._loads.clear()
@@ -233,13 +306,13 @@ class ProcessEngine:
 
     @property
     def num_running(self) -> int:
-        """Requests in flight (the front end's view)."""
-        return len(self._pending)
+        """Sequences in the engine's running batch, as the engine last reported."""
+        return self._queue[0]
 
     @property
     def num_waiting(self) -> int:
-        """Not known to the front end: 0."""
-        return 0
+        """Requests waiting for admission, as the engine last reported."""
+        return self._queue[1]
 
     # ------------------------------------------------------------------ pipe
 
@@ -248,12 +321,18 @@ class ProcessEngine:
             while self._conn.poll():
                 self._dispatch(self._conn.recv())
         except (EOFError, OSError):
-            self.last_error = "the engine process exited"
+            self._proc.join(1.0)
+            self.last_error = f"the engine process exited (exit code {self._proc.exitcode}; its error is in this log)"
             self._close(EngineError(self.last_error))
 
     def _dispatch(self, msg: tuple) -> None:
         kind, rid = msg[0], msg[1]
         if kind == "ready":
+            if self._ready is not None and not self._ready.done():
+                self._ready.set_result(None)
+            return
+        if kind == "metrics":
+            self._replay(msg[2])
             return
         if kind in ("tok", "done"):
             self.last_step_ok = time.monotonic()
@@ -296,6 +375,19 @@ class ProcessEngine:
             f = self._loads.pop(rid, None)
             if f is not None and not f.done():
                 f.set_exception(err)
+
+    def _replay(self, counts: dict) -> None:
+        """Observe, in this process's metrics, what the engine observed (see :class:`_MetricsRelay`)."""
+        self._queue = tuple(counts["queue"])
+        m = self.metrics
+        if m is None:
+            return
+        for size, (steps, tokens) in counts["steps"].items():
+            for i in range(steps):
+                m.observe_step(size, tokens if i == 0 else 0)
+        if counts["aborted"]:
+            m.observe_aborted(counts["aborted"])
+        m.set_queue(*self._queue)
 
     # ------------------------------------------------------------------ API
 

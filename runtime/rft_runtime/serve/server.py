@@ -107,6 +107,7 @@ def create_app(engine: Engine, served_model_name: str, *, health_timeout: float 
 
     async def on_startup(_app: web.Application) -> None:
         engine.start()
+        await engine.ready()  # an engine process that fails to load its model ends the server here
         current = current_published(weights_dir) if weights_dir is not None else None
         if current is not None:
             version, path = current
@@ -140,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights-dir", default=None,
                    help="where a trainer publishes policy versions: load the current one before serving "
                         "(until one is loaded, the initial weights report policy version -1)")
-    p.add_argument("--engine-process", action="store_true",
-                   help="run the engine in its own process (the HTTP front end keeps only the tokenizer)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine in its own process, so that it and the HTTP front end (which keeps "
+                        "only the tokenizer) do not share a GIL (default); --no-engine-process: one process")
     p.add_argument("--health-timeout", type=float, default=10.0, help="seconds /health waits for a token")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="accept chat templates supplied by requests (refused by default)")
@@ -175,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine_process:
         from .procengine import ProcessEngine, served_model
 
-        lm = served_model(args.model, args.max_model_len)
-        engine = ProcessEngine(lm, args.model, max_batch_size=args.max_batch_size, policy_version=initial_version,
+        engine = ProcessEngine(None, args.model, max_batch_size=args.max_batch_size, policy_version=initial_version,
                                threads=args.threads, load_kwargs={"dtype": args.dtype, "device": args.device,
                                                                   "max_model_len": args.max_model_len})
+        engine.launch()  # the model loads in the engine process while this one loads the tokenizer
+        lm = engine.lm = served_model(args.model, args.max_model_len)
         device, dtype = args.device, args.dtype
     else:
         lm = load_model(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
