@@ -87,7 +87,6 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         assert rollout.wait(60) == 0, (tmp_path / "rollout.log").read_text()[-3000:]
         if remote:
             assert "rollout stopped by a signal" in (tmp_path / "rollout.log").read_text()
-        if remote:
             scored = httpx.get(reward_url + "/metrics").text
             # every sample went through the reward role
             assert metrics_text.value(scored, "rft_reward_samples_total", role="reward") >= 3 * 8 * 8

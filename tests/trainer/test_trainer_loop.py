@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,45 @@ def test_the_trainers_coordinator_refuses_forged_and_poisoned_episodes_and_count
         assert progress["errors"]["refusedEpisodes"] == 2
     finally:
         trainer.close()
+
+
+
+def test_a_waiting_worker_exits_when_the_trainer_stops_unfinished_and_idles_when_it_finishes(
+        tmp_path, tiny_model_dir, serve):
+    """`rft rollout --when-done wait` (the operator's rollout Deployments), as a process: a trainer that
+    stops before the end (its pod deleted) says done but not finished, and the worker exits 0 by itself,
+    so that its restart reaches the trainer's next attempt; after a finished run it stays up, idle, until
+    SIGTERM."""
+    from tests.local.conftest import kill_session, start_rft, wait_for
+
+    spec = validate_spec(_spec(tiny_model_dir, trainer={"maxSteps": 2}))
+    for attempt, finish in (("stopped", False), ("finished", True)):
+        cfg = local_config("job", spec, inference=[serve], checkpoints=tmp_path / "ckpt",
+                           output=tmp_path / f"out-{attempt}")
+        trainer = Trainer(cfg, resume=True).setup()  # the second attempt resumes from the first's step 1
+        config = tmp_path / f"config-{attempt}.json"
+        config.write_text(with_coordinator(cfg, trainer.coordinator_url).to_json())
+        log = tmp_path / f"rollout-{attempt}.log"
+        worker = start_rft(["rollout", "--config", str(config), "--worker-id", "w", "--when-done", "wait"], log)
+        try:
+            try:
+                trainer.step()
+                if finish:
+                    while not trainer.finished:
+                        trainer.step()
+                    trainer.finish()
+            finally:
+                trainer.close()
+            if finish:
+                wait_for(lambda log=log: "idle until stopped" in log.read_text(), 60, "the worker to idle", worker)
+                assert worker.poll() is None
+                worker.send_signal(signal.SIGTERM)
+            assert worker.wait(60) == 0, log.read_text()[-3000:]
+        finally:
+            kill_session(worker)
+        text = log.read_text()
+        if finish:
+            assert "'ended': 'done'" in text and "stopped by a signal" in text, text[-3000:]
+        else:
+            assert "'ended': 'trainer stopped'" in text, text[-3000:]
+            assert "idle until stopped" not in text and "stopped by a signal" not in text
