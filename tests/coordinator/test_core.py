@@ -228,3 +228,23 @@ def test_keys_unique_across_resubmission_of_the_same_task(coord, episode, tasks)
     a = coord.submit(tasks(1), seeds=[0])
     b = coord.submit(tasks(1), seeds=[0])
     assert a != b and coord.next_seq == 2
+
+
+def test_workers_not_told_done_are_those_recently_active_without_a_done_answer(coord, clock, episode, tasks):
+    """What a stopping trainer waits for before it stops its coordinator's server."""
+    keys = coord.submit(tasks(1), seeds=[1])
+    grant = coord.lease("a", 1)["tasks"][0]
+    coord.lease("b", 1)
+    clock.advance(20)
+    coord.post_episodes("a", [episode(keys[0], 0)], [grant["lease_id"]])
+    clock.advance(15)  # "b" last asked 35 s ago, "a" posted 15 s ago
+    assert coord.workers_not_told_done(30) == ["a"]  # before finish() no worker has been told
+    assert coord.workers_not_told_done(60) == ["a", "b"]
+    coord.finish(complete=False)
+    assert coord.workers_not_told_done(60) == ["a", "b"]
+    assert coord.lease("a", 1)["done"] is True
+    assert coord.workers_not_told_done(60) == ["b"]
+    coord.lease("b", 4)
+    assert coord.workers_not_told_done(60) == []
+    coord.finish()  # told "done" stays told when the run is then marked finished
+    assert coord.workers_not_told_done(60) == []

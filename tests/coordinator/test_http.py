@@ -109,3 +109,17 @@ async def test_client_gives_up_on_dead_coordinator():
     async with CoordinatorClient("http://127.0.0.1:9", deadline_s=0.5) as c:
         with pytest.raises(CoordinatorUnavailable, match="failed after"):
             await c.status()
+
+
+def test_a_stopping_coordinator_waits_until_active_workers_were_told_done():
+    svc = CoordinatorService(Coordinator(CoordinatorConfig(n=2, lease_timeout_s=5)))
+    svc.lease("busy", 1)
+    svc.lease("gone", 1)
+    svc.finish(complete=False)
+    asked = threading.Timer(0.3, svc.lease, ("busy", 1))  # asks again a moment later, as a worker does
+    asked.start()
+    # "gone" never asks again: the wait ends at its bound and names it; "busy" was told meanwhile
+    assert svc.wait_workers_told_done(seen_within_s=30, timeout_s=1.0) == ["gone"]
+    asked.join()
+    svc.lease("gone", 1)
+    assert svc.wait_workers_told_done(seen_within_s=30, timeout_s=1.0) == []

@@ -74,7 +74,7 @@ def _trainer_and_inference(tmp_path: Path, model_dir: Path, monkeypatch) -> list
             trainer.finish()
         finally:
             stop.set()
-            trainer.close()
+            trainer.close(tell_workers_s=0)  # the worker is stopped by its flag
             th.join(30)
     return texts
 

@@ -61,7 +61,7 @@ def _run(tmp_path: Path, url: str, spec: dict[str, Any], *, resume: bool = True,
         trainer.finish()
     finally:
         stop.set()
-        trainer.close()
+        trainer.close(tell_workers_s=0)  # the worker is stopped by its flag
         th.join(30)
     return trainer, rows, loop
 
@@ -198,7 +198,7 @@ def test_the_trainers_coordinator_refuses_forged_and_poisoned_episodes_and_count
         progress = json.loads((tmp_path / "out" / "progress.json").read_text())
         assert progress["errors"]["refusedEpisodes"] == 2
     finally:
-        trainer.close()
+        trainer.close(tell_workers_s=0)  # no worker is left to tell
 
 
 

@@ -243,6 +243,8 @@ class Coordinator:
         self._stale_leases: set[str] = set()  # task keys whose lease turned out stale during one post
         self.done = False
         self.finished = False  # done because training completed (not because the trainer is stopping)
+        self._workers: dict[str, float] = {}  # worker id -> when it last leased or posted
+        self._told_done: set[str] = set()  # workers a lease has answered "done" since finish()
         self.counters: dict[str, int] = {k: 0 for k in COUNTER_NAMES}
         self._idle_total = 0.0
         self._idle_since: float | None = clock()
@@ -354,6 +356,13 @@ class Coordinator:
         self.done = True
         self.finished = self.finished or complete
 
+    def workers_not_told_done(self, seen_within_s: float) -> list[str]:
+        """Workers that leased or posted within the last ``seen_within_s`` seconds and have had no
+        ``done`` answer since :meth:`finish` (all of them before it): the ones a trainer about to stop
+        its coordinator would leave asking an absent server."""
+        now = self._clock()
+        return sorted(w for w, t in self._workers.items() if now - t <= seen_within_s and w not in self._told_done)
+
     # ---------------------------------------------------------------- worker side
     def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
         """Grant up to ``max_tasks`` queued tasks to ``worker_id``.
@@ -372,6 +381,9 @@ class Coordinator:
         max_tasks = min(max_tasks, self.cfg.max_lease_tasks)
         grants: list[dict[str, Any]] = []
         now = self._clock()
+        self._workers[worker_id] = now
+        if self.done:
+            self._told_done.add(worker_id)
         while not self.done and self._queue and len(grants) < max_tasks:
             rec = self._tasks[self._queue.popleft()]
             rec.state = "leased"
@@ -409,6 +421,7 @@ class Coordinator:
         only when its task's live lease id is among them.
         """
         held = None if lease_ids is None else set(lease_ids)
+        self._workers[worker_id] = self._clock()
         self.expire()  # an expired lease is not a live one
         result: dict[str, Any] = {k: [] for k in ("accepted", "duplicate", "stale", "unknown", "refused", "invalid")}
         result["errors"] = []

@@ -93,6 +93,18 @@ class CoordinatorService:
             self._core.finish(complete)
             self._cond.notify_all()
 
+    def wait_workers_told_done(self, *, seen_within_s: float, timeout_s: float, poll_s: float = 0.05) -> list[str]:
+        """After :meth:`finish`: wait up to ``timeout_s`` until every worker seen within the last
+        ``seen_within_s`` seconds has had a ``done`` answer (a worker asks for work every fraction of a
+        second, or when a rollout it runs ends); returns those still not told."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._cond:
+                untold = self._core.workers_not_told_done(seen_within_s)
+            if not untold or time.monotonic() >= deadline:
+                return untold
+            time.sleep(poll_s)
+
     def counters(self) -> dict[str, int]:
         """A copy of the counters."""
         with self._cond:

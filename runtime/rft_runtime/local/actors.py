@@ -209,7 +209,7 @@ class TrainerActor(_Staged):
 
         try:
             if hasattr(self, "trainer"):
-                self.trainer.close()
+                self.trainer.close(tell_workers_s=0)  # rft run stops its rollout workers itself
         finally:
             launch.wait_ranks(self._ranks)
 

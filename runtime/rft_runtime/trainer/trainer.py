@@ -85,6 +85,11 @@ log = logging.getLogger(__name__)
 
 SEED_MOD = 2**31 - 1
 ERROR_KINDS = ("timeout", "runtime_error", "parse_error")
+# When the trainer stops its coordinator: workers that leased or posted within this many seconds are
+# told "done" first, waiting at most TELL_DONE_TIMEOUT_S for them to ask (they ask every 0.2 s while
+# they have room for work, else when a rollout ends).
+WORKER_SEEN_WITHIN_S = 30.0
+TELL_DONE_TIMEOUT_S = 5.0
 
 
 def task_seed(job_seed: int, seq: int) -> int:
@@ -726,8 +731,12 @@ class Trainer:
         self._report(message=f"stopped at step {self.step_count}")
         self._tracker_status = "KILLED"
 
-    def close(self) -> None:
-        """Stop the coordinator server, flush metrics, and let the other ranks exit."""
+    def close(self, tell_workers_s: float | None = None) -> None:
+        """Stop the coordinator server, flush metrics, and let the other ranks exit.
+
+        ``tell_workers_s``: how long the coordinator may wait for the rollout workers active in the last
+        :data:`WORKER_SEEN_WITHIN_S` seconds to be told that the run is done (default
+        :data:`TELL_DONE_TIMEOUT_S`; 0 where the caller stops its workers itself, as ``rft run`` does)."""
         if getattr(self, "worker", None) is not None:
             self._command("exit")
             self.worker = None
@@ -737,9 +746,15 @@ class Trainer:
             self._inference_sync.stop()
             self._inference_sync = None
         if self._server is not None:
-            # workers polling now see "done" (and "finished" only if finish() ran: training completed)
+            # workers asking for work now see "done" (and "finished" only if finish() ran: training
+            # completed); the server stays up until every recently active worker has been told, so none
+            # is left retrying an absent coordinator (a bounded wait: a worker may have died meanwhile)
             self.coordinator.finish(complete=False)
-            time.sleep(0.2)
+            wait_s = TELL_DONE_TIMEOUT_S if tell_workers_s is None else tell_workers_s
+            untold = self.coordinator.wait_workers_told_done(seen_within_s=WORKER_SEEN_WITHIN_S, timeout_s=wait_s)
+            if untold and wait_s > 0:
+                log.info("rollout workers not told that the run is done before the coordinator stopped: %s",
+                         ", ".join(untold))
             self._server.stop()
             self._server = None
         for tracker in getattr(self, "trackers", []):
