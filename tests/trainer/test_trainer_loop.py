@@ -201,7 +201,6 @@ def test_the_trainers_coordinator_refuses_forged_and_poisoned_episodes_and_count
         trainer.close(tell_workers_s=0)  # no worker is left to tell
 
 
-
 def test_a_waiting_worker_exits_when_the_trainer_stops_unfinished_and_idles_when_it_finishes(
         tmp_path, tiny_model_dir, serve):
     """`rft rollout --when-done wait` (the operator's rollout Deployments), as a process: a trainer that
