@@ -226,8 +226,12 @@ def test_cli_main_serves_and_stops(tmp_path, mode):
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)
         log.close()
-    assert rc == 0, (tmp_path / "server.log").read_text()
+    text = (tmp_path / "server.log").read_text()
+    assert rc == 0, text
     assert not any(Path(f"/proc/{c}").exists() for c in children), "the engine process outlived the server"
+    if not mode:  # the engine process logs (its logging is set up in the child), its stop included
+        assert f"[engine]: engine process {children[0]} (parent {proc.pid})" in text, text[-3000:]
+        assert f"[engine]: engine process {children[0]}: stopped" in text, text[-3000:]
 
 
 @pytest.mark.parametrize("mode", [[], ["--no-engine-process"]], ids=["engine-process", "one-process"])

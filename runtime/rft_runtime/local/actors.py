@@ -90,11 +90,15 @@ def node_host(local: bool) -> str:
 @ray.remote(num_cpus=0)
 class InferenceActor(_Staged):
     """The builtin inference server (vLLM-compatible API) serving ``model_dir`` (the driver's path,
-    or on a cluster the copy of it that ``shipment`` carries)."""
+    or on a cluster the copy of it that ``shipment`` carries). ``engine_process`` (``rft run
+    --engine-process``): the engine runs in a child process of this actor, as ``rft serve`` runs it by
+    default (:mod:`~rft_runtime.serve.procengine`: the HTTP side and the engine do not share a GIL);
+    else in a thread of this actor."""
 
     def __init__(self, model_dir: str, served_name: str, *, local: bool, threads: int = 1,
                  max_batch_size: int = 256, dtype: str = "auto", max_model_len: int | None = None,
-                 log_file: str | None = None, shipment: Any = None, role: str = "inference") -> None:
+                 log_file: str | None = None, shipment: Any = None, role: str = "inference",
+                 engine_process: bool = False) -> None:
         log_file = self._open_stage(shipment, role, log_file)
         _setup_process(log_file, threads)
         if self.stage is not None:
@@ -103,10 +107,19 @@ class InferenceActor(_Staged):
         from ..coordinator.server import AppThread
         from ..serve.engine import Engine
         from ..serve.model import load_model
+        from ..serve.procengine import ProcessEngine, served_model
         from ..serve.server import create_app
 
-        lm = load_model(model_dir, dtype=dtype, max_model_len=max_model_len)
-        self.engine = Engine(lm, max_batch_size=max_batch_size)
+        self.engine: Any
+        if engine_process:
+            self.engine = ProcessEngine(None, model_dir, max_batch_size=max_batch_size, threads=threads,
+                                        load_kwargs={"dtype": dtype, "max_model_len": max_model_len},
+                                        log_file=log_file)
+            self.engine.launch()  # the model loads in the engine process while this one loads the tokenizer
+            self.engine.lm = served_model(model_dir, max_model_len)
+        else:
+            self.engine = Engine(load_model(model_dir, dtype=dtype, max_model_len=max_model_len),
+                                 max_batch_size=max_batch_size)
         self.host = node_host(local)
         token = auth.server_token("inference")  # the run's token (rft run puts it in every actor's env)
         self.server = AppThread(create_app(self.engine, served_name, stop_engine_on_cleanup=True, token=token),

@@ -48,6 +48,8 @@ class RunOptions:
     max_steps: int | None = None
     progress_bar: bool = True
     threads: int = 1
+    engine_process: bool = False
+    """Each inference actor runs its engine in a child process (False: in a thread of the actor)."""
 
 
 @dataclass
@@ -325,7 +327,7 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
     infer = [placed(InferenceActor, "inference").remote(
                  str(model_dir), job.name, local=local, threads=opts.threads, dtype=spec.model.dtype,
                  max_model_len=spec.inference.max_model_len, log_file=str(logs / f"inference-{i}.log"),
-                 shipment=shipment, role=f"inference-{i}")
+                 shipment=shipment, role=f"inference-{i}", engine_process=opts.engine_process)
              for i in range(max(1, spec.inference.replicas))]
     actors += infer
     trainer = placed(TrainerActor, "trainer").remote(threads=opts.threads, local=local,

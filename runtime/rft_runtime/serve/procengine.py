@@ -1,5 +1,5 @@
-"""The engine in its own process (``rft serve --engine-process``): the HTTP front end and the engine
-core then hold separate GILs.
+"""The engine in its own process (``rft serve``'s default, ``rft run --engine-process``): the HTTP
+front end and the engine core then hold separate GILs.
 
 The child process loads the model and runs an :class:`~rft_runtime.serve.engine.Engine`; the front end
 holds only the tokenizer (:class:`ServedModel`) and a :class:`ProcessEngine` with the engine's async
@@ -188,21 +188,28 @@ async def _child_serve(conn: Any, engine: Any) -> None:
     loop.remove_reader(conn.fileno())
 
 
-def _child_main(conn: Any, model_dir: str, load_kwargs: dict, engine_kwargs: dict, threads: int | None) -> None:
+def _child_main(conn: Any, model_dir: str, load_kwargs: dict, engine_kwargs: dict, threads: int | None,
+                log_file: str | None, log_level: str) -> None:
     import torch
 
     from .engine import Engine
     from .model import load_model
 
+    # a spawned process does not inherit the parent's logging: the same level, to its file or stderr
+    logging.basicConfig(level=log_level, filename=log_file,
+                        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
     if threads:
         torch.set_num_threads(threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     lm = load_model(model_dir, **load_kwargs)
     engine = Engine(lm, metrics=_MetricsRelay(), **engine_kwargs)
     engine.start()
+    log.info("engine process %d (parent %d): %s on %s in %s", os.getpid(), os.getppid(), model_dir, lm.device,
+             str(lm.dtype).removeprefix("torch."))
     try:
         asyncio.run(_child_serve(conn, engine))
     finally:
+        log.info("engine process %d: stopped", os.getpid())
         engine.stop()
 
 
@@ -220,7 +227,8 @@ class ProcessEngine:
     """The :class:`~rft_runtime.serve.engine.Engine` API, served by a child process."""
 
     def __init__(self, lm: ServedModel | None, model_dir: str, *, load_kwargs: dict, max_batch_size: int = 32,
-                 policy_version: int = 0, threads: int | None = None, metrics: Any = None):
+                 policy_version: int = 0, threads: int | None = None, metrics: Any = None,
+                 log_file: str | None = None, log_level: str = "INFO"):
         self.lm = lm  # may be set after launch(), before start()
         self.max_batch_size = max_batch_size
         self.metrics = metrics
@@ -228,7 +236,7 @@ class ProcessEngine:
         self.last_step_ok: float | None = None
         self.last_error: str | None = None
         self._args = (model_dir, load_kwargs, {"max_batch_size": max_batch_size, "policy_version": policy_version},
-                      threads)
+                      threads, log_file, log_level.upper())
         self._proc: Any = None
         self._conn: Any = None
         self._ids = itertools.count()

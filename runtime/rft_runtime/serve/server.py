@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         from .procengine import ProcessEngine, served_model
 
         engine = ProcessEngine(None, args.model, max_batch_size=args.max_batch_size, policy_version=initial_version,
-                               threads=args.threads, load_kwargs={"dtype": args.dtype, "device": args.device,
-                                                                  "max_model_len": args.max_model_len})
+                               threads=args.threads, log_level=args.log_level,
+                               load_kwargs={"dtype": args.dtype, "device": args.device,
+                                            "max_model_len": args.max_model_len})
         engine.launch()  # the model loads in the engine process while this one loads the tokenizer
         lm = engine.lm = served_model(args.model, args.max_model_len)
         device, dtype = args.device, args.dtype

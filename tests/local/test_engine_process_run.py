@@ -1,0 +1,23 @@
+"""`rft run --engine-process`: each inference actor runs its engine in a child process (spawned from a
+Ray worker), which logs to the actor's log, serves every policy version, and ends with its run."""
+
+from __future__ import annotations
+
+import os
+import re
+
+
+def test_rft_run_with_the_engine_in_a_process_of_its_own(tmp_path, tiny_model, manifest, rft):
+    job = manifest("engine-process", trainer={"maxSteps": 3})
+    out = tmp_path / "out"
+    code = rft.run(["run", str(job), "--out", str(out), "--no-progress", "--engine-process"], tmp_path / "run.log")
+    assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert [r["step"] for r in rft.rows(out)] == [1, 2, 3]
+    text = (out / "logs" / "inference-0.log").read_text()
+    started = re.findall(r"\[engine\]: engine process (\d+) \(parent (\d+)\)", text)
+    assert len(started) == 1, text[-3000:]
+    pid, parent = map(int, started[0])
+    assert pid != parent
+    assert "serving policy version 3 (full weights)" in text
+    # the run kills its actors; the engine process goes with its actor (killed, or at its pipe's end)
+    rft.wait(lambda: not os.path.exists(f"/proc/{pid}"), 30, "the engine process to end")
