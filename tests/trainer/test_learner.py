@@ -132,3 +132,25 @@ def test_recomputed_logprobs_do_not_depend_on_micro_batching(tiny_model, groups)
     a = sequence_logprobs(tiny_model, batch, 0.7, 1)
     b = sequence_logprobs(copy.deepcopy(tiny_model), batch, 0.7, 8)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_the_optimizer_is_fused_where_torch_has_the_kernel_and_steps_like_the_loop():
+    """AdamW's fused kernel (the CPU has one): the same update as the per-tensor loop, to rounding."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in ((16, 8), (8,), (3, 16))]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    start = [p.detach().clone() for p in params]
+    opt = build_optimizer(params, 1e-2, 0.1)
+    assert opt.defaults["fused"] is True
+    loop = torch.optim.AdamW(twins, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.999), eps=1e-8, foreach=False)
+    for _ in range(5):
+        grads = [torch.randn_like(p) for p in params]
+        for o, ps in ((opt, params), (loop, twins)):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            o.step()
+    for p, q, p0 in zip(params, twins, start):
+        assert (p.detach() - p0).abs().mean() > 5e-3  # 5 steps at lr 1e-2 moved them
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=1e-6)
+    # a device without the kernel keeps the default implementation
+    assert build_optimizer([torch.nn.Parameter(torch.ones(2, device="meta"))], 1e-2, 0.0).defaults["fused"] is None
