@@ -165,6 +165,11 @@ def observe_job(obj: Obj) -> TrainerObs:
 # Waiting reasons of a container that will not start without a change to the spec or the cluster.
 CANNOT_START = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                 "CreateContainerError")
+# What the kubelet says when it could not yet read a pod's Secret or ConfigMap (its watch cache not
+# synced, the pod not yet registered with it): a CreateContainerConfigError it retries by itself, seen on
+# a loaded node, and no reason to fail a job. A missing Secret or key ("not found", "couldn't find key")
+# stays a pod that cannot start.
+TRANSIENT_CONFIG_ERRORS = ("failed to sync secret cache", "failed to sync configmap cache", "not registered")
 # ``rft reward`` exits with this code when its evaluators cannot be built: a bad evaluator config, or
 # the code sandbox's isolation probe failed (runtime/rft_runtime/rewards/server.py). A restart builds
 # the same evaluators on the same node, so it cannot help.
@@ -184,6 +189,12 @@ def _localhost_seccomp(obj: Obj, container: str) -> bool:
     return False
 
 
+def _transient(waiting: Obj) -> bool:
+    """A container waiting on a configuration error the kubelet will retry (:data:`TRANSIENT_CONFIG_ERRORS`)."""
+    msg = waiting.get("message") or ""
+    return waiting.get("reason") == "CreateContainerConfigError" and any(m in msg for m in TRANSIENT_CONFIG_ERRORS)
+
+
 def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
     """A pod's containers that cannot start, and the termination messages of its failed containers.
 
@@ -200,7 +211,7 @@ def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
     for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         cname = cs.get("name", "")
         waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in CANNOT_START:
+        if waiting.get("reason") in CANNOT_START and not _transient(waiting):
             msg = (waiting.get("message") or "")[:512]
             sandbox = role == "reward" and "seccomp" in msg.lower() and _localhost_seccomp(obj, cname)
             problems.append(PodProblem(role, meta["name"], cname, waiting["reason"], msg, sandbox))

@@ -69,6 +69,27 @@ def test_a_pod_that_cannot_start_fails_the_job_naming_the_image() -> None:
     assert "reward pod tiny-arith-reward-1" in failed.message and "nope:1" in failed.message
 
 
+def test_a_secret_the_kubelet_has_not_synced_yet_is_waited_for_a_missing_one_fails() -> None:
+    """CI on ee5f6d0: on a loaded node an inference container waited with CreateContainerConfigError
+    'failed to sync secret cache: timed out waiting for the condition' (the kubelet retries that) and the
+    job failed as PodCannotStart."""
+    job = make_job()
+
+    def pod(message: str) -> dict:
+        return {"kind": "Pod", "metadata": {"name": "tiny-arith-inference-1", "labels": {names.LABEL_ROLE: "inference"}},
+                "status": {"containerStatuses": [{"name": "inference", "state": {"waiting": {
+                    "reason": "CreateContainerConfigError", "message": message}}}]}}
+
+    for transient in ("failed to sync secret cache: timed out waiting for the condition",
+                      "failed to sync configmap cache: timed out waiting for the condition",
+                      'object "t-1"/"tiny-arith-token" not registered'):
+        s = compute_status(job, _observed([], [pod(transient)]))
+        assert s.phase != "Failed", (transient, s.message)
+    s = compute_status(job, _observed([], [pod('secret "tiny-arith-token" not found')]))
+    failed = next(c for c in s.conditions if c.type == "Failed")
+    assert s.phase == "Failed" and failed.reason == "PodCannotStart" and "not found" in failed.message
+
+
 def _reward_pod(status: dict, seccomp: str = "Localhost") -> dict:
     return {"kind": "Pod", "metadata": {"name": "code-reward-1", "labels": {names.LABEL_ROLE: "reward"}},
             "spec": {"containers": [{"name": "reward", "securityContext": {"seccompProfile": {
