@@ -14,10 +14,9 @@ def test_rft_run_with_the_engine_in_a_process_of_its_own(tmp_path, tiny_model, m
     assert code == 0, (tmp_path / "run.log").read_text()[-3000:]
     assert [r["step"] for r in rft.rows(out)] == [1, 2, 3]
     text = (out / "logs" / "inference-0.log").read_text()
-    started = re.findall(r"\[engine\]: engine process (\d+) \(parent (\d+)\)", text)
+    started = re.findall(r"\[engine\]: engine process (\d+) \(parent \d+\)", text)
     assert len(started) == 1, text[-3000:]
-    pid, parent = map(int, started[0])
-    assert pid != parent
+    pid = int(started[0])
     assert "serving policy version 3 (full weights)" in text
     # the run kills its actors; the engine process goes with its actor (killed, or at its pipe's end)
     rft.wait(lambda: not os.path.exists(f"/proc/{pid}"), 30, "the engine process to end")
