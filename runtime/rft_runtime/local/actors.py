@@ -105,21 +105,11 @@ class InferenceActor(_Staged):
             model_dir = self.stage.get(model_dir)
         from .. import auth
         from ..coordinator.server import AppThread
-        from ..serve.engine import Engine
-        from ..serve.model import load_model
-        from ..serve.procengine import ProcessEngine, served_model
-        from ..serve.server import create_app
+        from ..serve.server import build_engine, create_app
 
-        self.engine: Any
-        if engine_process:
-            self.engine = ProcessEngine(None, model_dir, max_batch_size=max_batch_size, threads=threads,
-                                        load_kwargs={"dtype": dtype, "max_model_len": max_model_len},
-                                        log_file=log_file)
-            self.engine.launch()  # the model loads in the engine process while this one loads the tokenizer
-            self.engine.lm = served_model(model_dir, max_model_len)
-        else:
-            self.engine = Engine(load_model(model_dir, dtype=dtype, max_model_len=max_model_len),
-                                 max_batch_size=max_batch_size)
+        self.engine = build_engine(model_dir, engine_process=engine_process, max_batch_size=max_batch_size,
+                                   threads=threads, log_file=log_file,
+                                   load_kwargs={"dtype": dtype, "max_model_len": max_model_len})
         self.host = node_host(local)
         token = auth.server_token("inference")  # the run's token (rft run puts it in every actor's env)
         self.server = AppThread(create_app(self.engine, served_name, stop_engine_on_cleanup=True, token=token),

@@ -151,6 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, load_kwargs: dict,
+                 policy_version: int = 0, threads: int | None = None, log_file: str | None = None,
+                 log_level: str = "INFO") -> Any:
+    """The engine serving ``model_dir`` (``load_kwargs``: :func:`~.model.load_model`'s): in a child
+    process (:mod:`.procengine`, launched now, so that the model loads there while this process loads
+    the tokenizer; ``log_file``/``log_level``: its logging) or in this process."""
+    if engine_process:
+        from .procengine import ProcessEngine, served_model
+
+        engine = ProcessEngine(None, model_dir, max_batch_size=max_batch_size, policy_version=policy_version,
+                               threads=threads, load_kwargs=load_kwargs, log_file=log_file, log_level=log_level)
+        engine.launch()
+        engine.lm = served_model(model_dir, load_kwargs.get("max_model_len"))
+        return engine
+    return Engine(load_model(model_dir, **load_kwargs), max_batch_size=max_batch_size, policy_version=policy_version)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the server until interrupted (SIGINT/SIGTERM stop it gracefully)."""
     args = build_parser().parse_args(argv)
@@ -174,20 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     # loaded (at startup, or by the trainer), so a replica never passes its initial weights off as a
     # version the trainer published (they may differ: a warm start).
     initial_version = UNPUBLISHED if args.weights_dir else args.policy_version
-    if args.engine_process:
-        from .procengine import ProcessEngine, served_model
-
-        engine = ProcessEngine(None, args.model, max_batch_size=args.max_batch_size, policy_version=initial_version,
-                               threads=args.threads, log_level=args.log_level,
-                               load_kwargs={"dtype": args.dtype, "device": args.device,
-                                            "max_model_len": args.max_model_len})
-        engine.launch()  # the model loads in the engine process while this one loads the tokenizer
-        lm = engine.lm = served_model(args.model, args.max_model_len)
-        device, dtype = args.device, args.dtype
-    else:
-        lm = load_model(args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len)
-        engine = Engine(lm, max_batch_size=args.max_batch_size, policy_version=initial_version)
-        device, dtype = lm.device, lm.dtype
+    engine = build_engine(args.model, engine_process=args.engine_process, max_batch_size=args.max_batch_size,
+                          policy_version=initial_version, threads=args.threads, log_level=args.log_level,
+                          load_kwargs={"dtype": args.dtype, "device": args.device,
+                                       "max_model_len": args.max_model_len})
+    lm = engine.lm
+    device, dtype = (args.device, args.dtype) if args.engine_process else (lm.device, lm.dtype)
     name = args.served_model_name or args.model
     app = create_app(engine, name, health_timeout=args.health_timeout, stop_engine_on_cleanup=True, token=token,
                      weights_dir=args.weights_dir, trust_request_chat_template=args.trust_request_chat_template)
