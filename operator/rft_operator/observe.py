@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Optional
 from rft_api.progress import Progress, ProgressError, parse
 
 from . import names
+from .timeutil import parse_time
 
 Obj = dict[str, Any]
 
@@ -165,11 +166,18 @@ def observe_job(obj: Obj) -> TrainerObs:
 # Waiting reasons of a container that will not start without a change to the spec or the cluster.
 CANNOT_START = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
                 "CreateContainerError")
-# What the kubelet says when it could not yet read a pod's Secret or ConfigMap (its watch cache not
-# synced, the pod not yet registered with it): a CreateContainerConfigError it retries by itself, seen on
-# a loaded node, and no reason to fail a job. A missing Secret or key ("not found", "couldn't find key")
-# stays a pod that cannot start.
-TRANSIENT_CONFIG_ERRORS = ("failed to sync secret cache", "failed to sync configmap cache", "not registered")
+# Of those, the two the kubelet also reports for causes it retries by itself: a Secret or ConfigMap it
+# has not yet synced on a loaded node ("failed to sync secret cache", "... not registered"), or a
+# container runtime slow to answer ("context deadline exceeded"). One of these is a pod that cannot start
+# when its message names a permanent cause (:data:`PERMANENT_CREATE_ERRORS`), or once the pod's containers
+# have waited :data:`CREATE_ERROR_GRACE_S` without becoming ready: a kubelet message worded in a way this
+# list does not know delays the failure, it does not make one.
+RETRIED_CREATE_ERRORS = ("CreateContainerConfigError", "CreateContainerError")
+PERMANENT_CREATE_ERRORS = ("not found", "couldn't find key", "runAsNonRoot", "no such file or directory",
+                           "seccomp")
+"""Message fragments of a create error no retry can cure: a missing Secret, ConfigMap or key, a
+securityContext the image cannot meet, a file the runtime needs (a seccomp profile) missing on the node."""
+CREATE_ERROR_GRACE_S = 120.0
 # ``rft reward`` exits with this code when its evaluators cannot be built: a bad evaluator config, or
 # the code sandbox's isolation probe failed (runtime/rft_runtime/rewards/server.py). A restart builds
 # the same evaluators on the same node, so it cannot help.
@@ -189,13 +197,43 @@ def _localhost_seccomp(obj: Obj, container: str) -> bool:
     return False
 
 
-def _transient(waiting: Obj) -> bool:
-    """A container waiting on a configuration error the kubelet will retry (:data:`TRANSIENT_CONFIG_ERRORS`)."""
-    msg = waiting.get("message") or ""
-    return waiting.get("reason") == "CreateContainerConfigError" and any(m in msg for m in TRANSIENT_CONFIG_ERRORS)
+def _parse_time(value: Any) -> Optional[dt.datetime]:
+    """:func:`~.timeutil.parse_time` of a field that may be missing or malformed (None then)."""
+    try:
+        return parse_time(value) if isinstance(value, str) and value else None
+    except ValueError:
+        return None
 
 
-def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
+def waiting_since(obj: Obj) -> Optional[dt.datetime]:
+    """Since when the pod's containers have not been ready: its ``ContainersReady`` condition's last
+    transition when that is ``False`` (a container that restarts waits from then), else the pod's start
+    (the kubelet took it), else its creation."""
+    status = obj.get("status") or {}
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "ContainersReady"), None)
+    if ready is not None and ready.get("status") == "False":
+        t = _parse_time(ready.get("lastTransitionTime"))
+        if t is not None:
+            return t
+    return _parse_time(status.get("startTime")) or _parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+
+
+def _cannot_start(waiting: Obj, obj: Obj, now: dt.datetime) -> bool:
+    """A container waiting for a reason in :data:`CANNOT_START` that a retry by the kubelet cannot cure
+    (see :data:`RETRIED_CREATE_ERRORS`)."""
+    reason = waiting.get("reason")
+    if reason not in CANNOT_START:
+        return False
+    if reason not in RETRIED_CREATE_ERRORS:
+        return True
+    msg = (waiting.get("message") or "").lower()
+    if any(m.lower() in msg for m in PERMANENT_CREATE_ERRORS):
+        return True
+    since = waiting_since(obj)
+    return since is None or (now - since).total_seconds() >= CREATE_ERROR_GRACE_S
+
+
+def observe_pod(obj: Obj, now: dt.datetime) -> tuple[list[PodProblem], list[str]]:
     """A pod's containers that cannot start, and the termination messages of its failed containers.
 
     A reward container is also one that cannot start when it exited with
@@ -211,7 +249,7 @@ def observe_pod(obj: Obj) -> tuple[list[PodProblem], list[str]]:
     for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         cname = cs.get("name", "")
         waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in CANNOT_START and not _transient(waiting):
+        if _cannot_start(waiting, obj, now):
             msg = (waiting.get("message") or "")[:512]
             sandbox = role == "reward" and "seccomp" in msg.lower() and _localhost_seccomp(obj, cname)
             problems.append(PodProblem(role, meta["name"], cname, waiting["reason"], msg, sandbox))
@@ -252,7 +290,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
         kind, name = obj.get("kind", ""), obj["metadata"]["name"]
         role = (obj["metadata"].get("labels") or {}).get(names.LABEL_ROLE, "")
         if kind == "Pod":  # not a child (the controllers own pods), only what they tell
-            p, m = observe_pod(obj)
+            p, m = observe_pod(obj, now)
             problems += p
             if role == "trainer":
                 messages += m

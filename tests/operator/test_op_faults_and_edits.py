@@ -5,6 +5,7 @@ rollout of an edit."""
 from __future__ import annotations
 
 from rft_operator import names
+from rft_operator import observe as observe_mod
 from rft_operator.builders import BuildContext, config_hash, desired_children
 from rft_operator.observe import observe, observe_job
 from rft_operator.policies import failure
@@ -69,25 +70,52 @@ def test_a_pod_that_cannot_start_fails_the_job_naming_the_image() -> None:
     assert "reward pod tiny-arith-reward-1" in failed.message and "nope:1" in failed.message
 
 
-def test_a_secret_the_kubelet_has_not_synced_yet_is_waited_for_a_missing_one_fails() -> None:
+def test_a_create_error_the_kubelet_retries_is_waited_for_a_permanent_one_fails_at_once() -> None:
     """CI on ee5f6d0: on a loaded node an inference container waited with CreateContainerConfigError
     'failed to sync secret cache: timed out waiting for the condition' (the kubelet retries that) and the
-    job failed as PodCannotStart."""
+    job failed as PodCannotStart. A create error is waited for up to CREATE_ERROR_GRACE_S from the pod's
+    start (or from its containers' last turn to not ready), whatever its wording; one that names a
+    permanent cause (a missing Secret, key or file, runAsNonRoot) fails the job at once."""
     job = make_job()
 
-    def pod(message: str) -> dict:
-        return {"kind": "Pod", "metadata": {"name": "tiny-arith-inference-1", "labels": {names.LABEL_ROLE: "inference"}},
-                "status": {"containerStatuses": [{"name": "inference", "state": {"waiting": {
-                    "reason": "CreateContainerConfigError", "message": message}}}]}}
+    def pod(reason: str, message: str, started: float = 0.0, not_ready_at: float | None = None) -> dict:
+        status: dict = {"startTime": at(started).isoformat().replace("+00:00", "Z"),
+                        "containerStatuses": [{"name": "inference", "state": {"waiting": {
+                            "reason": reason, "message": message}}}]}
+        if not_ready_at is not None:
+            status["conditions"] = [{"type": "ContainersReady", "status": "False",
+                                     "lastTransitionTime": at(not_ready_at).isoformat().replace("+00:00", "Z")}]
+        return {"kind": "Pod", "metadata": {"name": "tiny-arith-inference-1", "labels": {names.LABEL_ROLE: "inference"},
+                                            "creationTimestamp": at(-5).isoformat()},
+                "status": status}
 
-    for transient in ("failed to sync secret cache: timed out waiting for the condition",
-                      "failed to sync configmap cache: timed out waiting for the condition",
-                      'object "t-1"/"tiny-arith-token" not registered'):
-        s = compute_status(job, _observed([], [pod(transient)]))
-        assert s.phase != "Failed", (transient, s.message)
-    s = compute_status(job, _observed([], [pod('secret "tiny-arith-token" not found')]))
-    failed = next(c for c in s.conditions if c.type == "Failed")
-    assert s.phase == "Failed" and failed.reason == "PodCannotStart" and "not found" in failed.message
+    def status_at(p: dict, now: float):
+        return compute_status(job, observe("tiny-arith", [p], at(now)))
+
+    grace = observe_mod.CREATE_ERROR_GRACE_S
+    retried = [("CreateContainerConfigError", "failed to sync secret cache: timed out waiting for the condition"),
+               ("CreateContainerConfigError", "failed to sync configmap cache: timed out waiting for the condition"),
+               ("CreateContainerConfigError", 'object "t-1"/"tiny-arith-token" not registered'),
+               ("CreateContainerError", "context deadline exceeded"),
+               ("CreateContainerConfigError", "a wording no release has used yet")]
+    for reason, message in retried:
+        s = status_at(pod(reason, message), grace - 1)
+        assert s.phase != "Failed", (message, s.message)
+        s = status_at(pod(reason, message), grace + 1)
+        failed = next(c for c in s.conditions if c.type == "Failed")
+        assert s.phase == "Failed" and failed.reason == "PodCannotStart" and message in failed.message, s
+        # a container that ran and now waits again (a restart) waits from its last turn to not ready
+        s = status_at(pod(reason, message, started=-3600, not_ready_at=grace), 2 * grace - 1)
+        assert s.phase != "Failed", (message, s.message)
+        s = status_at(pod(reason, message, started=-3600, not_ready_at=grace), 2 * grace + 1)
+        assert s.phase == "Failed", (message, s.message)
+    for reason, message in [("CreateContainerConfigError", 'secret "tiny-arith-token" not found'),
+                            ("CreateContainerConfigError", "couldn't find key token in Secret t-1/tiny-arith-token"),
+                            ("CreateContainerConfigError", "container has runAsNonRoot and image will run as root"),
+                            ("CreateContainerError", "open /var/lib/x: no such file or directory")]:
+        s = status_at(pod(reason, message), 1)
+        failed = next(c for c in s.conditions if c.type == "Failed")
+        assert s.phase == "Failed" and failed.reason == "PodCannotStart" and message in failed.message, s
 
 
 def _reward_pod(status: dict, seccomp: str = "Localhost") -> dict:
