@@ -11,8 +11,8 @@ MLP 4096, about 0.33 B parameters. On ``--device`` (``cuda`` by default when the
    run, interleaved: a bare transformers loop (prefill, then one forward per token with a
    ``DynamicCache``) on the same model. Reports tokens/s and peak memory.
 2. **logprob parity**: the trainer's log-probs of the sampled tokens, computed the trainer's way
-   (FSDP2 over the process group, float32 master weights, bfloat16 compute on a GPU, float32
-   log-prob math), against the engine's; mean / p99 / max of |trainer - inference| over the response
+   (one process: a plain module, float32 master weights, bfloat16 compute under autocast on a GPU,
+   float32 log-prob math), against the engine's; mean / p99 / max of |trainer - inference| over the response
    tokens, and the same for float32 on both sides (the numerical floor).
 3. **train step**: one GRPO step on those sequences (old log-probs + one AdamW update, the trainer's
    :class:`~rft_runtime.trainer.learner.Learner`), per micro-batch size: seconds per step,
@@ -127,8 +127,8 @@ def train_sequences(seqs: list[Sequence], group: int, seed: int) -> list[TrainSe
 
 
 def trainer_model(model_dir: Path, ctx: distributed.DistContext, compute: torch.dtype | None) -> torch.nn.Module:
-    """The policy as the trainer holds it: float32 master weights, FSDP2 over the group, ``compute``
-    as FSDP's parameter dtype in forward and backward."""
+    """The policy as the trainer holds it (:func:`rft_runtime.trainer.distributed.shard`): float32 master
+    weights, ``compute`` the dtype of forward and backward."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)

@@ -4,31 +4,34 @@ One frozen GRPO batch (``--batch`` sequences in groups of ``--group``, the rows 
 one prompt: random prompts of ``--prompt-len`` tokens, random completions of up to ``--resp-len`` tokens, 0/1 rewards, the GRPO
 advantages computed once) goes through
 
-- **ours**: the trainer's update as the trainer runs it (one process: a plain module on the CPU;
-  on a GPU FSDP2 over a process group of one, float32 master weights, bfloat16 compute;
+- **ours**: the trainer's update as the trainer runs it (one process: a plain module; on a GPU, or
+  with ``--bf16``, float32 master weights and bfloat16 compute under ``torch.autocast``;
   :class:`rft_runtime.trainer.learner.Learner`: micro-batches of ``--micro-batch``, the token-mean
   loss over the whole batch, gradient clipping, AdamW), once with ``trainer.oldLogprobs: inference``
   (``ours``: no old-log-prob pass, the same work as TRL's step), once with ``recompute`` (the
   default: one extra no-gradient forward), and once running every row whole (``ours_whole_rows``:
-  without :mod:`rft_runtime.trainer.prefix`, which runs a group's shared prompt once);
+  without :mod:`rft_runtime.trainer.prefix`, which runs a group's shared prompt once), and once under
+  FSDP2 over a process group of one (``ours_fsdp``: how the trainer ran one GPU process before
+  2026-11-25, with FSDP2's ``MixedPrecisionPolicy`` for bfloat16);
 - **trl**: TRL's ``GRPOTrainer`` (from PyPI, ``requirements/trl.txt``; run with ``--trl-python``,
   ``hack/trl-venv.sh`` builds one) with the same settings: ``loss_type="dapo"`` (the token-mean over the
   whole batch), ``beta=0``, ``epsilon=0.2``, ``per_device_train_batch_size`` = the micro-batch,
   ``gradient_accumulation_steps`` = batch / micro-batch, ``max_grad_norm=1``, a constant learning rate,
-  no gradient checkpointing, ``bf16`` on a GPU; its generation is replaced by the frozen batch (a
+  no gradient checkpointing, ``bf16`` on a GPU or with ``--bf16``; its generation is replaced by the frozen batch (a
   subclass returns it from ``_generate_and_score_completions``), so its own training loop,
   accumulation, clipping and optimizer run unchanged.
 
 Each side runs in a fresh process, ``--rounds`` times, interleaved (ours, trl, ours-recompute,
-ours-whole-rows, then the reverse order), each run one warm-up step (step 1: its loss and gradient norm are compared) and
+ours-whole-rows, ours-fsdp, then the reverse order), each run one warm-up step (step 1: its loss and gradient norm are compared) and
 ``--steps`` timed steps; medians are reported. Prompts all have the same length, so neither side pads a
 prompt and the two compute the same log-probabilities.
 
 ``ratios``: ``step_time_ours_over_trl`` (a time ratio: lower is better; goal <= 0.8) and
-``step_time_ours_recompute_over_trl``, ``step_time_ours_whole_rows_over_trl``; ``agreement``: the step-1 ``loss_rel_diff`` and
+``step_time_ours_recompute_over_trl``, ``step_time_ours_whole_rows_over_trl``,
+``step_time_ours_fsdp_over_trl``; ``agreement``: the step-1 ``loss_rel_diff`` and
 ``grad_norm_rel_diff`` (|ours - trl| / |trl|, ``ours`` against TRL).
 
-    .venv/bin/python bench/trainer_vs_trl.py --trl-python $(bash hack/trl-venv.sh) [--quick] [--device cuda]
+    .venv/bin/python bench/trainer_vs_trl.py --trl-python $(bash hack/trl-venv.sh) [--quick] [--bf16]
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("ours", "trl", "ours_recompute", "ours_whole_rows")
+SIDES = ("ours", "trl", "ours_recompute", "ours_whole_rows", "ours_fsdp")
 
 
 def sync(device: torch.device) -> None:
@@ -93,7 +96,8 @@ def make_frozen(model_dir: Path, n: int, group: int, prompt_len: int, resp_len: 
 
 # ---------------------------------------------------------------------------------------- ours
 
-def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs: str, share: bool = True) -> dict:
+def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs: str, share: bool = True,
+             bf16: bool = False, fsdp: bool = False) -> dict:
     from transformers import AutoModelForCausalLM
 
     from rft_runtime.trainer import distributed, prefix
@@ -106,7 +110,8 @@ def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs
     distributed.ensure_group(ctx)
     dev = ctx.device
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
-    model = distributed.shard(model, ctx, compute_dtype("auto", dev))
+    cdt = torch.bfloat16 if bf16 else compute_dtype("auto", dev)
+    model = distributed.fsdp(model, ctx, cdt) if fsdp else distributed.shard(model, ctx, cdt)
     learner = Learner(model, LearnerConfig(policy_loss="ppo_clip", loss_aggregation="token-mean", clip_low=0.2,
                                            clip_high=0.2, epochs=1, micro_batch_size=micro, grad_clip=1.0),
                       build_optimizer(list(model.parameters()), 1e-6, 0.0))
@@ -136,7 +141,7 @@ def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs
 
 # ---------------------------------------------------------------------------------------- TRL
 
-def run_trl(model_dir: Path, frozen: dict, micro: int, steps: int, workdir: Path) -> dict:
+def run_trl(model_dir: Path, frozen: dict, micro: int, steps: int, workdir: Path, bf16: bool = False) -> dict:
     import trl
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -188,7 +193,7 @@ def run_trl(model_dir: Path, frozen: dict, micro: int, steps: int, workdir: Path
         num_generations=group, max_completion_length=width, learning_rate=1e-6, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
         beta=0.0, epsilon=0.2, loss_type="dapo", temperature=1.0, max_steps=steps + 1, logging_steps=1,
-        report_to="none", save_strategy="no", bf16=cuda, use_cpu=not cuda, gradient_checkpointing=False,
+        report_to="none", save_strategy="no", bf16=cuda or bf16, use_cpu=not cuda, gradient_checkpointing=False,
         disable_tqdm=True, seed=0, dataloader_num_workers=0, model_init_kwargs={"dtype": torch.float32},
         log_completions=False)
     clock = Clock()
@@ -215,18 +220,19 @@ def child(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         if args.side == "trl":
-            res = run_trl(Path(args.model), frozen, args.micro_batch, args.steps, Path(tmp))
+            res = run_trl(Path(args.model), frozen, args.micro_batch, args.steps, Path(tmp), args.bf16)
         else:
             res = run_ours(Path(args.model), frozen, args.micro_batch, args.steps,
                            "recompute" if args.side == "ours_recompute" else "inference",
-                           share=args.side != "ours_whole_rows")
+                           share=args.side != "ours_whole_rows", bf16=args.bf16, fsdp=args.side == "ours_fsdp")
     print("RESULT " + json.dumps(res), flush=True)
     return 0
 
 
 def run_side(python: str, side: str, model_dir: Path, frozen: Path, args: argparse.Namespace) -> dict:
     cmd = [python, str(Path(__file__).resolve()), "--side", side, "--model", str(model_dir), "--frozen", str(frozen),
-           "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--threads", str(args.threads)]
+           "--micro-batch", str(args.micro_batch), "--steps", str(args.steps), "--threads", str(args.threads),
+           *(["--bf16"] if args.bf16 else [])]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
         [str(ROOT / "api"), str(ROOT / "runtime"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
@@ -257,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3, help="timed steps per run (after one warm-up step)")
     p.add_argument("--rounds", type=int, default=3, help="runs of each side, interleaved")
     p.add_argument("--threads", type=int, default=2, help="torch threads on the CPU (both sides)")
+    p.add_argument("--bf16", action="store_true",
+                   help="compute in bfloat16 on the CPU too (float32 master weights; on a GPU always)")
     p.add_argument("--quick", action="store_true", help="a tiny model and batch, one round (a smoke test)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_vs_trl.json"))
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
@@ -275,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "shape": {"batch": args.batch, "group": args.group, "micro_batch": args.micro_batch,
                               "prompt_len": args.prompt_len, "resp_len": args.resp_len, "steps": args.steps,
-                              "rounds": args.rounds, "threads": args.threads}}
+                              "rounds": args.rounds, "threads": args.threads,
+                              "bf16": args.bf16 or torch.cuda.is_available()}}
     with tempfile.TemporaryDirectory() as tmp:
         if args.model:
             model_dir = Path(args.model)
@@ -307,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     report["trl_version"] = runs["trl"][0].get("trl")
     report["ratios"] = {"step_time_ours_over_trl": round(med["ours"] / med["trl"], 3),
                         "step_time_ours_recompute_over_trl": round(med["ours_recompute"] / med["trl"], 3),
-                        "step_time_ours_whole_rows_over_trl": round(med["ours_whole_rows"] / med["trl"], 3)}
+                        "step_time_ours_whole_rows_over_trl": round(med["ours_whole_rows"] / med["trl"], 3),
+                        "step_time_ours_fsdp_over_trl": round(med["ours_fsdp"] / med["trl"], 3)}
     report["agreement"] = {"loss_rel_diff": rel(ours1["loss"], trl1["loss"]),
                            "grad_norm_rel_diff": rel(ours1["grad_norm"], trl1["grad_norm"]),
                            "ours_step1": ours1, "trl_step1": trl1}

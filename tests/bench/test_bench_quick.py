@@ -81,10 +81,14 @@ def test_trainer_vs_trl_quick(tmp_path):
                                 check=True, timeout=900).stdout.strip()
     report = _run("trainer_vs_trl.py", tmp_path / "trainer_vs_trl.json", "--trl-python", trl_python)
     assert {"step_time_ours_over_trl", "step_time_ours_recompute_over_trl",
-            "step_time_ours_whole_rows_over_trl"} <= set(report["ratios"])
+            "step_time_ours_whole_rows_over_trl", "step_time_ours_fsdp_over_trl"} <= set(report["ratios"])
     assert report["agreement"]["loss_rel_diff"] < 1e-4 and report["agreement"]["grad_norm_rel_diff"] < 1e-4
-    sides = ("ours", "trl", "ours_recompute", "ours_whole_rows")
+    sides = ("ours", "trl", "ours_recompute", "ours_whole_rows", "ours_fsdp")
     assert report["trl_version"] and all(len(report["runs"][s]) == 1 for s in sides)
+    # FSDP2 over a group of one (float32 here) computes what the plain module does
+    fsdp, ours = report["runs"]["ours_fsdp"][0]["step1"], report["runs"]["ours"][0]["step1"]
+    assert fsdp["loss"] == pytest.approx(ours["loss"], rel=1e-5) and \
+        fsdp["grad_norm"] == pytest.approx(ours["grad_norm"], rel=1e-5)
     # running a group's prompt once changes the rounding only
     whole, shared = report["runs"]["ours_whole_rows"][0]["step1"], report["runs"]["ours"][0]["step1"]
     assert shared["loss"] == pytest.approx(whole["loss"], rel=1e-4) and \

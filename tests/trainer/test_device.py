@@ -66,18 +66,11 @@ def test_a_trainer_of_several_processes_is_not_run_alone(tmp_path):
         Trainer(cfg, dist=context_for(cfg, local_rank=1, node=0))
 
 
-def test_update_after_the_old_logprob_pass_has_the_unsharded_gradient(tmp_path):
-    """The trainer's default step is a no-gradient log-prob pass, then the update. Under FSDP2 the root
-    module kept the parameters it had gathered for that pass, and the update computed wrong gradients for
-    the root's own parameters (here a gradient norm of 0.38 instead of 1.06). The sharded trainer must
-    give the plain model's gradient whether or not the pass came first."""
-    from transformers import AutoModelForCausalLM
-
+def _grpo_batch(tmp_path):
+    """A tiny model and an 8-row GRPO batch (groups of 4, responses of 3-10 tokens)."""
     from rft_runtime.algos import compute_advantages
     from rft_runtime.model import make_tiny_model
-    from rft_runtime.trainer import distributed
-    from rft_runtime.trainer.batch import TrainSequence, collate
-    from rft_runtime.trainer.learner import Learner, LearnerConfig, build_optimizer
+    from rft_runtime.trainer.batch import TrainSequence
 
     model_dir = make_tiny_model(tmp_path / "m", seed=3, hidden=32, layers=2, intermediate=64,
                                 max_position_embeddings=32)
@@ -88,6 +81,21 @@ def test_update_after_the_old_logprob_pass_has_the_unsharded_gradient(tmp_path):
                           version=0, truncated=False, episode_id=f"e{i}") for i in range(8)]
     adv = compute_advantages("grpo", torch.tensor([s.reward for s in seqs], dtype=torch.float64),
                              [s.group for s in seqs])
+    return model_dir, seqs, adv
+
+
+def test_update_after_the_old_logprob_pass_has_the_unsharded_gradient(tmp_path):
+    """The trainer's default step is a no-gradient log-prob pass, then the update. Under FSDP2 the root
+    module kept the parameters it had gathered for that pass, and the update computed wrong gradients for
+    the root's own parameters (here a gradient norm of 0.38 instead of 1.06). The sharded trainer must
+    give the plain model's gradient whether or not the pass came first."""
+    from transformers import AutoModelForCausalLM
+
+    from rft_runtime.trainer import distributed
+    from rft_runtime.trainer.batch import collate
+    from rft_runtime.trainer.learner import Learner, LearnerConfig, build_optimizer
+
+    model_dir, seqs, adv = _grpo_batch(tmp_path)
     ctx = DistContext()
     distributed.ensure_group(ctx)
 
@@ -107,3 +115,45 @@ def test_update_after_the_old_logprob_pass_has_the_unsharded_gradient(tmp_path):
     plain = grad_norm(sharded=False, recompute=True)
     assert grad_norm(sharded=True, recompute=False) == pytest.approx(plain, rel=1e-5)  # the update alone
     assert grad_norm(sharded=True, recompute=True) == pytest.approx(plain, rel=1e-5)  # after the pass
+
+
+def test_one_process_computing_in_bfloat16_is_a_plain_module_under_autocast(tmp_path):
+    """World size 1 with a compute dtype (a GPU with ``model.dtype: auto``) keeps a plain module whose
+    forward runs under ``torch.autocast``: float32 parameters and gradients, bfloat16 logits, and an
+    update within bfloat16's rounding of both the float32 one and FSDP2's mixed precision (which two or
+    more ranks run)."""
+    from torch.distributed.fsdp import FSDPModule
+    from transformers import AutoModelForCausalLM
+
+    from rft_runtime.trainer import distributed
+    from rft_runtime.trainer.batch import collate
+    from rft_runtime.trainer.learner import Learner, LearnerConfig, build_optimizer
+
+    model_dir, seqs, adv = _grpo_batch(tmp_path)
+    ctx = DistContext()
+    distributed.ensure_group(ctx)
+    batch = collate(seqs)
+
+    def step(how: str) -> tuple[torch.nn.Module, dict]:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if how == "autocast":
+            model = distributed.shard(model, ctx, torch.bfloat16)
+        elif how == "fsdp":
+            model = distributed.fsdp(model, ctx, torch.bfloat16)
+        learner = Learner(model, LearnerConfig(micro_batch_size=4), build_optimizer(list(model.parameters()), 1e-3, 0.0))
+        old = learner.logprobs(batch)
+        return model, learner.update(batch, adv.advantages.float(), adv.valid, old)
+
+    model, auto = step("autocast")
+    assert not any(isinstance(m, FSDPModule) for m in model.modules())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters())
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    assert out.logits.dtype == torch.bfloat16
+    _, fp32 = step("float32")
+    _, fsdp = step("fsdp")
+    for key in ("loss", "grad_norm"):
+        assert auto[key] == pytest.approx(fp32[key], rel=3e-2, abs=1e-3), (key, auto, fp32)
+        assert auto[key] == pytest.approx(fsdp[key], rel=3e-2, abs=1e-3), (key, auto, fsdp)
+    assert auto["grad_norm"] != fp32["grad_norm"]  # it did compute in bfloat16
