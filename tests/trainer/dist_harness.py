@@ -4,7 +4,8 @@ Each process builds the real :class:`~rft_runtime.trainer.trainer.Worker` of its
 sharded policy and reference, AdamW, the scheduler — in a gloo process group, trains the given
 steps on fixed episodes (every rank gets the whole batch and trains its rows, as when rank 0
 broadcasts a step), optionally resumes from or writes a distributed checkpoint, and rank 0 saves the
-gathered full state dict.
+gathered full state dict. ``bf16_compute``: compute in bfloat16 over float32 weights, as ``model.dtype:
+auto`` does on a GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def steps_batch(step: int) -> list[Any]:
 
 
 def run_rank(rank: int, config_json: str, port: int, steps: list[int], out: str, resume_from: str | None,
-             save_after: int | None) -> None:
+             save_after: int | None, bf16_compute: bool = False) -> None:
     import os
 
     # Each rank logs to its own file (shown by the test on failure), not into pytest's captured fds.
@@ -40,6 +41,13 @@ def run_rank(rank: int, config_json: str, port: int, steps: list[int], out: str,
     from rft_runtime.trainer.state import TrainerState
     from rft_runtime.trainer.trainer import Worker
 
+    if bf16_compute:  # what ``model.dtype: auto`` computes in on a GPU, here on the CPU
+        from rft_runtime.trainer import model_io, trainer
+
+        def bf16(name: str, device: torch.device) -> torch.dtype | None:
+            return torch.bfloat16 if name == "auto" else None
+
+        model_io.compute_dtype = trainer.compute_dtype = bf16
     cfg = runtime.parse(config_json)
     ctx = context_for(cfg, local_rank=rank, node=0, port=port)
     worker = Worker(cfg, ctx).load()

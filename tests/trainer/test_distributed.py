@@ -51,13 +51,13 @@ def _config(tmp_path: Path, model_dir: Path, world: int, lora: bool = False) -> 
 
 def _train(tmp_path: Path, model_dir: Path, world: int, name: str, *, steps: list[int] = STEPS,
            resume_from: Path | None = None, save_after: int | None = None,
-           lora: bool = False) -> dict[str, torch.Tensor]:
+           lora: bool = False, bf16_compute: bool = False) -> dict[str, torch.Tensor]:
     out = tmp_path / name
     out.mkdir()
     try:
         mp.spawn(run_rank, nprocs=world, join=True,
                  args=(_config(tmp_path, model_dir, world, lora), _free_port(), steps, str(out),
-                       str(resume_from) if resume_from else None, save_after))
+                       str(resume_from) if resume_from else None, save_after, bf16_compute))
     except ProcessException:
         for log in sorted(out.glob("rank-*.log")):
             print(f"--- {log.name}\n{log.read_text()[-4000:]}")
@@ -121,3 +121,34 @@ def test_lora_adapter_trains_the_same_at_world_size_2(tmp_path, tiny_model_dir):
         if "lora_" not in k:
             name = k.replace("base_model.model.", "").replace(".base_layer", "")
             torch.testing.assert_close(v, base[name], rtol=0, atol=0, msg=k)
+
+
+def test_bfloat16_compute_at_world_size_1_and_2(tmp_path, tiny_model_dir, reference_run):
+    """``model.dtype: auto`` on a GPU: float32 weights, bfloat16 compute; one process runs a plain module
+    under autocast, two run FSDP2's mixed precision. Both train (with the KL reference, a distributed
+    checkpoint and its resume) in the direction the float32 run does and each other's, and really compute
+    in bfloat16 (they differ from float32 by more than float32's rounding). AdamW turns a gradient that
+    rounding flips into a full step the other way, so the updates are compared as a whole (cosine)."""
+    _, fp32 = reference_run
+    from transformers import AutoModelForCausalLM
+
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    one = _train(tmp_path, tiny_model_dir, 1, "ws1", save_after=1, bf16_compute=True)
+    two = _train(tmp_path, tiny_model_dir, 2, "ws2", bf16_compute=True)
+
+    def update(w: dict) -> torch.Tensor:
+        return torch.cat([(w[k] - start[k]).flatten() for k in sorted(start)])
+
+    def cos(a: dict, b: dict) -> float:
+        return float(torch.nn.functional.cosine_similarity(update(a), update(b), dim=0))
+
+    def diff(a: dict, b: dict) -> float:
+        return max(float((a[k] - b[k]).abs().max()) for k in b)
+
+    assert diff(one, fp32) > 10 * ATOL and diff(two, fp32) > 10 * ATOL  # bfloat16 was used
+    # measured 0.9994 / 0.9993 / 0.9992
+    similar = {"one/fp32": cos(one, fp32), "two/fp32": cos(two, fp32), "one/two": cos(one, two)}
+    assert min(similar.values()) > 0.99, similar
+    resumed = _train(tmp_path, tiny_model_dir, 1, "resumed", steps=[2, 3], resume_from=tmp_path / "ws1" / "ckpt-1",
+                     bf16_compute=True)
+    _assert_same(resumed, one)
