@@ -184,6 +184,11 @@ def _engine_children(pid: int) -> list[int]:
     return found
 
 
+def _maps_torch(pid: int) -> bool:
+    """Whether process ``pid`` has torch's shared library mapped (it imported torch)."""
+    return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+
 @pytest.mark.parametrize("mode", [[], ["--no-engine-process"]], ids=["engine-process", "one-process"])
 def test_cli_main_serves_and_stops(tmp_path, mode):
     port = _free_port()
@@ -219,9 +224,23 @@ def test_cli_main_serves_and_stops(tmp_path, mode):
                                                                        "max_tokens": 10}, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
         assert "maximum context length is 64 tokens" in r.json()["error"]["message"]
+        # the routes that render and read text (chat template, token strings, detokenize)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "what is 2 + 3"}], "max_tokens": 3,
+            "temperature": 0, "logprobs": True, "top_logprobs": 2})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["logprobs"]["content"]) == 3, r.text
+        r = httpx.post(f"http://127.0.0.1:{port}/tokenize",
+                       json={"model": "tiny", "prompt": "what is", "return_token_strs": True})
+        assert r.status_code == 200 and len(r.json()["token_strs"]) == r.json()["count"] > 0, r.text
+        r = httpx.post(f"http://127.0.0.1:{port}/detokenize", json={"model": "tiny", "tokens": r.json()["tokens"]})
+        assert r.status_code == 200 and r.json()["prompt"] == "what is", r.text
         # the engine runs in its own process by default, in the server's process with --no-engine-process
         children = _engine_children(proc.pid)
         assert len(children) == (0 if mode else 1), children
+        # with the engine in its own process the front end never loads torch (it holds the tokenizer
+        # only): torch's libraries are mapped in the engine process, not in the server's
+        assert _maps_torch(proc.pid) == bool(mode)
+        assert all(_maps_torch(c) for c in children)
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)

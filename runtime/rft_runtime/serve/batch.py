@@ -15,44 +15,15 @@ last logits; the others copy its prompt KV into their slots and sample from the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from .protocol import SamplingParams
 from .runner import Chunk, SlotRunner
 from .sampler import prompt_logprobs, sample_step, seed_of
+from .sequence import Sequence
 
 DEFAULT_PREFILL_TOKENS = 2048  # tokens per iteration (decodes plus prompt chunks)
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One completion being generated, and everything the response needs about it."""
-
-    prompt: list[int]
-    params: SamplingParams
-    owner: Any = None  # the engine's request record
-    index: int = 0  # position in the owner's outputs
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
-    prompt_logprobs: list[dict | None] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    # engine state
-    slot: int = -1
-    computed: int = 0  # tokens of this sequence already in its KV slot
-    seed: int = 0
-    leader: "Sequence | None" = None  # the sequence prefilling the prompt this one shares
-    followers: list["Sequence"] = field(default_factory=list)
-    prompt_chunks: list[torch.Tensor] = field(default_factory=list)  # prompt logits (prompt_logprobs only)
-
-    @property
-    def finished(self) -> bool:
-        """True once a finish reason is set."""
-        return self.finish_reason is not None
 
 
 class RunningBatch:

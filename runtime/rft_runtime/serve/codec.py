@@ -83,3 +83,15 @@ class TextCodec:
     def token_label(self, context: Sequence[int] | None, token_id: int, as_id: bool) -> str:
         """``token_id:N`` when ``as_id`` (vLLM's return_tokens_as_token_ids), else :meth:`piece`."""
         return f"token_id:{token_id}" if as_id else self.piece(context, token_id)
+
+
+def eos_ids(*values: Any) -> frozenset[int]:
+    """The end-of-sequence ids named by ``values`` (each an id, a list of ids, or None), e.g. the
+    tokenizer's, the generation config's and the model config's."""
+    out: set[int] = set()
+    for v in values:
+        if isinstance(v, int):
+            out.add(v)
+        elif isinstance(v, (list, tuple)):
+            out.update(int(x) for x in v if isinstance(x, int))
+    return frozenset(out)

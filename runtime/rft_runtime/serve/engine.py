@@ -24,9 +24,11 @@ from typing import Any, Protocol
 
 import torch
 
-from .batch import DEFAULT_PREFILL_TOKENS, RunningBatch, Sequence
+from .batch import DEFAULT_PREFILL_TOKENS, RunningBatch
+from .errors import EngineError
 from .model import LoadedModel
 from .protocol import SamplingParams
+from .sequence import GenerationResult, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +40,6 @@ class EngineMetrics(Protocol):
     def set_queue(self, running: int, waiting: int) -> None: ...
 
     def observe_aborted(self, sequences: int) -> None: ...
-
-
-class EngineError(RuntimeError):
-    """The engine failed while running a request (answered with 500)."""
-
-
-@dataclass
-class GenerationResult:
-    """Finished sequences of one request, in submission order, and the policy version that made them."""
-
-    sequences: list[Sequence]
-    policy_version: int
 
 
 @dataclass

@@ -35,3 +35,11 @@ def invalid_param(param: str, value: Any, reason: str) -> APIError:
 def model_not_found(name: str, served: str) -> APIError:
     """vLLM's 404 for an unknown ``model``."""
     return APIError(404, f"The model `{name}` does not exist. Valid aliases: {served}.", "model")
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (answered with 500)."""
+
+
+class WeightLoadError(ValueError):
+    """The directory does not hold weights the served model can load."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .codec import TextCodec
+from .codec import TextCodec, eos_ids
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -52,16 +52,6 @@ def resolve_dtype(dtype: str, config: Any, device: torch.device) -> torch.dtype:
     return cfg
 
 
-def _eos_ids(*values: Any) -> frozenset[int]:
-    out: set[int] = set()
-    for v in values:
-        if isinstance(v, int):
-            out.add(v)
-        elif isinstance(v, (list, tuple)):
-            out.update(int(x) for x in v if isinstance(x, int))
-    return frozenset(out)
-
-
 def load_model(model_dir: str | os.PathLike, *, dtype: str = "auto", device: str = "auto",
                max_model_len: int | None = None) -> LoadedModel:
     """Load model and tokenizer from ``model_dir`` with transformers (HF_HUB_OFFLINE=1)."""
@@ -86,7 +76,7 @@ def load_model(model_dir: str | os.PathLike, *, dtype: str = "auto", device: str
         gen_eos = None
     text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab_size = int(text_cfg.vocab_size)
-    eos = _eos_ids(tokenizer.eos_token_id, gen_eos, getattr(text_cfg, "eos_token_id", None))
+    eos = eos_ids(tokenizer.eos_token_id, gen_eos, getattr(text_cfg, "eos_token_id", None))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else getattr(text_cfg, "pad_token_id", None)
     if pad is None:
         pad = min(eos) if eos else 0

@@ -13,7 +13,7 @@ API. They talk over one ``multiprocessing`` pipe (pickled tuples):
   ``("metrics", None, counts)`` (what the engine observed since the last such message: steps and
   their generated tokens by batch size, aborted sequences, and the queue now).
 
-The front end rebuilds :class:`~rft_runtime.serve.batch.Sequence` objects from those messages, so the
+The front end rebuilds :class:`~rft_runtime.serve.sequence.Sequence` objects from those messages, so the
 routes and renderers are the same in both modes, and replays the engine's observations into its own
 :class:`~rft_runtime.serve.metrics.ServeMetrics`: the child sends them before every answer (so a
 ``/metrics`` read after a response counts its tokens) and every :data:`METRICS_INTERVAL_S` while it
@@ -26,20 +26,22 @@ loads in the child while the front end loads the tokenizer and builds its routes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .batch import Sequence
-from .codec import TextCodec
-from .engine import EngineError, GenerationResult
+from .codec import TextCodec, eos_ids
+from .errors import EngineError, WeightLoadError
 from .protocol import SamplingParams
-from .weights import WeightLoadError
+from .sequence import GenerationResult, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -430,22 +432,52 @@ class ProcessEngine:
         return await fut
 
 
-def served_model(model_dir: str, max_model_len: int | None) -> ServedModel:
-    """The tokenizer and limits of ``model_dir``, without loading weights (front end of process mode)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+_NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 
-    from .model import _eos_ids
 
-    config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
-    text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+@contextlib.contextmanager
+def _torch_hidden(hide: bool) -> Iterator[None]:
+    """Within it, ``import torch`` fails and torch looks absent to transformers (``sys.modules`` maps
+    it to None, as the import system documents), so that transformers loads a tokenizer without
+    torch. transformers keeps that answer for the rest of the process: only for a process that will
+    never load a model. Nothing is hidden where torch is already imported. (transformers' advice
+    that models will not be available is not printed: this process loads none.)"""
+    if not hide or "torch" in sys.modules:
+        yield
+        return
+    advisory = os.environ.get(_NO_ADVICE)
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    os.environ[_NO_ADVICE] = "1"
     try:
-        gen_eos = GenerationConfig.from_pretrained(model_dir, local_files_only=True).eos_token_id
-    except OSError:
-        gen_eos = None
+        yield
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+        if advisory is None:
+            os.environ.pop(_NO_ADVICE, None)
+        else:
+            os.environ[_NO_ADVICE] = advisory
+
+
+def served_model(model_dir: str, max_model_len: int | None, *, torch_free: bool = False) -> ServedModel:
+    """The tokenizer and limits of ``model_dir``, without loading weights (front end of process mode).
+
+    ``torch_free``: load them without importing torch, for a process that is only the front end
+    (``rft serve``): torch and what it initialises are about 0.4 GB of the process's memory, and the
+    engine process has its own copy."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with _torch_hidden(torch_free):
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        try:
+            gen_eos = GenerationConfig.from_pretrained(model_dir, local_files_only=True).eos_token_id
+        except OSError:
+            gen_eos = None
+    text_cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     vocab = int(text_cfg.vocab_size)
-    eos = _eos_ids(tokenizer.eos_token_id, gen_eos, getattr(text_cfg, "eos_token_id", None))
+    eos = eos_ids(tokenizer.eos_token_id, gen_eos, getattr(text_cfg, "eos_token_id", None))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else getattr(text_cfg, "pad_token_id", None)
     limit = max_model_len or int(getattr(text_cfg, "max_position_embeddings", 0) or 0)
     return ServedModel(codec=TextCodec(tokenizer, vocab), model_dir=str(model_dir), vocab_size=vocab,

@@ -10,10 +10,9 @@ import random
 import time
 from typing import Any
 
-from .batch import Sequence
 from .codec import TextCodec
-from .engine import GenerationResult
 from .protocol import GenerationRequest, PromptInput
+from .sequence import GenerationResult, Sequence
 
 FINGERPRINT = "rft-builtin"
 _FLOOR = -9999.0  # vLLM/OpenAI render -inf logprobs as -9999.0

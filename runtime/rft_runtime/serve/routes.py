@@ -23,12 +23,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .engine import Engine, EngineError
-from .errors import APIError, bad_request, invalid_param, model_not_found
+from .errors import APIError, EngineError, WeightLoadError, bad_request, invalid_param, model_not_found
 from .metrics import ServeMetrics
 from .protocol import (
     DEFAULT_MAX_LOGPROBS,
@@ -45,7 +44,9 @@ from .protocol import (
 )
 from .render import chat_body, completion_body
 from .stream import Streamer, sse
-from .weights import WeightLoadError
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 log = logging.getLogger(__name__)
 

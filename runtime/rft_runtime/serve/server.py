@@ -14,18 +14,19 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from rft_api.layout import CURRENT_WEIGHTS_FILE
 
 from .. import auth
-from .engine import Engine
 from .errors import APIError
 from .metrics import ServeMetrics
-from .model import load_model
 from .routes import VERSION_HEADER, ServeRoutes, max_body_bytes
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -153,18 +154,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, load_kwargs: dict,
                  policy_version: int = 0, threads: int | None = None, log_file: str | None = None,
-                 log_level: str = "INFO") -> Any:
+                 log_level: str = "INFO", torch_free: bool = False) -> Any:
     """The engine serving ``model_dir`` (``load_kwargs``: :func:`~.model.load_model`'s): in a child
     process (:mod:`.procengine`, launched now, so that the model loads there while this process loads
-    the tokenizer; ``log_file``/``log_level``: its logging) or in this process."""
+    the tokenizer; ``log_file``/``log_level``: its logging) or in this process. ``torch_free`` (with
+    ``engine_process``): this process is only the front end and never imports torch
+    (:func:`~.procengine.served_model`), which ``rft serve`` asks for."""
     if engine_process:
         from .procengine import ProcessEngine, served_model
 
         engine = ProcessEngine(None, model_dir, max_batch_size=max_batch_size, policy_version=policy_version,
                                threads=threads, load_kwargs=load_kwargs, log_file=log_file, log_level=log_level)
         engine.launch()
-        engine.lm = served_model(model_dir, load_kwargs.get("max_model_len"))
+        engine.lm = served_model(model_dir, load_kwargs.get("max_model_len"), torch_free=torch_free)
         return engine
+    from .engine import Engine
+    from .model import load_model
+
     return Engine(load_model(model_dir, **load_kwargs), max_batch_size=max_batch_size, policy_version=policy_version)
 
 
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.threads:
+    if args.threads and not args.engine_process:  # the engine process sets its own
         import torch
 
         torch.set_num_threads(args.threads)
@@ -193,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     initial_version = UNPUBLISHED if args.weights_dir else args.policy_version
     engine = build_engine(args.model, engine_process=args.engine_process, max_batch_size=args.max_batch_size,
                           policy_version=initial_version, threads=args.threads, log_level=args.log_level,
+                          torch_free=True,
                           load_kwargs={"dtype": args.dtype, "device": args.device,
                                        "max_model_len": args.max_model_len})
     lm = engine.lm

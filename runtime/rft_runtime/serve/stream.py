@@ -23,10 +23,10 @@ import json
 import time
 from typing import Any
 
-from .batch import Sequence
 from .codec import TextCodec
 from .protocol import GenerationRequest
 from .render import FINGERPRINT, chat_logprobs, completion_logprobs, output_text, request_id
+from .sequence import Sequence
 
 
 def sse(obj: Any) -> bytes:

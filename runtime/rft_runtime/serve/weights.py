@@ -18,11 +18,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from .errors import WeightLoadError
+
 _PEFT_PREFIX = "base_model.model."
-
-
-class WeightLoadError(ValueError):
-    """The directory does not hold weights the served model can load."""
 
 
 def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
