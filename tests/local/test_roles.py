@@ -16,6 +16,7 @@ import yaml
 
 from rft_api.job import validate_spec
 from tests import metrics_text
+from tests.processes import maps_torch
 from tests.runtime_config import local_config
 
 
@@ -75,6 +76,9 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         rollout = start(["rollout", "--config", str(tmp_path / "config.json"), "--worker-id", "r0",
                          *(["--when-done", "wait"] if remote else [])], "rollout")
         rft.wait(lambda: len(rft.rows(tmp_path / "out")) >= 1, 600, "the first step", trainer)
+        # No user code runs in this rollout worker (a builtin evaluator): it holds its tokenizer
+        # without torch, as the inference front end does; the trainer has torch.
+        assert not maps_torch(rollout.pid) and not maps_torch(serve.pid) and maps_torch(trainer.pid)
         metrics = httpx.get(f"http://127.0.0.1:{p_coord}/metrics").text  # the trainer's Prometheus endpoint
         assert metrics_text.samples(metrics, "rft_trainer_reward_mean", role="trainer")
         assert metrics_text.samples(metrics, "rft_trainer_step_phase_seconds", phase="update")

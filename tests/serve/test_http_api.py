@@ -16,6 +16,7 @@ import pytest
 from rft_runtime.serve.engine import Engine
 from rft_runtime.serve.model import load_model
 from tests import metrics_text
+from tests.processes import maps_torch
 from tests.serve.support import CHAT_PROMPT, TINY, ServerThread, fixture
 
 
@@ -184,11 +185,6 @@ def _engine_children(pid: int) -> list[int]:
     return found
 
 
-def _maps_torch(pid: int) -> bool:
-    """Whether process ``pid`` has torch's shared library mapped (it imported torch)."""
-    return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
-
-
 @pytest.mark.parametrize("mode", [[], ["--no-engine-process"]], ids=["engine-process", "one-process"])
 def test_cli_main_serves_and_stops(tmp_path, mode):
     port = _free_port()
@@ -239,8 +235,8 @@ def test_cli_main_serves_and_stops(tmp_path, mode):
         assert len(children) == (0 if mode else 1), children
         # with the engine in its own process the front end never loads torch (it holds the tokenizer
         # only): torch's libraries are mapped in the engine process, not in the server's
-        assert _maps_torch(proc.pid) == bool(mode)
-        assert all(_maps_torch(c) for c in children)
+        assert maps_torch(proc.pid) == bool(mode)
+        assert all(maps_torch(c) for c in children)
     finally:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(60)

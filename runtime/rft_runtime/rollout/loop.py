@@ -72,6 +72,16 @@ def _bundle(cfg: RuntimeConfig) -> EvaluatorBundle | None:
     return EvaluatorBundle(source=b.source, rollout=b.rollout) if b.rollout else None
 
 
+def runs_user_code(cfg: RuntimeConfig) -> bool:
+    """Whether a rollout worker of ``cfg`` runs the job's own code: a rollout function, or an
+    evaluator that is not builtin scored in this process. Such code may load a model with
+    transformers, so the worker then loads its tokenizer with torch visible; otherwise it loads it
+    without importing torch (:func:`~rft_runtime.model.loading.torch_hidden`)."""
+    if cfg.rollout_function() is not None:
+        return True
+    return cfg.scoring == "rollout" and any(e.builtin is None for e in cfg.spec.evaluator.entries())
+
+
 class RolloutLoop:
     """One rollout worker process's loop (see the module docstring)."""
 
@@ -102,7 +112,8 @@ class RolloutLoop:
         spec = self.spec
         paths = self.cfg.paths
         model_dir = resolve_model_dir(paths)
-        tok = ChatTokenizer(load_tokenizer(model_dir, paths.tokenizer, spec.model.chat_template))
+        tok = ChatTokenizer(load_tokenizer(model_dir, paths.tokenizer, spec.model.chat_template,
+                                           torch_free=not runs_user_code(self.cfg)))
         retry = RetryPolicy(deadline_s=spec.rollout.request_timeout_seconds,
                             attempt_timeout_s=spec.rollout.request_timeout_seconds)
         scorer = self._scorer()

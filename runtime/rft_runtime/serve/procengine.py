@@ -26,18 +26,16 @@ loads in the child while the front end loads the tokenizer and builds its routes
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import multiprocessing as mp
 import os
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..model.loading import torch_hidden
 from .codec import TextCodec, eos_ids
 from .errors import EngineError, WeightLoadError
 from .protocol import SamplingParams
@@ -432,41 +430,13 @@ class ProcessEngine:
         return await fut
 
 
-_NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
-
-
-@contextlib.contextmanager
-def _torch_hidden(hide: bool) -> Iterator[None]:
-    """Within it, ``import torch`` fails and torch looks absent to transformers (``sys.modules`` maps
-    it to None, as the import system documents), so that transformers loads a tokenizer without
-    torch. transformers keeps that answer for the rest of the process: only for a process that will
-    never load a model. Nothing is hidden where torch is already imported. (transformers' advice
-    that models will not be available is not printed: this process loads none.)"""
-    if not hide or "torch" in sys.modules:
-        yield
-        return
-    advisory = os.environ.get(_NO_ADVICE)
-    sys.modules["torch"] = None  # type: ignore[assignment]
-    os.environ[_NO_ADVICE] = "1"
-    try:
-        yield
-    finally:
-        if "torch" in sys.modules and sys.modules["torch"] is None:
-            del sys.modules["torch"]
-        if advisory is None:
-            os.environ.pop(_NO_ADVICE, None)
-        else:
-            os.environ[_NO_ADVICE] = advisory
-
-
 def served_model(model_dir: str, max_model_len: int | None, *, torch_free: bool = False) -> ServedModel:
     """The tokenizer and limits of ``model_dir``, without loading weights (front end of process mode).
 
-    ``torch_free``: load them without importing torch, for a process that is only the front end
-    (``rft serve``): torch and what it initialises are about 0.4 GB of the process's memory, and the
-    engine process has its own copy."""
+    ``torch_free``: load them without importing torch (:func:`~rft_runtime.model.loading.torch_hidden`),
+    for a process that is only the front end (``rft serve``); the engine process has its own torch."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    with _torch_hidden(torch_free):
+    with torch_hidden(torch_free):
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
