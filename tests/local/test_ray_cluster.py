@@ -13,6 +13,7 @@ a Ray of its own), train to the end, and leave the cluster running for the next 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shutil
 import socket
@@ -193,6 +194,8 @@ def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two
     (``ray://``), and the worker keeps nothing."""
     address, client, stage = two_node_cluster
     monkeypatch.setenv("RFT_BIND_HOST", "127.0.0.1")
+    # inputs travel in pieces of 64 KiB (64 MiB by default), so the resumed run's checkpoints take many
+    monkeypatch.setenv("RFT_STAGE_PIECE_BYTES", str(64 << 10))
     job = _multinode_manifest(tmp_path / "far.yaml")
     out = tmp_path / "out"
 
@@ -231,6 +234,11 @@ def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two
     code = rft.run(["run", str(job), "--out", str(out), "--no-progress", "--address", client, "--resume"], log)
     text = log.read_text()
     assert code == 0, text[-4000:]
+    shipped = re.search(r"inputs in the object store: (\d+) archive\(s\), ([\d.]+) MiB in (\d+) piece\(s\) "
+                        r"of at most 0\.0625 MiB", text)
+    assert shipped, text[-3000:]
+    archives, mib, pieces = int(shipped[1]), float(shipped[2]), int(shipped[3])
+    assert pieces >= (mib - 0.05) * 16 > archives, shipped[0]  # many pieces each, and they arrived whole
     assert [r["step"] for r in rft.rows(out)] == [1, 2, 3, 4]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000004"
     assert not (out / "checkpoints" / "step-000002").exists()  # pruned by the trainer (keepLast 1), here too

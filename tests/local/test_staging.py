@@ -3,6 +3,7 @@ unit by unit; ``test_ray_cluster.py`` runs them between two real Ray nodes."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tarfile
@@ -11,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from rft_api import runtime
-from rft_runtime.local.staging import OutputSync, changed_outputs, input_paths, pack, unpack
+from rft_runtime.local.staging import (
+    OutputSync,
+    changed_outputs,
+    input_paths,
+    pack,
+    pack_pieces,
+    unpack,
+    unpack_pieces,
+)
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -34,6 +43,34 @@ def test_a_packed_directory_unpacks_the_same_and_rollouts_get_no_weights(tmp_pat
     one = _tree(tmp_path, {"evaluator.py": "def score(s, i): return 1.0"}) / "evaluator.py"
     unpack(pack(one), tmp_path / "file")
     assert (tmp_path / "file" / "evaluator.py").read_text() == one.read_text()
+
+
+def test_an_archive_travels_in_pieces_no_larger_than_asked_and_unpacks_as_a_stream(tmp_path):
+    """What the object store holds: pieces of at most ``piece_bytes`` that together are the archive
+    :func:`pack` makes (same digest); unpacking reads them one after the other."""
+    model = _tree(tmp_path / "model", {"config.json": "{}", "tokenizer.json": "t" * 70_000,
+                                        "model.safetensors": "w" * 150_000, "sub/vocab.txt": "v"})
+    whole = pack(model)
+    digest, pieces, size = pack_pieces(lambda tar: tar.add(str(model), arcname="model"), lambda b: b,
+                                       piece_bytes=16_384)
+    assert b"".join(pieces) == whole and size == len(whole)
+    assert len(pieces) == -(-len(whole) // 16_384) > 10 and all(len(p) <= 16_384 for p in pieces)
+    assert digest == hashlib.sha256(whole).hexdigest()[:32]
+    fetched = []
+
+    def fetch():
+        for i, p in enumerate(pieces):
+            if i == len(pieces) - 1:  # streamed: the first file is on disk before the last piece is read
+                assert (tmp_path / "dest" / "model" / "config.json").exists()
+            fetched.append(len(p))
+            yield p
+    unpack_pieces(fetch(), tmp_path / "dest")
+    assert fetched == [len(p) for p in pieces]
+    for rel in ("config.json", "tokenizer.json", "model.safetensors", "sub/vocab.txt"):
+        assert (tmp_path / "dest" / "model" / rel).read_bytes() == (model / rel).read_bytes(), rel
+    # an archive smaller than a piece is one piece
+    empty = _tree(tmp_path, {"e/x": ""}) / "e"
+    assert len(pack_pieces(lambda tar: tar.add(str(empty), arcname="e"), lambda b: b, piece_bytes=1 << 20)[1]) == 1
 
 
 def test_unpack_refuses_an_archive_that_escapes(tmp_path):
@@ -110,9 +147,9 @@ def test_a_pointer_is_written_after_the_checkpoint_it_names(tmp_path, monkeypatc
 def test_errors_name_the_drivers_files_not_a_nodes_copies():
     from rft_runtime.local.staging import Archive, Shipment, driver_paths
 
-    s = Shipment("0123abcd", full={"/home/u/out/mounts/evaluator/0/closeness.py": Archive("closeness.py", "a" * 32, None),
-                                   "/models/qwen": Archive("qwen", "b" * 32, None)},
-                 light={"/models/qwen": Archive("qwen", "c" * 32, None)})
+    s = Shipment("0123abcd", full={"/home/u/out/mounts/evaluator/0/closeness.py": Archive("closeness.py", "a" * 32, ()),
+                                   "/models/qwen": Archive("qwen", "b" * 32, ())},
+                 light={"/models/qwen": Archive("qwen", "c" * 32, ())})
     copy = "/tmp/rft-run-0123abcd/inputs/" + "a" * 32 + "/closeness.py"
     text = f"evaluator 'score': '{copy}:score': evaluator file {copy} failed to load"
     assert driver_paths(s, text) == ("evaluator 'score': '/home/u/out/mounts/evaluator/0/closeness.py:score': "

@@ -191,6 +191,7 @@ def run_local(opts: RunOptions) -> RunResult:
 
         paths = paths.model_copy(update={"model": str(model_dir)})
         shipment = ship(paths, secrets.token_hex(6), resume_from=out if opts.resume else None)
+        print(f"inputs in the object store: {shipment.summary()}", flush=True)
     actors: list[Any] = []
     interrupted = False
     steps_done = 0

@@ -6,7 +6,8 @@ nothing travels by path:
 - **Inputs.** The driver packs every input path it has (the model directory, a separate tokenizer,
   warm-start weights, the chat template, the dataset and evaluator files placed from the manifest's
   ConfigMaps, and a resumed run's checkpoints and metrics) into a tar archive in Ray's object store,
-  once (:func:`ship`). Each role unpacks what it reads into a directory on its own node — shared by
+  once (:func:`ship`), streamed in pieces of :data:`PIECE_BYTES`: neither the driver nor a node ever
+  holds a whole archive in memory, only the object store does (which spills to disk). Each role unpacks what it reads into a directory on its own node — shared by
   the actors of one node, keyed by the archive's digest — and runs with its config's paths rewritten
   to those copies (:meth:`Stage.localize`). Rollout workers get the model directory without its
   weight files (they need the tokenizer only). A path the driver does not have is left as written:
@@ -33,12 +34,16 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from rft_api import runtime
 
 STAGE_ENV = "RFT_STAGE_DIR"
 """Where a node keeps its copies and work directories (default: the system's temporary directory)."""
+
+PIECE_ENV = "RFT_STAGE_PIECE_BYTES"
+"""The driver's size of the pieces an input archive is put into the object store in (default
+:data:`PIECE_BYTES`)."""
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
 """Files left out of the model directory a rollout worker gets (it reads the tokenizer only)."""
@@ -49,22 +54,103 @@ TRAINER_OUTPUTS = ("checkpoints", "metrics.jsonl", "tensorboard", "progress.json
 SKIPPED_OUTPUTS = ("checkpoints/weights",)
 """Trainer outputs that are not copied back: the published policy versions (inference's copies)."""
 
+PIECE_BYTES = 64 << 20
+"""The largest piece of an input archive in the object store: the driver and each node hold one piece
+at a time, never the whole archive (a model's weights are many gigabytes)."""
+
+
+class _Pieces(io.RawIOBase):
+    """A write-only stream that hands every ``size`` bytes written to ``put`` (and the rest at
+    :meth:`finish`), hashing them on the way."""
+
+    def __init__(self, put: Callable[[bytes], Any], size: int) -> None:
+        super().__init__()
+        self.put, self.size = put, max(1, size)
+        self.buf = bytearray()
+        self.pieces: list[Any] = []
+        self.sha = hashlib.sha256()
+        self.total = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        data = bytes(b)
+        self.sha.update(data)
+        self.total += len(data)
+        self.buf += data
+        while len(self.buf) >= self.size:
+            self.pieces.append(self.put(bytes(self.buf[:self.size])))
+            del self.buf[:self.size]
+        return len(data)
+
+    def finish(self) -> tuple[str, tuple[Any, ...], int]:
+        """The archive's digest, its pieces as ``put`` returned them, and its size in bytes."""
+        if self.buf or not self.pieces:
+            self.pieces.append(self.put(bytes(self.buf)))
+            self.buf.clear()
+        return self.sha.hexdigest()[:32], tuple(self.pieces), self.total
+
+
+class _Joined(io.RawIOBase):
+    """A read-only stream over ``pieces`` (bytes), fetched one at a time as reading reaches them."""
+
+    def __init__(self, pieces: Iterable[bytes]) -> None:
+        super().__init__()
+        self.pieces = iter(pieces)
+        self.cur, self.pos = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while self.pos >= len(self.cur):
+            nxt = next(self.pieces, None)
+            if nxt is None:
+                return 0
+            self.cur, self.pos = nxt, 0
+        n = min(len(b), len(self.cur) - self.pos)
+        b[:n] = self.cur[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+
+def _weights_filter(m: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if m.isfile() and m.name.endswith(WEIGHT_SUFFIXES) else m
+
+
+def pack_pieces(add: Callable[[tarfile.TarFile], None], put: Callable[[bytes], Any], *,
+                piece_bytes: int = PIECE_BYTES) -> tuple[str, tuple[Any, ...], int]:
+    """An uncompressed tar archive of what ``add`` adds to it, written as a stream and handed to
+    ``put`` in pieces of ``piece_bytes``: its digest, what ``put`` returned for each piece, and its
+    size."""
+    sink = _Pieces(put, piece_bytes)
+    with tarfile.open(fileobj=sink, mode="w|") as tar:
+        add(tar)
+    return sink.finish()
+
+
+def _adder(path: Path, skip_weights: bool) -> Callable[[tarfile.TarFile], None]:
+    """Adds ``path`` (a file or a directory) as the archive's one top entry, its name."""
+    return lambda tar: tar.add(str(path), arcname=path.name, filter=_weights_filter if skip_weights else None)
+
 
 def pack(path: Path, *, skip_weights: bool = False) -> bytes:
     """``path`` (a file or a directory) as an uncompressed tar archive whose one top entry is its name."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(str(path), arcname=path.name,
-                filter=(lambda m: None if m.isfile() and m.name.endswith(WEIGHT_SUFFIXES) else m) if skip_weights
-                else None)
-    return buf.getvalue()
+    return b"".join(pack_pieces(_adder(path, skip_weights), lambda piece: piece)[1])
+
+
+def unpack_pieces(pieces: Iterable[bytes], dest: Path) -> None:
+    """Extract an archive given as consecutive pieces into ``dest``, reading them as a stream (one
+    piece in memory at a time), with Python's ``data`` filter: no absolute paths, no links out of
+    ``dest``, no devices."""
+    with tarfile.open(fileobj=_Joined(pieces), mode="r|") as tar:
+        tar.extractall(dest, filter="data")
 
 
 def unpack(data: bytes, dest: Path) -> None:
-    """Extract an archive of :func:`pack` into ``dest`` (Python's ``data`` filter: no absolute paths,
-    no links out of ``dest``, no devices)."""
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        tar.extractall(dest, filter="data")
+    """Extract an archive of :func:`pack` into ``dest`` (see :func:`unpack_pieces`)."""
+    unpack_pieces([data], dest)
 
 
 @dataclass(frozen=True)
@@ -74,8 +160,10 @@ class Archive:
     name: str
     """The path's last component (the archive's top entry)."""
     digest: str
-    ref: Any
-    """The ``ray.ObjectRef`` of the archive's bytes."""
+    refs: tuple[Any, ...]
+    """The ``ray.ObjectRef`` of each piece of the archive's bytes, in order (:data:`PIECE_BYTES`)."""
+    size: int = 0
+    """The archive's bytes."""
 
 
 @dataclass
@@ -83,11 +171,19 @@ class Shipment:
     """The inputs of one run, by the path the driver's config names them with."""
 
     run_id: str
+    piece_bytes: int = PIECE_BYTES
     full: dict[str, Archive] = field(default_factory=dict)
     light: dict[str, Archive] = field(default_factory=dict)
     """Directories without their weight files (what a rollout worker gets for the model)."""
     outputs: Archive | None = None
     """A resumed run's trainer outputs (``TRAINER_OUTPUTS`` of ``--out``), for the trainer's work dir."""
+
+    def summary(self) -> str:
+        """How much went into the object store, in how many archives and pieces."""
+        archives = [*self.full.values(), *self.light.values(), *([self.outputs] if self.outputs else [])]
+        size = sum(a.size for a in archives)
+        return (f"{len(archives)} archive(s), {size / 2**20:.1f} MiB in {sum(len(a.refs) for a in archives)} "
+                f"piece(s) of at most {self.piece_bytes / 2**20:g} MiB")
 
 
 def driver_paths(shipment: Shipment, text: str) -> str:
@@ -98,11 +194,10 @@ def driver_paths(shipment: Shipment, text: str) -> str:
     return pattern.sub(lambda m: parents.get(m.group(1), m.group(0)), text)
 
 
-def _put(path: Path, *, skip_weights: bool = False) -> Archive:
+def _put(path: Path, *, skip_weights: bool = False, piece_bytes: int = PIECE_BYTES) -> Archive:
     import ray
 
-    data = pack(path, skip_weights=skip_weights)
-    return Archive(path.name, hashlib.sha256(data).hexdigest()[:32], ray.put(data))
+    return Archive(path.name, *pack_pieces(_adder(path, skip_weights), ray.put, piece_bytes=piece_bytes))
 
 
 def input_paths(paths: runtime.Paths) -> list[str]:
@@ -114,31 +209,41 @@ def input_paths(paths: runtime.Paths) -> list[str]:
     return [p for p in dict.fromkeys(found) if p and not p.startswith("builtin:")]
 
 
-def ship(paths: runtime.Paths, run_id: str, resume_from: Path | None = None) -> Shipment:
-    """Put every input path of ``paths`` that exists here into the object store (see the module
-    docstring); ``resume_from``: the ``--out`` of a run to resume, whose trainer outputs go too."""
-    s = Shipment(run_id)
+def ship(paths: runtime.Paths, run_id: str, resume_from: Path | None = None, *,
+         piece_bytes: int | None = None) -> Shipment:
+    """Put every input path of ``paths`` that exists here into the object store, each as an archive
+    in pieces of ``piece_bytes`` (default ``$RFT_STAGE_PIECE_BYTES``, else :data:`PIECE_BYTES`; see the
+    module docstring); ``resume_from``: the ``--out`` of a run to resume, whose trainer outputs go too."""
+    if piece_bytes is None:
+        piece_bytes = int(os.environ.get(PIECE_ENV) or PIECE_BYTES)
+    s = Shipment(run_id, piece_bytes)
     for p in input_paths(paths):
         path = Path(p)
         if not path.exists():
             continue  # a volume the nodes mount at this path
-        s.full[p] = _put(path)
+        s.full[p] = _put(path, piece_bytes=piece_bytes)
         if path.is_dir():
-            s.light[p] = _put(path, skip_weights=True)
+            s.light[p] = _put(path, skip_weights=True, piece_bytes=piece_bytes)
     if resume_from is not None:
-        s.outputs = _put_outputs(resume_from)
+        s.outputs = _put_outputs(resume_from, piece_bytes)
     return s
 
 
-def _put_outputs(out: Path) -> Archive:
+def _put_outputs(out: Path, piece_bytes: int) -> Archive:
     import ray
 
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
+    def add(tar: tarfile.TarFile) -> None:
         for rel in _output_files(out):
             tar.add(str(out / rel), arcname=rel)
-    data = buf.getvalue()
-    return Archive("", hashlib.sha256(data).hexdigest()[:32], ray.put(data))
+    return Archive("", *pack_pieces(add, ray.put, piece_bytes=piece_bytes))
+
+
+def _fetch(refs: Iterable[Any]) -> Iterator[bytes]:
+    """The pieces of an archive from the object store, one at a time."""
+    import ray
+
+    for ref in refs:
+        yield ray.get(ref)
 
 
 def node_root(run_id: str) -> Path:
@@ -169,11 +274,9 @@ class Stage:
             return path
         dest = self.root / "inputs" / archive.digest
         if not dest.exists():
-            import ray
-
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
-            unpack(ray.get(archive.ref), tmp)
+            unpack_pieces(_fetch(archive.refs), tmp)
             try:
                 os.rename(tmp, dest)
             except OSError:  # another actor of this node unpacked it first
@@ -200,9 +303,7 @@ class Stage:
         }
         if outputs:
             if self.shipment.outputs is not None and not (self.work / "checkpoints").exists():
-                import ray
-
-                unpack(ray.get(self.shipment.outputs.ref), self.work)
+                unpack_pieces(_fetch(self.shipment.outputs.refs), self.work)
             update.update(checkpoints=str(self.work / "checkpoints"), output=str(self.work))
         return cfg.model_copy(update={"paths": p.model_copy(update=update)})
 
