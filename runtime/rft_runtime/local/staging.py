@@ -7,11 +7,12 @@ nothing travels by path:
   warm-start weights, the chat template, the dataset and evaluator files placed from the manifest's
   ConfigMaps, and a resumed run's checkpoints and metrics) into a tar archive in Ray's object store,
   once (:func:`ship`), streamed in pieces of :data:`PIECE_BYTES`: neither the driver nor a node ever
-  holds a whole archive in memory, only the object store does (which spills to disk). Each role unpacks what it reads into a directory on its own node — shared by
-  the actors of one node, keyed by the archive's digest — and runs with its config's paths rewritten
-  to those copies (:meth:`Stage.localize`). Rollout workers get the model directory without its
-  weight files (they need the tokenizer only). A path the driver does not have is left as written:
-  a volume mounted at the same path on every node.
+  holds a whole archive in memory, only the object store does (which spills to disk). Each role
+  unpacks what it reads into a directory on its own node — shared by the actors of one node, keyed
+  by the archive's digest — and runs with its config's paths rewritten to those copies
+  (:meth:`Stage.localize`). Rollout workers get the model directory without its weight files (they
+  need the tokenizer only). A path the driver does not have is left as written: a volume mounted at
+  the same path on every node.
 - **Outputs.** The trainer writes checkpoints, metrics, TensorBoard events, progress and the final
   model into a work directory on its node; after every step the driver copies what changed into
   ``--out`` and removes what the trainer removed (pruned checkpoints) (:class:`OutputSync`), so a
