@@ -1,5 +1,6 @@
 """`rft run --engine-process`: each inference actor runs its engine in a child process (spawned from a
-Ray worker), which logs to the actor's log, serves every policy version, and ends with its run."""
+Ray worker), which logs to the actor's log, serves every policy version, and ends with its run; and the
+rollout actor, which imports no torch when no user code runs in it."""
 
 from __future__ import annotations
 
@@ -20,3 +21,6 @@ def test_rft_run_with_the_engine_in_a_process_of_its_own(tmp_path, tiny_model, m
     assert "serving policy version 3 (full weights)" in text
     # the run kills its actors; the engine process goes with its actor (killed, or at its pipe's end)
     rft.wait(lambda: not os.path.exists(f"/proc/{pid}"), 30, "the engine process to end")
+    # the rollout actor runs none of the job's code (a builtin evaluator): it never imported torch
+    rollout = (out / "logs" / "rollout-0.log").read_text()
+    assert "loaded (torch not imported)" in rollout, rollout[-3000:]

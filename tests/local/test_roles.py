@@ -79,6 +79,7 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         # No user code runs in this rollout worker (a builtin evaluator): it holds its tokenizer
         # without torch, as the inference front end does; the trainer has torch.
         assert not maps_torch(rollout.pid) and not maps_torch(serve.pid) and maps_torch(trainer.pid)
+        assert "loaded (torch not imported)" in (tmp_path / "rollout.log").read_text()
         metrics = httpx.get(f"http://127.0.0.1:{p_coord}/metrics").text  # the trainer's Prometheus endpoint
         assert metrics_text.samples(metrics, "rft_trainer_reward_mean", role="trainer")
         assert metrics_text.samples(metrics, "rft_trainer_step_phase_seconds", phase="update")

@@ -30,12 +30,12 @@ ACTOR_ENV = {
 }
 
 
-def _setup_process(log_file: str | None, threads: int) -> None:
+def _setup_process(log_file: str | None, threads: int, *, computes: bool = True) -> None:
+    """Environment, torch's threads and logging of an actor's process. ``computes``: whether the role
+    computes with torch (inference, trainer); a rollout worker only tokenizes, and does not import
+    torch unless the job's own code does (:func:`~rft_runtime.rollout.loop.runs_user_code`)."""
     for k, v in ACTOR_ENV.items():
         os.environ.setdefault(k, v)
-    import torch
-
-    torch.set_num_threads(max(1, threads))
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     if log_file:
@@ -43,6 +43,11 @@ def _setup_process(log_file: str | None, threads: int) -> None:
         h = logging.FileHandler(log_file)
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(h)
+    if not computes:  # nor transformers, which would decide now that torch is there to import
+        return
+    import torch
+
+    torch.set_num_threads(max(1, threads))
     try:
         from transformers.utils import logging as hf_logging
 
@@ -226,7 +231,7 @@ class RolloutActor(_Staged):
     def __init__(self, worker_id: str, *, threads: int = 1, log_file: str | None = None,
                  shipment: Any = None) -> None:
         log_file = self._open_stage(shipment, worker_id, log_file)
-        _setup_process(log_file, threads)
+        _setup_process(log_file, threads, computes=False)
         from ..rollout import loop  # noqa: F401 - imported now, in parallel with the other roles
 
         self.worker_id = worker_id

@@ -17,6 +17,7 @@ from rft_api.layout import is_builtin_model
 from rft_api.runtime import Paths
 
 _NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+_transformers_without_torch = False  # transformers was first imported under torch_hidden
 
 
 @contextlib.contextmanager
@@ -26,17 +27,21 @@ def torch_hidden(hide: bool = True) -> Iterator[None]:
     config without importing torch: about 0.4 GB less for a process that needs only those (the
     inference front end, a rollout worker with no user code). transformers keeps that answer for
     the rest of the process, so only for a process that never loads a model with it. Nothing is
-    hidden where torch is already imported, and transformers' advice that models will not be
-    available is not printed."""
-    if not hide or "torch" in sys.modules:
+    hidden where torch is already imported, or where transformers was imported with torch visible
+    (it decided then that it would import torch, and hiding it now would fail its imports).
+    transformers' advice that models will not be available is not printed."""
+    global _transformers_without_torch
+    if not hide or "torch" in sys.modules or ("transformers" in sys.modules and not _transformers_without_torch):
         yield
         return
-    advisory = os.environ.get(_NO_ADVICE)
+    advisory, imported = os.environ.get(_NO_ADVICE), "transformers" in sys.modules
     sys.modules["torch"] = None  # type: ignore[assignment]
     os.environ[_NO_ADVICE] = "1"
     try:
         yield
     finally:
+        if not imported and "transformers" in sys.modules:
+            _transformers_without_torch = True
         if "torch" in sys.modules and sys.modules["torch"] is None:
             del sys.modules["torch"]
         if advisory is None:

@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from typing import Any, Callable
 
@@ -114,6 +115,8 @@ class RolloutLoop:
         model_dir = resolve_model_dir(paths)
         tok = ChatTokenizer(load_tokenizer(model_dir, paths.tokenizer, spec.model.chat_template,
                                            torch_free=not runs_user_code(self.cfg)))
+        log.info("tokenizer of %s loaded (%s)", model_dir,
+                 "torch imported" if "torch" in sys.modules else "torch not imported")
         retry = RetryPolicy(deadline_s=spec.rollout.request_timeout_seconds,
                             attempt_timeout_s=spec.rollout.request_timeout_seconds)
         scorer = self._scorer()
