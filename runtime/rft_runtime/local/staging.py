@@ -76,14 +76,14 @@ class _Pieces(io.RawIOBase):
         return True
 
     def write(self, b: Any) -> int:
-        data = bytes(b)
-        self.sha.update(data)
-        self.total += len(data)
-        self.buf += data
+        n = memoryview(b).nbytes
+        self.sha.update(b)
+        self.total += n
+        self.buf += b
         while len(self.buf) >= self.size:
             self.pieces.append(self.put(bytes(self.buf[:self.size])))
             del self.buf[:self.size]
-        return len(data)
+        return n
 
     def finish(self) -> tuple[str, tuple[Any, ...], int]:
         """The archive's digest, its pieces as ``put`` returned them, and its size in bytes."""
