@@ -412,13 +412,14 @@ class JobDriver:
         parts.append(f"===== operator logs\n{self.platform.operator_logs()}")
         return "\n".join(parts)
 
-    def keep_logs(self, name: str, role: str) -> LogKeeper:
+    def keep_logs(self, name: str, role: str, timestamps: bool = False) -> LogKeeper:
         """Start keeping every container log of the role's pods (every attempt, every restart) through
         the API, from the moment each container runs: a kubelet deletes a deleted pod's logs with it.
-        Call it before the pods start (stopped at teardown)."""
+        Call it before the pods start (stopped at teardown). ``timestamps``: each line starts with the
+        time the kubelet read it (RFC 3339, UTC; ``kubectl logs --timestamps``)."""
         k = LogKeeper(self.cluster, self.api, self.namespace,
                       f"{names.LABEL_INSTANCE}={name},{names.LABEL_ROLE}={role}",
-                      self.keep_dir / f"{name}-{role}").start()
+                      self.keep_dir / f"{name}-{role}", timestamps=timestamps).start()
         self.keepers.append(k)
         return k
 
@@ -487,8 +488,9 @@ class LogKeeper:
     container runs or has run): the kept log outlives the pod, which a kubelet deletes with its logs."""
 
     def __init__(self, cluster: LocalCluster, api: Kube, namespace: str, selector: str, out: Path,
-                 interval: float = 0.5) -> None:
+                 interval: float = 0.5, timestamps: bool = False) -> None:
         self.cluster, self.api, self.namespace, self.selector, self.interval = cluster, api, namespace, selector, interval
+        self.timestamps = timestamps
         self.out = out
         self.out.mkdir(parents=True, exist_ok=True)
         self.kept: dict[tuple[str, str, int], KeptLog] = {}
@@ -513,7 +515,8 @@ class LogKeeper:
                 with open(path, "wb") as f:
                     follower = subprocess.Popen(
                         [self.cluster.binary("kubectl"), f"--kubeconfig={self.cluster.kubeconfig}", "-n",
-                         self.namespace, "logs", "--follow", meta["name"], "-c", cs["name"]],
+                         self.namespace, "logs", "--follow", *(["--timestamps"] if self.timestamps else []),
+                         meta["name"], "-c", cs["name"]],
                         stdout=f, stderr=subprocess.STDOUT, env=self.cluster.env())
                 self.kept[key] = KeptLog(meta["name"], meta.get("creationTimestamp", ""), cs["name"], key[2],
                                          path, follower)
@@ -537,6 +540,12 @@ class LogKeeper:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 k.follower.wait(max(0.0, deadline - time.monotonic()))
         return [k.text() for k in kept]
+
+    def pod_text(self, pod: str) -> str:
+        """What has been kept of ``pod``'s logs so far (its containers and restarts in order), without
+        waiting for anything."""
+        return "".join(k.text() for k in sorted((k for k in self.kept.values() if k.pod == pod),
+                                                 key=lambda k: (k.container, k.restart)))
 
     def stop(self) -> None:
         self._stop.set()

@@ -243,6 +243,8 @@ def test_cli_main_serves_and_stops(tmp_path, mode):
         log.close()
     text = (tmp_path / "server.log").read_text()
     assert rc == 0, text
+    # SIGTERM: the server says when it stopped accepting connections (where a replaced replica's outage starts)
+    assert "stopped accepting connections; finishing the requests in flight" in text, text[-3000:]
     assert not any(Path(f"/proc/{c}").exists() for c in children), "the engine process outlived the server"
     if not mode:  # the engine process logs (its logging is set up in the child), its stop included
         assert f"[engine]: engine process {children[0]} (parent {proc.pid})" in text, text[-3000:]

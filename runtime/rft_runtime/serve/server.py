@@ -116,11 +116,17 @@ def create_app(engine: Engine, served_model_name: str, *, health_timeout: float 
             metrics.policy_version.set(loaded)
             log.info("loaded the current policy version %d (%s weights) from %s", loaded, kind, path)
 
+    async def on_shutdown(_app: web.Application) -> None:
+        # aiohttp has closed the listening sockets and the idle connections by now: from here on nothing
+        # new is served (the replica's outage, when it is being replaced, starts with this line)
+        log.info("stopped accepting connections; finishing the requests in flight")
+
     async def on_cleanup(_app: web.Application) -> None:
         if stop_engine_on_cleanup:
             engine.stop()
 
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app
 
