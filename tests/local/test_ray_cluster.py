@@ -275,3 +275,16 @@ def test_a_ray_client_session_the_server_failed_to_start_is_tried_again(monkeypa
     else:
         runner._attach_ray(address, {})
     assert calls == [address] * attempts_made
+
+
+def test_a_bad_piece_size_is_refused_naming_it_before_ray_starts(tmp_path, manifest, rft, monkeypatch):
+    """``$RFT_STAGE_PIECE_BYTES`` that is no positive number of bytes ends ``rft run --address`` with a
+    message naming it, before it attaches to anything (the address answers nothing)."""
+    monkeypatch.setenv("RFT_STAGE_PIECE_BYTES", "64M")
+    log = tmp_path / "run.log"
+    code = rft.run(["run", str(manifest()), "--out", str(tmp_path / "out"), "--no-progress",
+                    "--address", "127.0.0.1:1"], log, timeout=120)
+    text = log.read_text()
+    assert code == 2, text[-3000:]
+    assert "rft run: $RFT_STAGE_PIECE_BYTES must be a positive whole number of bytes, not '64M'" in text, text[-3000:]
+    assert "Traceback" not in text and "attached" not in text, text[-3000:]

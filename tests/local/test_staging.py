@@ -13,11 +13,14 @@ import pytest
 
 from rft_api import runtime
 from rft_runtime.local.staging import (
+    PIECE_BYTES,
+    PIECE_ENV,
     OutputSync,
     changed_outputs,
     input_paths,
     pack,
     pack_pieces,
+    piece_bytes_from_env,
     unpack,
     unpack_pieces,
 )
@@ -71,6 +74,20 @@ def test_an_archive_travels_in_pieces_no_larger_than_asked_and_unpacks_as_a_stre
     # an archive smaller than a piece is one piece
     empty = _tree(tmp_path, {"e/x": ""}) / "e"
     assert len(pack_pieces(lambda tar: tar.add(str(empty), arcname="e"), lambda b: b, piece_bytes=1 << 20)[1]) == 1
+
+
+@pytest.mark.parametrize("raw", ["64M", "0", "-1", "1.5"])
+def test_a_piece_size_that_is_not_a_positive_number_of_bytes_is_refused_naming_the_variable(monkeypatch, raw):
+    monkeypatch.setenv(PIECE_ENV, raw)
+    with pytest.raises(ValueError, match=rf"\$RFT_STAGE_PIECE_BYTES must be a positive whole number of bytes, not '{raw}'"):
+        piece_bytes_from_env()
+
+
+def test_the_piece_size_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(PIECE_ENV, raising=False)
+    assert piece_bytes_from_env() == PIECE_BYTES
+    monkeypatch.setenv(PIECE_ENV, "65536")
+    assert piece_bytes_from_env() == 65536
 
 
 def test_unpack_refuses_an_archive_that_escapes(tmp_path):

@@ -181,6 +181,14 @@ def run_local(opts: RunOptions) -> RunResult:
     model_dir = resolve_model_dir(paths)  # build a builtin model once, before the actors
     import ray
 
+    piece_bytes = None
+    if opts.address:  # checked before Ray starts
+        from .staging import piece_bytes_from_env
+
+        try:
+            piece_bytes = piece_bytes_from_env()
+        except ValueError as e:
+            raise LocalRunError(str(e)) from None
     # A fresh data-plane token per run: the roles' servers require it, their clients send it (as on a
     # cluster, where the operator's Secret <job>-token carries it). It is never written to the output.
     _init_ray(opts.address, secrets.token_urlsafe(32))
@@ -190,7 +198,7 @@ def run_local(opts: RunOptions) -> RunResult:
         from .staging import ship
 
         paths = paths.model_copy(update={"model": str(model_dir)})
-        shipment = ship(paths, secrets.token_hex(6), resume_from=out if opts.resume else None)
+        shipment = ship(paths, secrets.token_hex(6), resume_from=out if opts.resume else None, piece_bytes=piece_bytes)
         print(f"inputs in the object store: {shipment.summary()}", flush=True)
     actors: list[Any] = []
     interrupted = False

@@ -210,13 +210,24 @@ def input_paths(paths: runtime.Paths) -> list[str]:
     return [p for p in dict.fromkeys(found) if p and not p.startswith("builtin:")]
 
 
+def piece_bytes_from_env() -> int:
+    """``$RFT_STAGE_PIECE_BYTES`` (:data:`PIECE_BYTES` when unset); ValueError naming it unless it is a
+    positive whole number of bytes."""
+    raw = os.environ.get(PIECE_ENV, "").strip()
+    if not raw:
+        return PIECE_BYTES
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"${PIECE_ENV} must be a positive whole number of bytes, not {raw!r}")
+    return int(raw)
+
+
 def ship(paths: runtime.Paths, run_id: str, resume_from: Path | None = None, *,
          piece_bytes: int | None = None) -> Shipment:
     """Put every input path of ``paths`` that exists here into the object store, each as an archive
     in pieces of ``piece_bytes`` (default ``$RFT_STAGE_PIECE_BYTES``, else :data:`PIECE_BYTES`; see the
     module docstring); ``resume_from``: the ``--out`` of a run to resume, whose trainer outputs go too."""
     if piece_bytes is None:
-        piece_bytes = int(os.environ.get(PIECE_ENV) or PIECE_BYTES)
+        piece_bytes = piece_bytes_from_env()
     s = Shipment(run_id, piece_bytes)
     for p in input_paths(paths):
         path = Path(p)
