@@ -298,8 +298,8 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     rollout_log, trainer_log = ("\n".join(_lines_since(k.logs(), killed)) for k in (rollout_logs, trainer_logs))
     hit = (re.search(r"retrying /v1/completions|releasing its lease", rollout_log)
            # any failed attempt of a publication (ConnectError, ConnectTimeout, ReadTimeout, HTTP 503, ...)
-           or re.search(r"update_weights_from_disk: .*; retrying in|policy version \d+ not loaded into",
-                        trainer_log))
+           or re.search(r"update_weights_from_disk: .*; retrying in|policy version \d+ not loaded into|"
+                        r"no inference replica is Ready", trainer_log))
     outage_s = new_ready - stopped
     print(f"[e2e] inference-kill: the new pod turned Ready {outage_s:+.1f} s after the old one stopped accepting; "
           f"outage {'hit' if hit else 'not hit'}")

@@ -165,3 +165,44 @@ def test_discovery_falls_back_to_the_service_and_resolves_for_real():
     # the real resolver (this machine's /etc/hosts and resolver library)
     assert "127.0.0.1" in resolve_addresses("localhost", 80)
     assert resolve_addresses("no-such-host.invalid", 80) == []
+
+
+def test_a_publication_waits_for_discovery_to_list_a_replica_instead_of_the_service(tiny_model, tiny_model_dir,
+                                                                                     tmp_path):
+    """While no replica is Ready the publication asks the headless name again (every POLL_S) and
+    publishes to the replica it lists, never through the Service (a connection to a Service without
+    endpoints hangs until its connect timeout; here the Service's address answers nothing at all)."""
+    port = _free_port()
+    asked: list[int] = []
+
+    def resolve(host: str, p: int) -> list[str]:
+        asked.append(1)
+        return ["127.0.0.1"] if len(asked) > 4 else []  # the replica turns Ready at the fifth question
+    service = f"http://127.0.0.9:{_free_port()}"  # nothing listens there
+    with replica(tiny_model_dir, "127.0.0.1", port) as url:
+        replicas = InferenceReplicas([service], DISCOVER.format(port=port), resolve=resolve, wait_s=60)
+        pub = WeightPublisher(tmp_path / "weights", replicas, deadline_s=5)
+        assert pub.load(pub.save(tiny_model, 1), 1) == [url]
+        assert _version(url) == 1 and len(asked) >= 5
+
+
+def test_a_name_that_lists_nothing_is_waited_for_once_then_the_service_is_used(tiny_model, tiny_model_dir, tmp_path):
+    """Discovery that never lists anything (no DNS for the headless name) costs one wait of ``wait_s``:
+    the static URL serves, and later publications use it at once until the name lists a replica."""
+    port = _free_port()
+    asked: list[int] = []
+    listed: list[str] = []
+
+    def resolve(host: str, p: int) -> list[str]:
+        asked.append(1)
+        return list(listed)
+    with replica(tiny_model_dir, "127.0.0.1", port) as url:
+        replicas = InferenceReplicas([url], DISCOVER.format(port=port), resolve=resolve, wait_s=0.6)
+        pub = WeightPublisher(tmp_path / "weights", replicas)
+        assert pub.load(pub.save(tiny_model, 1), 1) == [url]
+        first = len(asked)
+        assert first >= 3  # it waited, asking again
+        assert pub.load(pub.save(tiny_model, 2), 2) == [url]
+        assert len(asked) - first <= 2  # asked, not waited for (the publication's present() may ask once)
+        listed.append("127.0.0.1")  # the name works now: it is listed, and waited for again next time
+        assert replicas.urls(wait=True) == [url] and not replicas._never_listed

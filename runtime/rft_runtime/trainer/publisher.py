@@ -109,7 +109,7 @@ class WeightPublisher:
         that went away meanwhile is skipped), then point ``current.json`` at it. Returns the replicas
         that serve it."""
         served = []
-        for url in self.endpoints:
+        for url in self.replicas.urls(wait=True):
             try:
                 self.load_endpoint(url, path, version)
             except ReplicaGone as e:
