@@ -154,8 +154,8 @@ def test_current_published_refuses_what_it_cannot_serve(tmp_path):
 
 
 def test_discovery_falls_back_to_the_service_and_resolves_for_real():
-    replicas = InferenceReplicas(["http://svc:8000/"], "http://pods:8000", resolve=lambda host, port: [])
-    assert replicas.urls() == ["http://svc:8000"]
+    replicas = InferenceReplicas(["http://svc:8000/"], "http://pods:8000", resolve=lambda host, port: [], wait_s=0.0)
+    assert replicas.urls(wait=True) == ["http://svc:8000"]
     assert replicas.present("http://svc:8000")
     assert InferenceReplicas(["http://svc:8000"]).urls() == ["http://svc:8000"]
     v6 = InferenceReplicas([], "http://pods:9000", resolve=lambda host, port: ["fd00::5", "10.0.0.7"])
@@ -206,3 +206,20 @@ def test_a_name_that_lists_nothing_is_waited_for_once_then_the_service_is_used(t
         assert len(asked) - first <= 2  # asked, not waited for (the publication's present() may ask once)
         listed.append("127.0.0.1")  # the name works now: it is listed, and waited for again next time
         assert replicas.urls(wait=True) == [url] and not replicas._never_listed
+
+
+def test_asked_without_waiting_a_name_that_lists_none_gives_no_replica_not_the_service():
+    """The re-sync check asks without waiting while holding the lock a publication needs: with no
+    replica Ready it gets none (the Service would hang until its connect timeout), not the static
+    URL; once a wait found that the name lists nothing at all (no DNS for it), the static URL."""
+    listed: list[str] = []
+    replicas = InferenceReplicas(["http://svc:8000"], "http://pods:8000", resolve=lambda h, p: list(listed),
+                                 wait_s=0.3)
+    assert replicas.urls() == []
+    listed.append("10.0.0.7")
+    assert replicas.urls() == ["http://10.0.0.7:8000"]
+    listed.clear()
+    assert replicas.urls() == []
+    assert replicas.urls(wait=True) == ["http://svc:8000"]  # a whole wait listed nothing
+    assert replicas.urls() == ["http://svc:8000"]
+    assert InferenceReplicas(["http://svc:8000"]).urls() == ["http://svc:8000"]  # no discovery: static

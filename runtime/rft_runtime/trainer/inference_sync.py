@@ -8,7 +8,8 @@ completes. :class:`InferenceSync` polls the version each endpoint reports (``GET
 an endpoint that answers with a version other than the current one, re-loads the current weights
 (``<checkpoints>/weights/v<v>``, which the publisher keeps) through the engine's reload protocol
 (an adapter engine gets every kept version). An unreachable endpoint (still starting, no address
-yet) is skipped until it answers.
+yet) is skipped until it answers; while discovery lists no replica, nothing is checked
+(:meth:`.InferenceReplicas.urls` without waiting).
 
 The trainer holds :attr:`InferenceSync.lock` while it publishes a new version, so a check never
 sees a half-published version and never loads an older one over it.

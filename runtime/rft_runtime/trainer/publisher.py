@@ -101,7 +101,8 @@ class WeightPublisher:
 
     @property
     def endpoints(self) -> list[str]:
-        """The inference replicas as of now."""
+        """The inference replicas as of now, without waiting (none while discovery lists none,
+        :meth:`.InferenceReplicas.urls`)."""
         return self.replicas.urls()
 
     def load(self, path: Path, version: int) -> list[str]:

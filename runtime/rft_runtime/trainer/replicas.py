@@ -16,7 +16,9 @@ it is never forwarded to it and waits out the whole connect timeout (an e2e run 
 twice, with the new pod Ready after 5). Only then are the static ``endpoints.inference`` URLs used:
 publishing through the Service waits, with the publisher's retries, for a replica to answer. A name
 that never listed anything within ``wait_s`` (a cluster without DNS for it) is not waited for again
-until it lists a replica. :meth:`InferenceReplicas.present` tells the publisher whether a replica it failed to reach
+until it lists a replica. Asked without waiting (the re-sync check of :mod:`.inference_sync`, which
+holds the lock a publication needs), a name that lists none gives no replica at all rather than the
+Service. :meth:`InferenceReplicas.present` tells the publisher whether a replica it failed to reach
 is still listed; one that is gone (its pod deleted or no longer Ready) is skipped instead of holding
 the publication until its deadline.
 """
@@ -96,11 +98,16 @@ class InferenceReplicas:
 
     def urls(self, wait: bool = False) -> list[str]:
         """Every replica to publish to now: the discovered ones, else the static URLs. ``wait``:
-        first wait for a replica to be listed (:meth:`wait_listed`)."""
+        first wait for a replica to be listed (:meth:`wait_listed`). Without ``wait``, a name that
+        lists none gives [] (no replica is Ready, and the Service would only hang) unless a wait found
+        that it lists nothing at all (then the static URLs)."""
         found = self.wait_listed() if wait else self.discovered()
-        urls = found or self.static
+        if found or self.discover is None or self._never_listed:
+            urls = found or self.static
+        else:
+            urls = []
         if urls != self._last:
-            log.info("inference replicas: %s%s", ", ".join(urls),
+            log.info("inference replicas: %s%s", ", ".join(urls) or "none Ready",
                      "" if found or self.discover is None else f" ({self.discover} lists none)")
             self._last = urls
         return urls
