@@ -16,7 +16,6 @@ contiguous run of steps that starts right after the checkpoint it resumed from. 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import datetime as dt
 import re
@@ -230,11 +229,11 @@ def test_operator_killed_and_restarted_keeps_one_of_each_child(driver: JobDriver
 # -------------------------------------------------------------------------------------- inference
 
 
-def _policy_version(driver: JobDriver, name: str, pod: dict, port: int = 8000, timeout: float = 10) -> int | None:
+def _policy_version(driver: JobDriver, name: str, pod: dict, port: int = 8000) -> int | None:
     """The policy version the pod serves (None when it does not answer); with the job's token."""
     try:
-        return int(driver.get_json(name, f"http://{pod['status']['podIP']}:{port}/get_policy_version",
-                                   timeout)["policy_version"])
+        return int(driver.get_json(name, f"http://{pod['status']['podIP']}:{port}/get_policy_version")
+                   ["policy_version"])
     except OSError:
         return None
 
@@ -267,7 +266,7 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     def stopped_at() -> float | None:
         m = re.search(r"^(\S+) .*stopped accepting connections", inference_logs.pod_text(old["metadata"]["name"]),
                       re.MULTILINE)
-        return dt.datetime.fromisoformat(m.group(1)).timestamp() if m else None
+        return _stamp(m.group(0)) if m else None
     stopped = wait_for("the deleted pod to stop accepting connections", stopped_at, 60, interval=0.2)
     assert driver.progress(name)["step"] < steps, \
         "the job finished before the deleted inference pod stopped serving: the fault fell after the run"
@@ -304,20 +303,22 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     print(f"[e2e] inference-kill: the new pod turned Ready {outage_s:+.1f} s after the old one stopped accepting; "
           f"outage {'hit' if hit else 'not hit'}")
     relevant = "\n".join(line for line in (rollout_log + "\n" + trainer_log).splitlines()
-                         if re.search(r"retrying|lease|inference replicas:|not loaded", line))
+                         if re.search(r"retrying|lease|inference replicas?|not loaded", line))
     assert hit or outage_s < 2, f"no retry although nothing served for {outage_s:.1f} s:\n{relevant[-4000:]}"
 
 
 def _lines_since(texts: list[str], since: float) -> list[str]:
     """The lines of logs kept with timestamps (``keep_logs(..., timestamps=True)``) that the kubelet read
     at ``since`` (epoch seconds) or later."""
-    out = []
-    for line in (line for text in texts for line in text.splitlines()):
-        stamp = line.partition(" ")[0]
-        with contextlib.suppress(ValueError):
-            if dt.datetime.fromisoformat(stamp).timestamp() >= since:
-                out.append(line)
-    return out
+    return [line for text in texts for line in text.splitlines() if (_stamp(line) or 0.0) >= since]
+
+
+def _stamp(line: str) -> float | None:
+    """The kubelet's timestamp that starts a line of ``kubectl logs --timestamps`` (epoch seconds), or None."""
+    try:
+        return dt.datetime.fromisoformat(line.partition(" ")[0]).timestamp()
+    except ValueError:
+        return None
 
 
 def _ready_since(pod: dict) -> float:

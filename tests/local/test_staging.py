@@ -76,7 +76,7 @@ def test_an_archive_travels_in_pieces_no_larger_than_asked_and_unpacks_as_a_stre
     assert len(pack_pieces(lambda tar: tar.add(str(empty), arcname="e"), lambda b: b, piece_bytes=1 << 20)[1]) == 1
 
 
-@pytest.mark.parametrize("raw", ["64M", "0", "-1", "1.5"])
+@pytest.mark.parametrize("raw", ["64M", "0", "-1", "1.5", "6\u00b2"])
 def test_a_piece_size_that_is_not_a_positive_number_of_bytes_is_refused_naming_the_variable(monkeypatch, raw):
     monkeypatch.setenv(PIECE_ENV, raw)
     with pytest.raises(ValueError, match=rf"\$RFT_STAGE_PIECE_BYTES must be a positive whole number of bytes, not '{raw}'"):

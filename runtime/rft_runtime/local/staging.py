@@ -216,7 +216,7 @@ def piece_bytes_from_env() -> int:
     raw = os.environ.get(PIECE_ENV, "").strip()
     if not raw:
         return PIECE_BYTES
-    if not raw.isdigit() or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise ValueError(f"${PIECE_ENV} must be a positive whole number of bytes, not {raw!r}")
     return int(raw)
 
