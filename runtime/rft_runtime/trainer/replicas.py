@@ -77,7 +77,10 @@ class InferenceReplicas:
         if not parts.hostname:
             return []
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        return [address_url(parts.scheme, a, port) for a in self._resolve(parts.hostname, port)]
+        found = [address_url(parts.scheme, a, port) for a in self._resolve(parts.hostname, port)]
+        if found:
+            self._never_listed = False
+        return found
 
     def wait_listed(self) -> list[str]:
         """The discovered replicas once there is one: ``discover`` asked every :data:`POLL_S` for at
@@ -85,7 +88,6 @@ class InferenceReplicas:
         nothing was listed since)."""
         found = self.discovered()
         if found or self.discover is None or self._never_listed:
-            self._never_listed = self._never_listed and not found
             return found
         deadline = time.monotonic() + self.wait_s
         log.info("no inference replica is Ready (%s lists none): waiting for one, at most %.0f s",
