@@ -13,7 +13,7 @@ from rft_runtime.serve.kv_cache import SlotKVCache
 from rft_runtime.serve.model import load_model
 from rft_runtime.serve.protocol import SamplingParams
 from rft_runtime.serve.runner import Chunk, SlotRunner
-from rft_runtime.serve.sampler import exponential_noise, filter_top_k_top_p, sample_step, seed_of
+from rft_runtime.serve.sampler import filter_top_k_top_p, inverse_cdf, row_uniforms, sample_step, seed_of
 from tests.serve.support import CHAT_PROMPT, TINY, recompute_logprobs
 
 
@@ -169,27 +169,51 @@ def test_seeded_sampling_ignores_batch_neighbours():
     assert seed_of(SamplingParams()) != seed_of(SamplingParams())
 
 
-def test_hashed_noise_is_exponential_and_keyed():
-    q = exponential_noise(torch.tensor([11, 11, 12]), torch.tensor([0, 1, 0]), 20000)
-    assert bool((q > 0).all()) and abs(float(q.mean()) - 1.0) < 0.03 and abs(float(q.var()) - 1.0) < 0.06
-    assert not torch.equal(q[0], q[1]) and not torch.equal(q[0], q[2])
-    assert torch.equal(q[0], exponential_noise(torch.tensor([11]), torch.tensor([0]), 20000)[0])
-    # sampling by argmax(p / q) follows p
-    p = torch.tensor([0.5, 0.3, 0.2])
+def test_row_uniforms_are_uniform_and_keyed():
     n = 20000
-    qq = exponential_noise(torch.arange(n), torch.zeros(n, dtype=torch.long), 3)
-    freq = torch.bincount((p / qq).argmax(-1), minlength=3).float() / n
-    assert torch.allclose(freq, p, atol=0.02)
+    u = torch.tensor(row_uniforms(list(range(n)), [0] * n), dtype=torch.float64)
+    assert bool((u > 0).all()) and bool((u < 1).all())
+    assert abs(float(u.mean()) - 0.5) < 0.01 and abs(float(u.var()) - 1 / 12) < 0.005
+    # ten equal bins, chi-square with 9 degrees of freedom far below its 0.1 % point (27.9)
+    counts = torch.bincount((u * 10).long(), minlength=10).double()
+    assert float(((counts - n / 10) ** 2 / (n / 10)).sum()) < 27.9
+    a, b, c = row_uniforms([11, 11, 12], [0, 1, 0])
+    assert len({a, b, c}) == 3 and row_uniforms([11], [0]) == [a]
 
 
-def test_row_keys_in_python_equal_the_tensor_hash():
-    """A row's key is computed in Python integers; it must equal splitmix64 on int64 tensors (wrapping)."""
-    from rft_runtime.serve.sampler import _GOLDEN, _STEP, _i64, _mix, row_keys
+def test_inverse_cdf_sampling_follows_p_and_never_picks_a_zero():
+    p = torch.tensor([0.5, 0.0, 0.3, 0.0, 0.2])
+    n = 20000
+    picks = inverse_cdf(p.expand(n, 5), row_uniforms(list(range(n)), [3] * n))
+    freq = torch.bincount(picks, minlength=5).double() / n
+    assert freq[1] == 0 and freq[3] == 0
+    assert torch.allclose(freq, p.double(), atol=0.02)
+    # the extremes of u: the first token of positive probability, and the last one, never past the end
+    assert inverse_cdf(torch.tensor([[0.0, 0.7, 0.3, 0.0]] * 2), [2.0 ** -41, 1 - 2.0 ** -41]).tolist() == [1, 2]
+    # a row that does not sum to 1 is sampled as it is (scaled by its own total)
+    assert inverse_cdf(torch.tensor([[0.2, 0.2]]), [0.49]).tolist() == [0]
+    assert inverse_cdf(torch.tensor([[0.2, 0.2]]), [0.51]).tolist() == [1]
+
+
+def test_row_keys_are_splitmix64():
+    """A row's key is splitmix64's finaliser computed in Python integers; checked against the same
+    function on numpy's wrapping uint64 arithmetic (no Python big integers involved)."""
+    import numpy as np
+
+    from rft_runtime.serve.sampler import _GOLDEN, _STEP, _i64, row_keys
+
+    def mix(x):
+        with np.errstate(over="ignore"):
+            x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            return x ^ (x >> np.uint64(31))
 
     seeds = [0, 1, -1, 2**63 - 1, -2**63, _i64(0xDEADBEEFCAFEF00D), 123456789]
     steps = [0, 1, 4095, 7, 0, 99999, 3]
-    as_tensor = _mix(torch.tensor(seeds) * _GOLDEN + torch.tensor(steps) * _STEP + 1).tolist()
-    assert row_keys(seeds, steps) == as_tensor
+    with np.errstate(over="ignore"):
+        x = (np.array(seeds, dtype=np.int64).astype(np.uint64) * np.uint64(_GOLDEN % 2**64)
+             + np.array(steps, dtype=np.uint64) * np.uint64(_STEP % 2**64) + np.uint64(1))
+    assert row_keys(seeds, steps) == [_i64(int(v)) for v in mix(x)]
 
 
 def test_staggered_joins_equal_single_runs(lm):

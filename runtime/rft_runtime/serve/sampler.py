@@ -7,11 +7,12 @@ Processed logprobs follow vLLM's ``--logprobs-mode processed_logprobs``:
   renormalised);
 * greedy rows (temperature < 1e-5): ``log_softmax(logits)``, no filtering (vLLM's greedy path).
 
-Sampling draws ``q ~ Exp(1)`` per vocabulary entry and picks ``argmax(probs / q)`` (an exact sample
-from ``probs``). The uniform behind each ``q`` is a counter-based hash of (the sequence's seed, the
-index of the token being sampled, the vocabulary entry) -- splitmix64, computed for the whole batch
-in a few tensor operations -- so a seeded sequence gives the same tokens whatever else is in the
-batch, without a generator per row.
+Sampling inverts each row's cumulative distribution at one uniform ``u`` in (0, 1): the token is the
+first whose cumulative probability exceeds ``u`` times the row's total (an exact sample from
+``probs``; a token of probability 0 is never chosen). ``u`` is a counter-based hash of (the
+sequence's seed, the index of the token being sampled) -- splitmix64, in Python integers, one per
+row -- so a seeded sequence gives the same tokens whatever else is in the batch, without a generator
+per row, and the iteration draws one number per row instead of one per vocabulary entry.
 """
 
 from __future__ import annotations
@@ -78,41 +79,17 @@ def _i64(c: int) -> int:
 
 
 _GOLDEN = _i64(0x9E3779B97F4A7C15)
-_C1, _C2 = _i64(0xBF58476D1CE4E5B9), _i64(0x94D049BB133111EB)
+_C1, _C2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 _STEP = _i64(0xD1B54A32D192ED03)
-
-
-def _shr(x: torch.Tensor, s: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (x >> s) & ((1 << (64 - s)) - 1)
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finaliser on int64 (arithmetic wraps modulo 2**64)."""
-    x = (x ^ _shr(x, 30)) * _C1
-    x = (x ^ _shr(x, 27)) * _C2
-    return x ^ _shr(x, 31)
+_U_BITS = 40  # a uniform's resolution: 2**-40, and u <= 1 - 2**-41, so u * total stays below total in float64
 
 
 def _mix_int(x: int) -> int:
-    """:func:`_mix` of one value, in Python integers (modulo 2**64; signed int64 result)."""
+    """splitmix64's finaliser of one value, in Python integers (modulo 2**64; signed int64 result)."""
     x &= _M64
-    x = ((x ^ (x >> 30)) * (_C1 & _M64)) & _M64
-    x = ((x ^ (x >> 27)) * (_C2 & _M64)) & _M64
+    x = ((x ^ (x >> 30)) * _C1) & _M64
+    x = ((x ^ (x >> 27)) * _C2) & _M64
     return _i64(x ^ (x >> 31))
-
-
-_COLUMNS: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def _columns(vocab: int, device: torch.device) -> torch.Tensor:
-    """``[1, vocab]`` column keys ``(1..vocab) * golden`` (int64, wrapping), made once per size and device."""
-    key = (vocab, device)
-    cols = _COLUMNS.get(key)
-    if cols is None:
-        with torch.inference_mode(False):
-            cols = _COLUMNS[key] = (torch.arange(1, vocab + 1, dtype=torch.long, device=device) * _GOLDEN).unsqueeze(0)
-    return cols
 
 
 def row_keys(seeds: list[int], steps: list[int]) -> list[int]:
@@ -121,19 +98,20 @@ def row_keys(seeds: list[int], steps: list[int]) -> list[int]:
     return [_mix_int(s * _GOLDEN + t * _STEP + 1) for s, t in zip(seeds, steps)]
 
 
-def exponential_noise(seeds: torch.Tensor | list[int], steps: torch.Tensor | list[int], vocab: int,
-                      device: torch.device | None = None) -> torch.Tensor:
-    """``Exp(1)`` noise ``[B, vocab]`` (float32), a pure function of each row's (seed, step) and the column."""
-    if isinstance(seeds, torch.Tensor):
-        device = device or seeds.device
-        seeds = seeds.tolist()
-    if isinstance(steps, torch.Tensor):
-        steps = steps.tolist()
-    dev = device or torch.device("cpu")
-    base = torch.tensor(row_keys(seeds, steps), dtype=torch.long, device=dev)
-    h = _mix(base.unsqueeze(1) + _columns(vocab, dev))
-    u = _shr(h, 40).to(torch.float32).add_(0.5).mul_(1.0 / (1 << 24))  # in (0, 1)
-    return u.log_().neg_()
+def row_uniforms(seeds: list[int], steps: list[int]) -> list[float]:
+    """Each row's uniform in (0, 1): the top :data:`_U_BITS` bits of its key, centred in their interval."""
+    scale = 1.0 / (1 << _U_BITS)
+    return [(((k & _M64) >> (64 - _U_BITS)) + 0.5) * scale for k in row_keys(seeds, steps)]
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+    """Row ``b``'s token: the first index whose cumulative probability exceeds ``uniforms[b]`` times the row's
+    total (``[B]`` long). The sum runs in float64, so its rounding cannot favour one token; the total
+    (not 1) is the scale, so a row whose float32 probabilities do not sum to exactly 1 is sampled exactly
+    as they are, and an index of probability 0 never exceeds its predecessor, so it is never chosen."""
+    cum = probs.cumsum(dim=-1, dtype=torch.float64)
+    target = torch.tensor(uniforms, dtype=torch.float64, device=probs.device).mul_(cum[:, -1])
+    return torch.searchsorted(cum, target.unsqueeze(1), right=True).squeeze(1)
 
 
 def new_seed() -> int:
@@ -155,8 +133,7 @@ def sample_step(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
     sampling = [not p.greedy for p in params]
     if any(sampling):
         dev = logits.device
-        q = exponential_noise(seeds, steps, logprobs.shape[-1], device=dev)
-        sampled = (logprobs.exp() / q).argmax(dim=-1)
+        sampled = inverse_cdf(logprobs.exp(), row_uniforms(seeds, steps))
         chosen = sampled if all(sampling) else \
             torch.where(torch.tensor(sampling, device=dev), sampled, logprobs.argmax(dim=-1))
     else:
