@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -42,16 +42,26 @@ class EngineMetrics(Protocol):
     def observe_aborted(self, sequences: int) -> None: ...
 
 
+Done = Callable[[GenerationResult | None, BaseException | None], None]
+Progress = Callable[[int, list[tuple[Sequence, int, str | None]]], None]
+
+
 @dataclass
 class _Request:
+    """A request in the engine: answered on its event loop (``loop``, ``future``, ``progress``, from
+    :meth:`Engine.generate`) or by callbacks run in the engine thread (``on_done``, ``on_progress``, from
+    :meth:`Engine.submit`)."""
+
     seqs: list[Sequence]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop | None = None
+    future: asyncio.Future | None = None
     remaining: int = 0
     admitted: int = 0  # seqs[:admitted] have joined the batch
     version: int | None = None
     cancelled: bool = False
     progress: asyncio.Queue | None = None  # streaming: lists of sequences that advanced, then None
+    on_done: Done | None = None
+    on_progress: Progress | None = None
 
 
 @dataclass
@@ -72,14 +82,25 @@ def _resolve(fut: asyncio.Future, value: Any = None, exc: BaseException | None =
         fut.set_result(value)
 
 
-def _finish(req: Any, value: Any = None, exc: BaseException | None = None) -> None:
-    """Resolve a request's future (and close its progress stream) from the worker thread."""
+def _finish(req: _Request, value: Any = None, exc: BaseException | None = None) -> None:
+    """Answer a request from the worker thread: its callback, or its future (and close its progress stream)."""
+    if req.on_done is not None:
+        _call(req.on_done, value, exc)
+        return
     _deliver(req.loop, req.future, value, exc)
     if req.progress is not None:
         try:
             req.loop.call_soon_threadsafe(_notify, req.progress, None)
         except RuntimeError:
             pass
+
+
+def _call(callback: Callable[..., None], *args: Any) -> None:
+    """Run a request's callback in the worker thread; its failure is logged, never the engine's."""
+    try:
+        callback(*args)
+    except Exception:  # noqa: BLE001 - a caller's callback must not stop the engine
+        log.exception("a request's callback failed")
 
 
 def _notify(queue: asyncio.Queue, item: Any) -> None:
@@ -162,25 +183,45 @@ class Engine:
         With ``progress``, the engine puts ``(policy_version, [(sequence, tokens, finish_reason)])`` for the
         sequences that got a token after each iteration in which some did (their length and finish
         reason then), and ``None`` once the request is over (finished or failed)."""
-        if len(prompts) != len(params) or not prompts:
-            raise ValueError("generate needs one SamplingParams per prompt, and at least one prompt")
-        if not self.alive:
-            raise EngineError("the engine is not running")
         loop = asyncio.get_running_loop()
-        seqs = [Sequence(prompt=list(p), params=sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
-        req = _Request(seqs=seqs, loop=loop, future=loop.create_future(), remaining=len(seqs), progress=progress)
-        for s in seqs:
-            s.owner = req
-        with self._cv:
-            self._waiting.append(req)
-            self._cv.notify_all()
+        req = self.request(prompts, params)
+        req.loop, req.future, req.progress = loop, loop.create_future(), progress
+        self.submit(req)
         try:
             return await asyncio.shield(req.future)
         except asyncio.CancelledError:
-            req.cancelled = True  # the client went away: the engine drops the rows at its next step
-            with self._cv:
-                self._cv.notify_all()
+            self.cancel(req)  # the client went away: the engine drops the rows at its next step
             raise
+
+    def request(self, prompts: list[list[int]], params: list[SamplingParams], on_done: Done | None = None,
+                on_progress: Progress | None = None) -> _Request:
+        """A request to :meth:`submit`, answered by callbacks that run in the engine thread: ``on_done(result,
+        None)`` or ``on_done(None, error)`` once, and, when given, ``on_progress(policy_version, [(sequence,
+        tokens, finish_reason)])`` after each iteration in which some of its sequences got a token. For a
+        caller without an event loop in this process (the engine process's pipe): nothing to wake per answer."""
+        if len(prompts) != len(params) or not prompts:
+            raise ValueError("generate needs one SamplingParams per prompt, and at least one prompt")
+        seqs = [Sequence(prompt=list(p), params=sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
+        req = _Request(seqs=seqs, remaining=len(seqs), on_done=on_done, on_progress=on_progress)
+        for s in seqs:
+            s.owner = req
+        return req
+
+    def submit(self, req: _Request) -> None:
+        """Queue ``req`` (from :meth:`request`) for admission; any thread."""
+        if not self.alive:
+            raise EngineError("the engine is not running")
+        with self._cv:
+            self._waiting.append(req)
+            self._cv.notify_all()
+
+    def cancel(self, req: _Request) -> None:
+        """Drop ``req``: its rows leave the batch at the next iteration, and it is not answered (unless the
+        engine fails meanwhile: then it gets the error). Any thread; a request already answered is not
+        affected."""
+        req.cancelled = True
+        with self._cv:
+            self._cv.notify_all()
 
     async def swap_weights(self, weights: dict[str, torch.Tensor], version: int | None = None) -> int:
         """Load ``weights`` (names as in the model's state dict) once the batch drains; returns the new
@@ -288,9 +329,12 @@ class Engine:
             self.metrics.set_queue(len(self._batch), len(self._waiting))
         streams: dict[int, tuple[_Request, list[tuple[Sequence, int, str | None]]]] = {}
         for s in self._batch.last_sampled:
-            if s.owner.progress is not None:
+            if s.owner.progress is not None or s.owner.on_progress is not None:
                 streams.setdefault(id(s.owner), (s.owner, []))[1].append((s, len(s.output), s.finish_reason))
         for req, seqs in streams.values():
+            if req.on_progress is not None:
+                _call(req.on_progress, int(req.version or 0), seqs)
+                continue
             try:
                 req.loop.call_soon_threadsafe(_notify, req.progress, (int(req.version or 0), seqs))
             except RuntimeError:

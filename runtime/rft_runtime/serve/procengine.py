@@ -13,7 +13,8 @@ API. They talk over one ``multiprocessing`` pipe (pickled tuples):
   ``("metrics", None, counts)`` (what the engine observed since the last such message: steps and
   their generated tokens by batch size, aborted sequences, and the queue now).
 
-The front end rebuilds :class:`~rft_runtime.serve.sequence.Sequence` objects from those messages, so the
+In the child, generation answers are sent by the engine thread (see :func:`_child_serve`). The front end
+rebuilds :class:`~rft_runtime.serve.sequence.Sequence` objects from those messages, so the
 routes and renderers are the same in both modes, and replays the engine's observations into its own
 :class:`~rft_runtime.serve.metrics.ServeMetrics`: the child sends them before every answer (so a
 ``/metrics`` read after a response counts its tokens) and every :data:`METRICS_INTERVAL_S` while it
@@ -105,18 +106,27 @@ class _MetricsRelay:
 
 
 async def _child_serve(conn: Any, engine: Any) -> None:
+    """The child's side of the pipe. Generation requests are answered from the engine thread itself
+    (:meth:`Engine.request` callbacks): a finished request costs no wake-up of this event loop, and no hand
+    of the GIL back and forth between the two threads per answer. This loop reads the pipe, loads
+    weights and sends the periodic metrics; a lock keeps the two threads' messages whole."""
     loop = asyncio.get_running_loop()
-    tasks: dict[int, asyncio.Task] = {}
+    requests: dict[int, Any] = {}  # rid -> the engine's request, until answered (for "cancel")
     closed = asyncio.Event()
     relay: _MetricsRelay = engine.metrics
+    send_lock = threading.Lock()
 
     def send(msg: tuple) -> None:
         try:
-            if msg[0] in ("done", "fail") and (counts := relay.take()) is not None:
-                conn.send(("metrics", None, counts))
-            conn.send(msg)
+            with send_lock:
+                if msg[0] in ("done", "fail") and (counts := relay.take()) is not None:
+                    conn.send(("metrics", None, counts))
+                conn.send(msg)
         except (OSError, EOFError, BrokenPipeError):
-            closed.set()
+            try:
+                loop.call_soon_threadsafe(closed.set)
+            except RuntimeError:  # the loop has closed: so has the pipe's reader
+                pass
 
     async def flush_metrics() -> None:
         while True:
@@ -124,28 +134,29 @@ async def _child_serve(conn: Any, engine: Any) -> None:
             if (counts := relay.take()) is not None:
                 send(("metrics", None, counts))
 
-    async def gen(rid: int, prompts: list, params: list, stream: bool) -> None:
-        q: asyncio.Queue | None = asyncio.Queue() if stream else None
-        fut = asyncio.ensure_future(engine.generate(prompts, params, progress=q))
-        sent: dict[int, int] = {}
-        try:
-            if q is not None:
-                while (item := await q.get()) is not None:
-                    version, ups = item
-                    out = []
-                    for s, n, reason in ups:
-                        out.append(_seq_state(s, sent.get(s.index, 0), n, reason))
-                        sent[s.index] = n
-                    send(("tok", rid, version, out))
-            result = await fut
+    def gen(rid: int, prompts: list, params: list, stream: bool) -> None:
+        sent: dict[int, int] = {}  # tokens of each sequence already sent (streaming)
+
+        def progress(version: int, ups: list) -> None:
+            out = []
+            for s, n, reason in ups:
+                out.append(_seq_state(s, sent.get(s.index, 0), n, reason))
+                sent[s.index] = n
+            send(("tok", rid, version, out))
+
+        def done(result: GenerationResult | None, exc: BaseException | None) -> None:
+            requests.pop(rid, None)
+            if result is None:
+                send(("fail", rid, "engine", str(exc)))
+                return
             send(("done", rid, result.policy_version,
                   [_seq_state(s, sent.get(s.index, 0), len(s.output), s.finish_reason) for s in result.sequences]))
-        except asyncio.CancelledError:
-            fut.cancel()
+
+        req = requests[rid] = engine.request(prompts, params, done, progress if stream else None)
+        try:
+            engine.submit(req)
         except EngineError as exc:
-            send(("fail", rid, "engine", str(exc)))
-        finally:
-            tasks.pop(rid, None)
+            done(None, exc)
 
     async def load(rid: int, path: str, version: int | None) -> None:
         from .weights import read_weights
@@ -169,11 +180,11 @@ async def _child_serve(conn: Any, engine: Any) -> None:
                 return
             kind = msg[0]
             if kind == "gen":
-                tasks[msg[1]] = asyncio.ensure_future(gen(*msg[1:]))
+                gen(*msg[1:])
             elif kind == "cancel":
-                t = tasks.get(msg[1])
-                if t is not None:
-                    t.cancel()
+                req = requests.pop(msg[1], None)
+                if req is not None:
+                    engine.cancel(req)
             elif kind == "load":
                 asyncio.ensure_future(load(*msg[1:]))
             elif kind == "stop":
