@@ -7,10 +7,20 @@ per iteration, batched sampling) and once through a bare transformers loop (one 
 one forward per token with a ``DynamicCache``, ``torch.multinomial`` sampling and ``log_softmax``
 logprobs) -- interleaved A B A B over ``--repeats`` rounds, medians reported.
 
+A third loop, `closed_loop`, drives the same engine as the server does, without HTTP: an
+:class:`rft_runtime.serve.engine.Engine` (its worker thread, continuous admission) and B asyncio
+clients, each sending requests one after another, of T/2, 3T/4, T, 5T/4 and 3T/2 new tokens in turn
+(mean T), so that sequences finish and join at different iterations. It is measured in the steady
+state: tokens the engine generated from its iteration T to its iteration 4T, over that time.
+
 Per cell: generated tokens/s and the mean time of a decode iteration (all iterations after the first,
-which also prefills). `ratios`: `engine_vs_hf_b<B>_t<T>` (tokens/s, ours over the HF loop: higher is
-better) and `iteration_time_growth_16_to_256_b<B>` (ours: mean decode iteration time at 256 new tokens
-over that at 16; lower is better, the goal is <= 1.2), with the HF loop's growth beside it.
+which also prefills; the closed loop: those of its window, and its mean batch). `ratios`:
+`engine_vs_hf_b<B>_t<T>` (tokens/s, ours over the HF loop: higher is better),
+`iteration_time_growth_16_to_256_b<B>` (ours: mean decode iteration time at 256 new tokens over that
+at 16; lower is better, the goal is <= 1.2), with the HF loop's growth beside it, and
+`closed_loop_vs_lockstep_b<B>_t<T>` (tokens/s of the closed loop over the lockstep batch: what
+continuous batching -- admission, staggered positions, retirement, the hand-over to the event loop --
+costs or saves; 1.0 is free).
 
 The tiny test model has 256 positions; a copy with ``max_position_embeddings`` 1024 (same weights; the
 rotary embedding has no length-dependent parameters) is made in a temporary directory.
@@ -21,6 +31,7 @@ rotary embedding has no length-dependent parameters) is made in a temporary dire
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -35,6 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from rft_runtime.serve.batch import RunningBatch, Sequence  # noqa: E402
+from rft_runtime.serve.engine import Engine  # noqa: E402
 from rft_runtime.serve.model import load_model  # noqa: E402
 from rft_runtime.serve.protocol import SamplingParams  # noqa: E402
 
@@ -79,6 +91,72 @@ def run_engine(lm, batch: int, new_tokens: int) -> dict:
             pending = []
     assert all(len(s.output) == new_tokens for s in seqs)
     return _cell(times, batch * new_tokens)
+
+
+class _Iterations:
+    """The engine's metrics hooks, counting its iterations, the sequences they carried and the tokens they
+    generated (read from another thread: plain integers, each written by the engine thread only)."""
+
+    def __init__(self) -> None:
+        self.iterations = 0
+        self.sequences = 0
+        self.tokens = 0
+
+    def observe_step(self, batch_size: int, new_tokens: int) -> None:
+        self.sequences += batch_size
+        self.tokens += new_tokens
+        self.iterations += 1
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        pass
+
+    def observe_aborted(self, sequences: int) -> None:
+        pass
+
+
+CLOSED_LOOP_SPREAD = (2, 3, 4, 5, 6)  # quarters of T: a request's new tokens, in turn
+
+
+def run_closed_loop(lm, batch: int, new_tokens: int) -> dict:
+    """Our engine as the server drives it: ``batch`` clients, each sending requests one after another, measured
+    in the steady state: from iteration T (the first requests have ramped up) over the next 3T iterations."""
+    counted = _Iterations()
+    engine = Engine(lm, max_batch_size=batch, metrics=counted)
+    pool = prompts(max(batch, 16), lm.vocab_size)
+    lengths = [max(1, new_tokens * q // 4) for q in CLOSED_LOOP_SPREAD]
+    window = (new_tokens, 4 * new_tokens)  # iterations
+    stop = False
+
+    async def client(i: int) -> None:
+        k = i
+        while not stop:
+            params = SamplingParams(max_tokens=lengths[k % len(lengths)], temperature=1.0, ignore_eos=True,
+                                    logprobs=0)
+            await engine.generate([pool[k % len(pool)]], [params])
+            k += batch
+
+    async def at_iteration(n: int) -> tuple[float, int, int]:
+        while counted.iterations < n:
+            await asyncio.sleep(0.0005)
+        return time.perf_counter(), counted.tokens, counted.sequences
+
+    async def drive() -> dict:
+        nonlocal stop
+        clients = [asyncio.ensure_future(client(i)) for i in range(batch)]
+        (t0, tok0, seq0), start_it = await at_iteration(window[0]), counted.iterations
+        (t1, tok1, seq1), end_it = await at_iteration(window[1]), counted.iterations
+        stop = True
+        await asyncio.gather(*clients)
+        its = end_it - start_it
+        return {"tokens_per_s": round((tok1 - tok0) / (t1 - t0), 2), "wall_s": round(t1 - t0, 4),
+                "iteration_s_mean": round((t1 - t0) / its, 6), "iterations": its,
+                "mean_batch": round((seq1 - seq0) / its, 2)}
+
+    engine.start()
+    try:
+        return asyncio.run(drive())
+    finally:
+        engine.stop()
 
 
 def run_hf(lm, batch: int, new_tokens: int) -> dict:
@@ -138,12 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         lm = load_model(model_dir, device=args.device, dtype=args.dtype)
         run_engine(lm, 2, 4)  # warm-up
         run_hf(lm, 2, 4)
-        runs: dict[str, dict[str, list[dict]]] = {"engine": {}, "hf_loop": {}}
+        run_closed_loop(lm, 2, 4)
+        runs: dict[str, dict[str, list[dict]]] = {"engine": {}, "hf_loop": {}, "closed_loop": {}}
         for r in range(args.repeats):
             for b in batches:
                 for t in lengths:
                     cell = f"b{b}_t{t}"
-                    order = [("engine", run_engine), ("hf_loop", run_hf)]
+                    order = [("engine", run_engine), ("hf_loop", run_hf), ("closed_loop", run_closed_loop)]
                     for name, fn in (order if r % 2 == 0 else order[::-1]):
                         res = fn(lm, b, t)
                         runs[name].setdefault(cell, []).append(res)
@@ -158,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             pairs = zip(runs["engine"][cell], runs["hf_loop"][cell])
             ratios[f"engine_vs_hf_{cell}"] = round(statistics.median(e["tokens_per_s"] / h["tokens_per_s"]
                                                                      for e, h in pairs), 3)
+            pairs = zip(runs["closed_loop"][cell], runs["engine"][cell])
+            ratios[f"closed_loop_vs_lockstep_{cell}"] = round(statistics.median(
+                c["tokens_per_s"] / e["tokens_per_s"] for c, e in pairs), 3)
         lo, hi = min(lengths), max(lengths)
         for name, key in (("engine", f"iteration_time_growth_{lo}_to_{hi}_b{b}"),
                           ("hf_loop", f"hf_iteration_time_growth_{lo}_to_{hi}_b{b}")):

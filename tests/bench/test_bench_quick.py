@@ -46,8 +46,13 @@ def test_inference_quick(tmp_path):
 def test_serve_engine_quick(tmp_path):
     report = _run("serve_engine.py", tmp_path / "serve_engine.json")
     assert {"engine_vs_hf_b1_t16", "engine_vs_hf_b8_t64", "iteration_time_growth_16_to_64_b8",
-            "hf_iteration_time_growth_16_to_64_b1"} <= set(report["ratios"])
-    assert set(report["medians"]) == {"engine", "hf_loop"}
+            "hf_iteration_time_growth_16_to_64_b1", "closed_loop_vs_lockstep_b8_t64"} <= set(report["ratios"])
+    assert set(report["medians"]) == {"engine", "hf_loop", "closed_loop"}
+    closed = report["medians"]["closed_loop"]["b8_t16"]
+    # the steady-state window: iterations 16 to 64 (or a little later: the clock is read by polling), each
+    # generating a token for every sequence that carried one, in a batch of at most 8
+    assert closed["iterations"] >= 48 and closed["tokens_per_s"] > 0
+    assert 1 <= closed["mean_batch"] <= 8
 
 
 def test_rollout_quick(tmp_path):
