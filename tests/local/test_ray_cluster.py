@@ -191,7 +191,7 @@ def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two
     reaches both inference replicas over HTTP, and the trainer's checkpoints, metrics and final model
     and every role's log come back into ``--out`` on the driver's side. A job that fails on the worker
     gets its logs back too. A third job resumes the first from ``--out`` alone, through Ray Client
-    (``ray://``), and the worker keeps nothing."""
+    (``ray://``), with each replica's engine in a process of its own, and the worker keeps nothing."""
     address, client, stage = two_node_cluster
     monkeypatch.setenv("RFT_BIND_HOST", "127.0.0.1")
     # inputs travel in pieces of 64 KiB (64 MiB by default), so the resumed run's checkpoints take many
@@ -230,10 +230,17 @@ def test_rft_run_on_two_ray_nodes_without_a_shared_filesystem(tmp_path, rft, two
     assert (tmp_path / "broken" / "logs" / "trainer.log").stat().st_size > 0
     assert not any(stage.iterdir()), sorted(stage.iterdir())
 
+    # the resumed run also puts each replica's engine in a process of its own, spawned by its actor on
+    # the worker node: the child loads the staged model (the worker's copy) and serves every version
     log = tmp_path / "second.log"
-    code = rft.run(["run", str(job), "--out", str(out), "--no-progress", "--address", client, "--resume"], log)
+    code = rft.run(["run", str(job), "--out", str(out), "--no-progress", "--address", client, "--resume",
+                    "--engine-process"], log)
     text = log.read_text()
     assert code == 0, text[-4000:]
+    for name in ("inference-0.log", "inference-1.log"):
+        replica = (out / "logs" / name).read_text()
+        assert len(re.findall(r"\[engine\]: engine process \d+ \(parent \d+\)", replica)) == 1, replica[-3000:]
+        assert "serving policy version 4 (full weights)" in replica, replica[-3000:]
     shipped = re.search(r"inputs in the object store: (\d+) archive\(s\), ([\d.]+) MiB in (\d+) piece\(s\) "
                         r"of at most 0\.0625 MiB", text)
     assert shipped, text[-3000:]
