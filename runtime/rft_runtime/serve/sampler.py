@@ -106,8 +106,8 @@ def row_uniforms(seeds: list[int], steps: list[int]) -> list[float]:
 
 def inverse_cdf(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
     """Row ``b``'s token: the first index whose cumulative probability exceeds ``uniforms[b]`` times the row's
-    total (``[B]`` long). The sum runs in float64, so its rounding cannot favour one token; the total
-    (not 1) is the scale, so a row whose float32 probabilities do not sum to exactly 1 is sampled exactly
+    total (``[B]`` long). The sum runs in float64, so its rounding stays far below the float32
+    probabilities' own; the total (not 1) is the scale, so a row whose float32 probabilities do not sum to exactly 1 is sampled exactly
     as they are, and an index of probability 0 never exceeds its predecessor, so it is never chosen."""
     cum = probs.cumsum(dim=-1, dtype=torch.float64)
     target = torch.tensor(uniforms, dtype=torch.float64, device=probs.device).mul_(cum[:, -1])
