@@ -135,19 +135,19 @@ def run_closed_loop(lm, batch: int, new_tokens: int) -> dict:
             await engine.generate([pool[k % len(pool)]], [params])
             k += batch
 
-    async def at_iteration(n: int) -> tuple[float, int, int]:
+    async def at_iteration(n: int) -> tuple[float, int, int, int]:
         while counted.iterations < n:
             await asyncio.sleep(0.0005)
-        return time.perf_counter(), counted.tokens, counted.sequences
+        return time.perf_counter(), counted.iterations, counted.tokens, counted.sequences
 
     async def drive() -> dict:
         nonlocal stop
         clients = [asyncio.ensure_future(client(i)) for i in range(batch)]
-        (t0, tok0, seq0), start_it = await at_iteration(window[0]), counted.iterations
-        (t1, tok1, seq1), end_it = await at_iteration(window[1]), counted.iterations
+        t0, it0, tok0, seq0 = await at_iteration(window[0])
+        t1, it1, tok1, seq1 = await at_iteration(window[1])
         stop = True
         await asyncio.gather(*clients)
-        its = end_it - start_it
+        its = it1 - it0
         return {"tokens_per_s": round((tok1 - tok0) / (t1 - t0), 2), "wall_s": round(t1 - t0, 4),
                 "iteration_s_mean": round((t1 - t0) / its, 6), "iterations": its,
                 "mean_batch": round((seq1 - seq0) / its, 2)}

@@ -48,20 +48,16 @@ Progress = Callable[[int, list[tuple[Sequence, int, str | None]]], None]
 
 @dataclass
 class _Request:
-    """A request in the engine: answered on its event loop (``loop``, ``future``, ``progress``, from
-    :meth:`Engine.generate`) or by callbacks run in the engine thread (``on_done``, ``on_progress``, from
-    :meth:`Engine.submit`)."""
+    """A request in the engine, answered by its callbacks, which run in the engine thread (see
+    :meth:`Engine.request`; :meth:`Engine.generate` hands them on to its event loop)."""
 
     seqs: list[Sequence]
-    loop: asyncio.AbstractEventLoop | None = None
-    future: asyncio.Future | None = None
+    on_done: Done
+    on_progress: Progress | None = None
     remaining: int = 0
     admitted: int = 0  # seqs[:admitted] have joined the batch
     version: int | None = None
     cancelled: bool = False
-    progress: asyncio.Queue | None = None  # streaming: lists of sequences that advanced, then None
-    on_done: Done | None = None
-    on_progress: Progress | None = None
 
 
 @dataclass
@@ -82,19 +78,6 @@ def _resolve(fut: asyncio.Future, value: Any = None, exc: BaseException | None =
         fut.set_result(value)
 
 
-def _finish(req: _Request, value: Any = None, exc: BaseException | None = None) -> None:
-    """Answer a request from the worker thread: its callback, or its future (and close its progress stream)."""
-    if req.on_done is not None:
-        _call(req.on_done, value, exc)
-        return
-    _deliver(req.loop, req.future, value, exc)
-    if req.progress is not None:
-        try:
-            req.loop.call_soon_threadsafe(_notify, req.progress, None)
-        except RuntimeError:
-            pass
-
-
 def _call(callback: Callable[..., None], *args: Any) -> None:
     """Run a request's callback in the worker thread; its failure is logged, never the engine's."""
     try:
@@ -105,6 +88,14 @@ def _call(callback: Callable[..., None], *args: Any) -> None:
 
 def _notify(queue: asyncio.Queue, item: Any) -> None:
     queue.put_nowait(item)
+
+
+def _post(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: Any) -> None:
+    """Put ``item`` on ``queue`` on its event loop from the worker thread (a closed loop is ignored)."""
+    try:
+        loop.call_soon_threadsafe(_notify, queue, item)
+    except RuntimeError:
+        pass
 
 
 def _deliver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any = None,
@@ -184,16 +175,25 @@ class Engine:
         sequences that got a token after each iteration in which some did (their length and finish
         reason then), and ``None`` once the request is over (finished or failed)."""
         loop = asyncio.get_running_loop()
-        req = self.request(prompts, params)
-        req.loop, req.future, req.progress = loop, loop.create_future(), progress
+        future = loop.create_future()
+
+        def done(value: GenerationResult | None, exc: BaseException | None) -> None:
+            _deliver(loop, future, value, exc)
+            if progress is not None:
+                _post(loop, progress, None)
+
+        def advanced(version: int, seqs: list[tuple[Sequence, int, str | None]]) -> None:
+            _post(loop, progress, (version, seqs))
+
+        req = self.request(prompts, params, done, advanced if progress is not None else None)
         self.submit(req)
         try:
-            return await asyncio.shield(req.future)
+            return await asyncio.shield(future)
         except asyncio.CancelledError:
             self.cancel(req)  # the client went away: the engine drops the rows at its next step
             raise
 
-    def request(self, prompts: list[list[int]], params: list[SamplingParams], on_done: Done | None = None,
+    def request(self, prompts: list[list[int]], params: list[SamplingParams], on_done: Done,
                 on_progress: Progress | None = None) -> _Request:
         """A request to :meth:`submit`, answered by callbacks that run in the engine thread: ``on_done(result,
         None)`` or ``on_done(None, error)`` once, and, when given, ``on_progress(policy_version, [(sequence,
@@ -202,7 +202,7 @@ class Engine:
         if len(prompts) != len(params) or not prompts:
             raise ValueError("generate needs one SamplingParams per prompt, and at least one prompt")
         seqs = [Sequence(prompt=list(p), params=sp, index=i) for i, (p, sp) in enumerate(zip(prompts, params))]
-        req = _Request(seqs=seqs, remaining=len(seqs), on_done=on_done, on_progress=on_progress)
+        req = _Request(seqs=seqs, on_done=on_done, on_progress=on_progress, remaining=len(seqs))
         for s in seqs:
             s.owner = req
         return req
@@ -320,7 +320,7 @@ class Engine:
             self._batch.clear()
             for req in owners.values():
                 req.cancelled = True  # the rest of a request still waiting for slots is dropped
-                _finish(req, None, EngineError(self.last_error))
+                _call(req.on_done, None, EngineError(self.last_error))
             return
         self.last_step_ok = time.monotonic()
         if self.metrics is not None:
@@ -329,22 +329,16 @@ class Engine:
             self.metrics.set_queue(len(self._batch), len(self._waiting))
         streams: dict[int, tuple[_Request, list[tuple[Sequence, int, str | None]]]] = {}
         for s in self._batch.last_sampled:
-            if s.owner.progress is not None or s.owner.on_progress is not None:
+            if s.owner.on_progress is not None:
                 streams.setdefault(id(s.owner), (s.owner, []))[1].append((s, len(s.output), s.finish_reason))
         for req, seqs in streams.values():
-            if req.on_progress is not None:
-                _call(req.on_progress, int(req.version or 0), seqs)
-                continue
-            try:
-                req.loop.call_soon_threadsafe(_notify, req.progress, (int(req.version or 0), seqs))
-            except RuntimeError:
-                pass
+            _call(req.on_progress, int(req.version or 0), seqs)
         for s in finished:
             req = s.owner
             req.remaining -= 1
             if req.remaining == 0 and not req.cancelled:
                 result = GenerationResult(sequences=req.seqs, policy_version=int(req.version or 0))
-                _finish(req, result)
+                _call(req.on_done, result, None)
 
     def _apply_swap(self, swap: _Swap) -> None:
         try:
@@ -373,6 +367,6 @@ class Engine:
         owners = {id(s.owner): s.owner for s in self._batch.seqs}
         self._batch.clear()
         for req in reqs + list(owners.values()):
-            _finish(req, None, exc)
+            _call(req.on_done, None, exc)
         if swap is not None:
             _deliver(swap.loop, swap.future, None, exc)
