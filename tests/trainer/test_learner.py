@@ -154,3 +154,35 @@ def test_the_optimizer_is_fused_where_torch_has_the_kernel_and_steps_like_the_lo
         torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=1e-6)
     # a device without the kernel keeps the default implementation
     assert build_optimizer([torch.nn.Parameter(torch.ones(2, device="meta"))], 1e-2, 0.0).defaults["fused"] is None
+
+
+def test_whole_rows_run_without_a_mask_and_give_the_padded_masks_logits(tiny_model_dir, monkeypatch):
+    """Rows are padded on the right and the model is causal, so :func:`forward_logits` drops the
+    attention mask (the causal attention kernel instead of a masked one): every position a loss reads
+    has the logits that the padding mask gives, for rows of very different lengths."""
+    from transformers import AutoModelForCausalLM
+
+    from rft_runtime.trainer import prefix
+    from rft_runtime.trainer.batch import TrainSequence
+    from rft_runtime.trainer.learner import forward_logits
+
+    monkeypatch.setattr(prefix, "SHARE_PROMPTS", False)
+    g = torch.Generator().manual_seed(1)
+    seqs = [TrainSequence(group=f"t{i}", prompt_ids=torch.randint(3, 200, (2 + 5 * i,), generator=g).tolist(),
+                          response_ids=torch.randint(3, 200, (1 + 7 * (3 - i),), generator=g).tolist(),
+                          response_mask=[1] * (1 + 7 * (3 - i)), inference_logprobs=[-1.0] * (1 + 7 * (3 - i)),
+                          reward=0.0, version=0, truncated=False, episode_id=f"e{i}") for i in range(4)]
+    batch = collate(seqs)
+    assert int(batch.attention_mask.sum()) < batch.attention_mask.numel()  # there is padding
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).eval()
+    calls = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: calls.append(kw.get("attention_mask")) or forward(*a, **kw))
+    with torch.no_grad():
+        logits, start = forward_logits(model, batch)
+        masked = forward(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    assert calls == [None]
+    expected = masked[:, start:-1]
+    read = batch.loss_mask[:, start:]
+    assert torch.allclose(logits[read], expected[read].float(), atol=1e-5, rtol=0)
+    assert not torch.allclose(logits, expected.float(), atol=1e-3)  # only padding positions may differ
