@@ -128,11 +128,14 @@ def train_sequences(seqs: list[Sequence], group: int, seed: int) -> list[TrainSe
 
 def trainer_model(model_dir: Path, ctx: distributed.DistContext, compute: torch.dtype | None) -> torch.nn.Module:
     """The policy as the trainer holds it (:func:`rft_runtime.trainer.distributed.shard`): float32 master
-    weights, ``compute`` the dtype of forward and backward."""
+    weights, ``compute`` the dtype of forward and backward, its layers compiled where
+    ``trainer.compile: auto`` compiles them (a GPU)."""
     from transformers import AutoModelForCausalLM
 
+    from rft_runtime.trainer.compiled import wants_compile
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
-    return distributed.shard(model, ctx, compute)
+    return distributed.shard(model, ctx, compute, compile_layers=wants_compile("auto", ctx.device))
 
 
 def parity(model: torch.nn.Module, batch, seqs: list[TrainSequence], mbs: int) -> dict:

@@ -7,10 +7,12 @@ advantages computed once) goes through
 - **ours**: the trainer's update as the trainer runs it (one process: a plain module; on a GPU, or
   with ``--bf16``, float32 master weights and bfloat16 compute under ``torch.autocast``;
   :class:`rft_runtime.trainer.learner.Learner`: micro-batches of ``--micro-batch``, the token-mean
-  loss over the whole batch, gradient clipping, AdamW), once with ``trainer.oldLogprobs: inference``
+  loss over the whole batch, gradient clipping, AdamW; its decoder layers compiled where
+  ``trainer.compile: auto`` compiles them, on a GPU), once with ``trainer.oldLogprobs: inference``
   (``ours``: no old-log-prob pass, the same work as TRL's step), once with ``recompute`` (the
   default: one extra no-gradient forward), and once running every row whole (``ours_whole_rows``:
-  without :mod:`rft_runtime.trainer.prefix`, which runs a group's shared prompt once), and once under
+  without :mod:`rft_runtime.trainer.prefix`, which runs a group's shared prompt once), once never
+  compiled (``ours_eager``: ``trainer.compile: never``), and once under
   FSDP2 over a process group of one (``ours_fsdp``: how the trainer ran one GPU process before
   2026-11-25, with FSDP2's ``MixedPrecisionPolicy`` for bfloat16);
 - **trl**: TRL's ``GRPOTrainer`` (from PyPI, ``requirements/trl.txt``; run with ``--trl-python``,
@@ -22,13 +24,13 @@ advantages computed once) goes through
   accumulation, clipping and optimizer run unchanged.
 
 Each side runs in a fresh process, ``--rounds`` times, interleaved (ours, trl, ours-recompute,
-ours-whole-rows, ours-fsdp, then the reverse order), each run one warm-up step (step 1: its loss and gradient norm are compared) and
-``--steps`` timed steps; medians are reported. Prompts all have the same length, so neither side pads a
+ours-whole-rows, ours-eager, ours-fsdp, then the reverse order; ``--sides`` runs fewer), each run one
+warm-up step (step 1: its loss and gradient norm are compared; its time, compilation included, is
+reported) and ``--steps`` timed steps; medians are reported. Prompts all have the same length, so neither side pads a
 prompt and the two compute the same log-probabilities.
 
 ``ratios``: ``step_time_ours_over_trl`` (a time ratio: lower is better; goal <= 0.8) and
-``step_time_ours_recompute_over_trl``, ``step_time_ours_whole_rows_over_trl``,
-``step_time_ours_fsdp_over_trl``; ``agreement``: the step-1 ``loss_rel_diff`` and
+``step_time_<side>_over_trl`` for each other side that ran; ``agreement``: the step-1 ``loss_rel_diff`` and
 ``grad_norm_rel_diff`` (|ours - trl| / |trl|, ``ours`` against TRL).
 
     .venv/bin/python bench/trainer_vs_trl.py --trl-python $(bash hack/trl-venv.sh) [--quick] [--bf16]
@@ -53,7 +55,8 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("ours", "trl", "ours_recompute", "ours_whole_rows", "ours_fsdp")
+sys.path[:0] = [str(ROOT / "api"), str(ROOT / "runtime")]  # the project without an install (a GPU machine)
+SIDES = ("ours", "trl", "ours_recompute", "ours_whole_rows", "ours_eager", "ours_fsdp")
 
 
 def sync(device: torch.device) -> None:
@@ -75,7 +78,8 @@ def make_frozen(model_dir: Path, n: int, group: int, prompt_len: int, resp_len: 
     from rft_runtime.algos import compute_advantages
 
     g = torch.Generator().manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True).eval().to(dev)
     vocab = model.config.vocab_size
     # GRPO: a group is `group` samples of one prompt
     prompts = torch.randint(3, vocab, (-(-n // group), prompt_len), generator=g).repeat_interleave(group, 0)[:n].tolist()
@@ -87,9 +91,10 @@ def make_frozen(model_dir: Path, n: int, group: int, prompt_len: int, resp_len: 
     logprobs = []
     with torch.no_grad():
         for p, c in zip(prompts, completions):
-            ids = torch.tensor([p + c])
+            ids = torch.tensor([p + c], device=dev)
             lp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
             logprobs.append(lp[len(p) - 1:].gather(1, ids[0, len(p):, None])[:, 0].tolist())
+    del model
     return {"prompts": prompts, "completions": completions, "rewards": rewards.tolist(), "groups": groups,
             "advantages": adv.advantages.tolist(), "valid": adv.valid.tolist(), "logprobs": logprobs}
 
@@ -97,11 +102,12 @@ def make_frozen(model_dir: Path, n: int, group: int, prompt_len: int, resp_len: 
 # ---------------------------------------------------------------------------------------- ours
 
 def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs: str, share: bool = True,
-             bf16: bool = False, fsdp: bool = False) -> dict:
+             bf16: bool = False, fsdp: bool = False, compile_setting: str = "auto") -> dict:
     from transformers import AutoModelForCausalLM
 
     from rft_runtime.trainer import distributed, prefix
     from rft_runtime.trainer.batch import TrainSequence, collate
+    from rft_runtime.trainer.compiled import wants_compile
     from rft_runtime.trainer.learner import Learner, LearnerConfig, build_optimizer
     from rft_runtime.trainer.model_io import compute_dtype
 
@@ -111,7 +117,11 @@ def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs
     dev = ctx.device
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, local_files_only=True)
     cdt = torch.bfloat16 if bf16 else compute_dtype("auto", dev)
-    model = distributed.fsdp(model, ctx, cdt) if fsdp else distributed.shard(model, ctx, cdt)
+    compiled = wants_compile(compile_setting, dev)  # as the trainer decides (trainer.compile)
+    if fsdp:
+        model = distributed.fsdp(model, ctx, cdt)
+    else:
+        model = distributed.shard(model, ctx, cdt, compile_layers=compiled)
     learner = Learner(model, LearnerConfig(policy_loss="ppo_clip", loss_aggregation="token-mean", clip_low=0.2,
                                            clip_high=0.2, epochs=1, micro_batch_size=micro, grad_clip=1.0),
                       build_optimizer(list(model.parameters()), 1e-6, 0.0))
@@ -132,11 +142,12 @@ def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs
         m = learner.update(batch, adv, valid, old)
         sync(dev)
         if s == 0:
-            first = {"loss": m["loss"], "grad_norm": m["grad_norm"]}
+            first = {"loss": m["loss"], "grad_norm": m["grad_norm"], "step_s": time.perf_counter() - t0}
         else:
             times.append(time.perf_counter() - t0)
     distributed.leave_group()
-    return {"step_s": times, "step1": first, "peak_memory_mb": peak_mb(dev), "device": str(dev)}
+    return {"step_s": times, "step1": first, "peak_memory_mb": peak_mb(dev), "device": str(dev),
+            "compiled": compiled}
 
 
 # ---------------------------------------------------------------------------------------- TRL
@@ -207,7 +218,8 @@ def run_trl(model_dir: Path, frozen: dict, micro: int, steps: int, workdir: Path
     marks = clock.marks
     step_logs = [x for x in clock.logs if "grad_norm" in x]
     return {"step_s": [b - a for a, b in zip(marks[1:], marks[2:])],
-            "step1": {"loss": step_logs[0].get("loss"), "grad_norm": step_logs[0].get("grad_norm")},
+            "step1": {"loss": step_logs[0].get("loss"), "grad_norm": step_logs[0].get("grad_norm"),
+                      "step_s": marks[1] - marks[0]},
             "peak_memory_mb": peak_mb(dev), "device": str(dev), "trl": trl.__version__}
 
 
@@ -224,7 +236,8 @@ def child(args: argparse.Namespace) -> int:
         else:
             res = run_ours(Path(args.model), frozen, args.micro_batch, args.steps,
                            "recompute" if args.side == "ours_recompute" else "inference",
-                           share=args.side != "ours_whole_rows", bf16=args.bf16, fsdp=args.side == "ours_fsdp")
+                           share=args.side != "ours_whole_rows", bf16=args.bf16, fsdp=args.side == "ours_fsdp",
+                           compile_setting="never" if args.side == "ours_eager" else "auto")
     print("RESULT " + json.dumps(res), flush=True)
     return 0
 
@@ -265,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads on the CPU (both sides)")
     p.add_argument("--bf16", action="store_true",
                    help="compute in bfloat16 on the CPU too (float32 master weights; on a GPU always)")
+    p.add_argument("--sides", default=",".join(SIDES),
+                   help="comma-separated sides to run (ours and trl always run: the goal's ratio needs them)")
     p.add_argument("--quick", action="store_true", help="a tiny model and batch, one round (a smoke test)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "trainer_vs_trl.json"))
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
@@ -276,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
         args.hidden, args.layers, args.intermediate, args.batch, args.group = 64, 2, 128, 8, 4
         args.micro_batch, args.prompt_len, args.resp_len, args.steps, args.rounds = 4, 8, 8, 1, 1
     trl_python = args.trl_python or sys.executable
+    unknown = set(args.sides.split(",")) - set(SIDES)
+    if unknown:
+        p.error(f"--sides: unknown {sorted(unknown)} (choose from {', '.join(SIDES)})")
+    sides = tuple(s for s in SIDES if s in {"ours", "trl", *args.sides.split(",")})
     report: dict = {"benchmark": "trainer_vs_trl", "quick": args.quick,
                     "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                                 "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
@@ -301,23 +320,21 @@ def main(argv: list[str] | None = None) -> int:
                            "layers": cfg.num_hidden_layers, "vocab": cfg.vocab_size}
         frozen = Path(tmp) / "frozen.json"
         frozen.write_text(json.dumps(make_frozen(model_dir, args.batch, args.group, args.prompt_len, args.resp_len, 7)))
-        runs: dict[str, list[dict]] = {s: [] for s in SIDES}
+        runs: dict[str, list[dict]] = {s: [] for s in sides}
         for r in range(args.rounds):
-            for side in (SIDES if r % 2 == 0 else SIDES[::-1]):
+            for side in (sides if r % 2 == 0 else sides[::-1]):
                 res = run_side(trl_python if side == "trl" else sys.executable, side, model_dir, frozen, args)
                 runs[side].append(res)
                 print(f"round {r} {side:>15}: step {statistics.median(res['step_s']):.4f} s, step-1 loss "
-                      f"{res['step1']['loss']:.6g}, grad norm {res['step1']['grad_norm']:.6g}, "
+                      f"{res['step1']['loss']:.6g}, grad norm {res['step1']['grad_norm']:.6g}, first step "
+                      f"{res['step1']['step_s']:.1f} s, "
                       f"peak {res['peak_memory_mb']} MB", flush=True)
     med = {s: statistics.median(t for r in rs for t in r["step_s"]) for s, rs in runs.items()}
     ours1, trl1 = runs["ours"][0]["step1"], runs["trl"][0]["step1"]
     report["runs"] = runs
     report["medians"] = {s: {"step_s": round(v, 5)} for s, v in med.items()}
     report["trl_version"] = runs["trl"][0].get("trl")
-    report["ratios"] = {"step_time_ours_over_trl": round(med["ours"] / med["trl"], 3),
-                        "step_time_ours_recompute_over_trl": round(med["ours_recompute"] / med["trl"], 3),
-                        "step_time_ours_whole_rows_over_trl": round(med["ours_whole_rows"] / med["trl"], 3),
-                        "step_time_ours_fsdp_over_trl": round(med["ours_fsdp"] / med["trl"], 3)}
+    report["ratios"] = {f"step_time_{s}_over_trl": round(med[s] / med["trl"], 3) for s in sides if s != "trl"}
     report["agreement"] = {"loss_rel_diff": rel(ours1["loss"], trl1["loss"]),
                            "grad_norm_rel_diff": rel(ours1["grad_norm"], trl1["grad_norm"]),
                            "ours_step1": ours1, "trl_step1": trl1}

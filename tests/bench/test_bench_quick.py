@@ -85,11 +85,13 @@ def test_trainer_vs_trl_quick(tmp_path):
     trl_python = subprocess.run(["bash", str(ROOT / "hack" / "trl-venv.sh")], capture_output=True, text=True,
                                 check=True, timeout=900).stdout.strip()
     report = _run("trainer_vs_trl.py", tmp_path / "trainer_vs_trl.json", "--trl-python", trl_python)
-    assert {"step_time_ours_over_trl", "step_time_ours_recompute_over_trl",
-            "step_time_ours_whole_rows_over_trl", "step_time_ours_fsdp_over_trl"} <= set(report["ratios"])
+    assert {"step_time_ours_over_trl", "step_time_ours_recompute_over_trl", "step_time_ours_whole_rows_over_trl",
+            "step_time_ours_eager_over_trl", "step_time_ours_fsdp_over_trl"} <= set(report["ratios"])
     assert report["agreement"]["loss_rel_diff"] < 1e-4 and report["agreement"]["grad_norm_rel_diff"] < 1e-4
-    sides = ("ours", "trl", "ours_recompute", "ours_whole_rows", "ours_fsdp")
+    sides = ("ours", "trl", "ours_recompute", "ours_whole_rows", "ours_eager", "ours_fsdp")
     assert report["trl_version"] and all(len(report["runs"][s]) == 1 for s in sides)
+    # on the CPU trainer.compile: auto does not compile: ours is the eager side
+    assert [report["runs"][s][0]["compiled"] for s in ("ours", "ours_eager")] == [False, False]
     # FSDP2 over a group of one (float32 here) computes what the plain module does
     fsdp, ours = report["runs"]["ours_fsdp"][0]["step1"], report["runs"]["ours"][0]["step1"]
     assert fsdp["loss"] == pytest.approx(ours["loss"], rel=1e-5) and \

@@ -34,7 +34,11 @@ def run_rank(rank: int, config_json: str, port: int, steps: list[int], out: str,
     os.dup2(log, 1)
     os.dup2(log, 2)
     torch.set_num_threads(1)
+    import logging
+
     import torch.distributed as dist
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     from rft_api import runtime
     from rft_runtime.trainer.distributed import context_for

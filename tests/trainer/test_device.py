@@ -149,7 +149,8 @@ def test_one_process_computing_in_bfloat16_is_a_plain_module_under_autocast(tmp_
     assert not any(isinstance(m, FSDPModule) for m in model.modules())
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters())
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
+    out = model(input_ids=batch.input_ids.to(ctx.device), attention_mask=batch.attention_mask.to(ctx.device),
+                use_cache=False)
     assert out.logits.dtype == torch.bfloat16
     _, fp32 = step("float32")
     _, fsdp = step("fsdp")

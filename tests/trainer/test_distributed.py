@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from rft_api.job import validate_spec
+from rft_runtime.trainer.compiled import missing_toolchain
 from tests.runtime_config import local_config
 from tests.trainer.dist_harness import run_rank
 
@@ -35,7 +36,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(tmp_path: Path, model_dir: Path, world: int, lora: bool = False) -> str:
+def _config(tmp_path: Path, model_dir: Path, world: int, lora: bool = False, compile: str | None = None) -> str:
     spec = validate_spec({
         "model": {"base": str(model_dir), **({"lora": {"rank": 4}} if lora else {})},
         "dataset": {"train": {"builtin": "arithmetic", "size": 8}},
@@ -43,7 +44,8 @@ def _config(tmp_path: Path, model_dir: Path, world: int, lora: bool = False) -> 
         "rollout": {"samplesPerPrompt": 2, "promptsPerStep": 5, "maxTokens": 6},
         # KL in the loss: the sharded reference runs too; two epochs: a second optimiser step per batch.
         "trainer": {"algorithm": "grpo", "learningRate": 1e-3, "maxSteps": 3, "microBatchSize": 2,
-                    "epochsPerStep": 2, "kl": {"coef": 0.05}, "processesPerNode": world},
+                    "epochsPerStep": 2, "kl": {"coef": 0.05}, "processesPerNode": world,
+                    **({"compile": compile} if compile else {})},
     })
     return local_config("dist", spec, inference=["http://127.0.0.1:9"], checkpoints=tmp_path / "ckpt",
                         output=tmp_path / "out").to_json()
@@ -51,12 +53,12 @@ def _config(tmp_path: Path, model_dir: Path, world: int, lora: bool = False) -> 
 
 def _train(tmp_path: Path, model_dir: Path, world: int, name: str, *, steps: list[int] = STEPS,
            resume_from: Path | None = None, save_after: int | None = None,
-           lora: bool = False, bf16_compute: bool = False) -> dict[str, torch.Tensor]:
+           lora: bool = False, bf16_compute: bool = False, compile: str | None = None) -> dict[str, torch.Tensor]:
     out = tmp_path / name
     out.mkdir()
     try:
         mp.spawn(run_rank, nprocs=world, join=True,
-                 args=(_config(tmp_path, model_dir, world, lora), _free_port(), steps, str(out),
+                 args=(_config(tmp_path, model_dir, world, lora, compile), _free_port(), steps, str(out),
                        str(resume_from) if resume_from else None, save_after, bf16_compute))
     except ProcessException:
         for log in sorted(out.glob("rank-*.log")):
@@ -104,6 +106,18 @@ def test_resume_a_sharded_checkpoint_at_world_size_1(tmp_path, tiny_model_dir, r
     ckpt = tmp_path / "ws2" / "ckpt-1"
     assert (ckpt / "dcp").is_dir()
     _assert_same(_train(tmp_path, tiny_model_dir, 1, "resumed", steps=[2, 3], resume_from=ckpt), want)
+
+
+@pytest.mark.skipif(missing_toolchain(torch.device("cpu")) is not None, reason="TorchInductor's CPU backend needs a C++ compiler")
+def test_compiled_layers_under_fsdp2_train_as_one_eager_process(tmp_path, tiny_model_dir, reference_run):
+    """``trainer.compile: always`` at world size 2: every decoder layer of the FSDP2-sharded policy and
+    reference runs compiled (FSDP2's hooks around it, uncompiled), and the three steps end where the
+    eager world-size-1 run ends."""
+    _, want = reference_run
+    got = _train(tmp_path, tiny_model_dir, 2, "ws2c", compile="always")
+    logs = "".join(p.read_text() for p in (tmp_path / "ws2c").glob("rank-*.log"))
+    assert logs.count("compiling 2 decoder layers") == 4, logs[-3000:]  # policy and reference, on each rank
+    _assert_same(got, want)
 
 
 def test_lora_adapter_trains_the_same_at_world_size_2(tmp_path, tiny_model_dir):

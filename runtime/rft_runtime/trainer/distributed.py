@@ -124,13 +124,20 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard(model: torch.nn.Module, ctx: DistContext, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+def shard(model: torch.nn.Module, ctx: DistContext, compute_dtype: torch.dtype | None = None,
+          compile_layers: bool = False) -> torch.nn.Module:
     """Move ``model`` to this rank's device and shard it over every rank (:func:`fsdp`). One rank has
     nothing to shard: the model stays a plain module, computing in ``compute_dtype`` under autocast
     (:func:`autocast_forward`) when that is given. On the CPU (the 4-layer float32 model of
     ``bench/trainer_vs_trl.py``) a step is 6-7 % faster than under FSDP2; with bfloat16 compute on a
     model of 24 small layers (``--bf16 --hidden 64 --layers 24``: bound by per-operation overhead, as a
-    GPU is by launches) it takes 19 % less time than FSDP2's mixed precision (docs/trainer.md)."""
+    GPU is by launches) it takes 19 % less time than FSDP2's mixed precision (docs/trainer.md).
+
+    ``compile_layers``: each decoder layer's forward is compiled first (:mod:`.compiled`)."""
+    if compile_layers:
+        from .compiled import compile_blocks
+
+        log.info("compiling %d decoder layers (torch.compile, dynamic shapes)", compile_blocks(_blocks(model)))
     if ctx.world_size == 1:
         model = model.to(ctx.device)
         return autocast_forward(model, compute_dtype) if compute_dtype is not None else model

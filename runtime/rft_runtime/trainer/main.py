@@ -49,10 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"threads": args.threads})})
     from . import distributed, launch
+    from .compiled import CompileUnavailable, wants_compile
 
     try:
         ctx = distributed.context_for(cfg, args.local_rank, args.node, args.rendezvous_port)
-    except ValueError as e:
+        if cfg.spec.trainer.compile == "always":  # refused before any rank starts (auto only logs)
+            wants_compile("always", ctx.device)
+    except (ValueError, CompileUnavailable) as e:
         print(f"rft trainer: {e}", file=sys.stderr)
         return 2
     if args.local_rank > 0 or not ctx.is_main:

@@ -76,11 +76,12 @@ class Reference:
 
     With LoRA the reference is the base model with the adapter disabled (no second copy);
     otherwise a separate frozen model is loaded, on this rank's device and sharded like the policy
-    (``dist``: a :class:`~.distributed.DistContext`; None keeps it unsharded on the CPU).
+    (``dist``: a :class:`~.distributed.DistContext`; None keeps it unsharded on the CPU), its decoder
+    layers compiled like the policy's with ``compile_layers``.
     """
 
     def __init__(self, policy: torch.nn.Module, model_spec: Any, model_dir: Path, warm_start: str | None = None,
-                 dist: Any = None) -> None:
+                 dist: Any = None, compile_layers: bool = False) -> None:
         self._policy = policy
         self._model: torch.nn.Module | None = None
         if not hasattr(policy, "disable_adapter"):
@@ -92,7 +93,7 @@ class Reference:
             if dist is not None:
                 from .distributed import shard
 
-                self._model = shard(self._model, dist, compute_dtype(model_spec.dtype, dist.device))
+                self._model = shard(self._model, dist, compute_dtype(model_spec.dtype, dist.device), compile_layers)
 
     def logprobs(self, batch: Any, temperature: float, micro_batch_size: int, shard: Any = None) -> torch.Tensor:
         """[B, L-1] reference log-probs (``shard``: see :func:`~.learner.sequence_logprobs`)."""

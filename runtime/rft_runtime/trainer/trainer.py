@@ -61,6 +61,7 @@ from ..types import Episode
 from . import distributed
 from .batch import TrainSequence, collate, sequences_from_groups
 from .checkpoint import CheckpointManager
+from .compiled import wants_compile
 from .datasets import load_eval_tasks, load_training_tasks
 from .distributed import DistContext
 from .inference_sync import InferenceSync
@@ -201,9 +202,11 @@ class Worker:
         self.tokenizer = load_tokenizer(self.model_dir, paths.tokenizer, spec.model.chat_template)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         model = load_policy(spec.model, self.model_dir, spec.trainer.seed, paths.warm_start)
-        self.model = distributed.shard(model, self.dist, compute_dtype(spec.model.dtype, self.dist.device))
-        self.reference = (Reference(self.model, spec.model, self.model_dir, paths.warm_start, self.dist)
-                          if self.alg.kl_coef > 0 else None)
+        compile_layers = wants_compile(spec.trainer.compile or "auto", self.dist.device)
+        self.model = distributed.shard(model, self.dist, compute_dtype(spec.model.dtype, self.dist.device),
+                                       compile_layers)
+        self.reference = (Reference(self.model, spec.model, self.model_dir, paths.warm_start, self.dist,
+                                    compile_layers) if self.alg.kl_coef > 0 else None)
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = build_optimizer(params, spec.trainer.learning_rate, spec.trainer.weight_decay)
         sched = build_scheduler(opt, spec.trainer.scheduler.kind, spec.trainer.scheduler.warmup_steps,
