@@ -38,6 +38,7 @@ def run_rank(rank: int, config_json: str, port: int, steps: list[int], out: str,
 
     import torch.distributed as dist
 
+    # the trainer's INFO lines (which layers it compiled, say) go to the rank's log, where tests read them
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     from rft_api import runtime
