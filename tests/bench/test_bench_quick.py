@@ -46,8 +46,12 @@ def test_inference_quick(tmp_path):
 def test_serve_engine_quick(tmp_path):
     report = _run("serve_engine.py", tmp_path / "serve_engine.json")
     assert {"engine_vs_hf_b1_t16", "engine_vs_hf_b8_t64", "iteration_time_growth_16_to_64_b8",
-            "hf_iteration_time_growth_16_to_64_b1", "closed_loop_vs_lockstep_b8_t64"} <= set(report["ratios"])
-    assert set(report["medians"]) == {"engine", "hf_loop", "closed_loop"}
+            "hf_iteration_time_growth_16_to_64_b1", "closed_loop_vs_lockstep_b8_t64",
+            "closed_loop_native_vs_torch_attention_b8_t64"} <= set(report["ratios"])
+    # on this CPU, in float32, the engine decodes with the native varlen kernel, and the closed loop runs a
+    # second time with torch's batched attention
+    assert report["decode_attention"] == "native"
+    assert set(report["medians"]) == {"engine", "hf_loop", "closed_loop", "closed_loop_torch_attention"}
     closed = report["medians"]["closed_loop"]["b8_t16"]
     # the steady-state window: iterations 16 to 64 (or a little later: the clock is read by polling), each
     # generating a token for every sequence that carried one, in a batch of at most 8
@@ -124,4 +128,7 @@ def test_e2e_step_quick(tmp_path):
     assert sync["steady_steps"] == async1["steady_steps"] == 3
     assert sync["staleness_max"] == 0 and sync["prefetched_steps_max"] == 0
     assert async1["staleness_max"] <= 1 and async1["prefetched_steps_max"] == 1
-    assert report["bound"] >= 1.0 and 0 < report["startup"]["first_step_s_median"] <= report["runs"]["0"][0]["total_s"]
+    # each run reaches its first step before it ends (the median start-up is over all runs, so it is compared
+    # with none of them: on a loaded machine one run's start-up can exceed another run's whole time)
+    assert report["bound"] >= 1.0 and report["startup"]["first_step_s_median"] > 0
+    assert all(0 < run["first_step_s"] <= run["total_s"] for runs in report["runs"].values() for run in runs)

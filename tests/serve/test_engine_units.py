@@ -47,10 +47,12 @@ def test_runner_refuses_other_architectures():
         SlotRunner(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)))
 
 
-def test_runner_matches_transformers_forward(lm):
-    """Decodes in scattered slots and chunked prefills in one pass give transformers' logits."""
+@pytest.mark.parametrize("decode_attention", ["native", "torch"])
+def test_runner_matches_transformers_forward(lm, decode_attention):
+    """Decodes in scattered slots and chunked prefills in one pass give transformers' logits, with either
+    decode attention (the varlen kernel, or torch's batched attention with its mask)."""
     model = lm.model
-    runner = SlotRunner(model)
+    runner = SlotRunner(model, decode_attention=decode_attention)
     cache = runner.make_cache(4, 256)
     a, b = CHAT_PROMPT, [5, 17, 99, 230, 4, 8, 9, 10]
     with torch.no_grad():
@@ -94,12 +96,13 @@ def _small_decoder(kind: str):
     return model
 
 
+@pytest.mark.parametrize("decode_attention", ["native", "torch"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
-def test_runner_matches_transformers_on_each_supported_architecture(kind):
+def test_runner_matches_transformers_on_each_supported_architecture(kind, decode_attention):
     """The fused projections, rotary pass and norms give each architecture's own logits (Qwen3 with its
     q/k norms), for a batched prefill and a decode step."""
     model = _small_decoder(kind)
-    runner = SlotRunner(model)
+    runner = SlotRunner(model, decode_attention=decode_attention)
     cache = runner.make_cache(2, 64)
     a, b = [3, 14, 15, 92, 65, 35], [2, 71, 82, 81, 82, 84]
     with torch.no_grad():

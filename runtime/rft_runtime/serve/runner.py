@@ -3,9 +3,11 @@
 The iteration's tokens are packed into one row: first one token per decoding sequence, then the
 prompt chunks being prefilled. Every linear layer, norm and MLP runs once over the packed tokens;
 attention writes the new keys and values into :class:`~rft_runtime.serve.kv_cache.SlotKVCache` in
-place and reads them back as views: one batched attention for all decoding sequences (their slots
-are dense, so ``keys[:S]`` needs no copy; queries are grouped by KV head, so grouped-query attention
-needs no expanded copy of the cache either); consecutive whole prompts of one length prefill in one
+place and reads them back as views. Decoding sequences attend in one call: on the CPU in float32 the
+varlen kernel of :mod:`.native` (each sequence reads only its own columns of its slot), else one batched
+attention (slots handed out lowest-first are dense, so ``keys[:S]`` needs no copy; it reads every row up
+to the longest and masks the rest). Queries are grouped by KV head in both, so grouped-query attention
+needs no expanded copy of the cache; consecutive whole prompts of one length prefill in one
 batched causal ``scaled_dot_product_attention``, and a chunk continuing a prompt attends to its slot
 (causal, offset by the tokens already in the cache).
 
@@ -28,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .kv_cache import SlotKVCache
 
 
@@ -105,9 +108,14 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class SlotRunner:
-    """Drives ``model`` (a ``*ForCausalLM``) over packed tokens and a slot cache."""
+    """Drives ``model`` (a ``*ForCausalLM``) over packed tokens and a slot cache.
 
-    def __init__(self, model: Any):
+    ``decode_attention``: ``native`` (the varlen kernel of :mod:`.native`, each sequence reading only its
+    own columns), ``torch`` (one batched attention over every row up to the longest, masked), or ``auto``
+    (native where it builds and applies: float32 on the CPU); unset: ``$RFT_DECODE_ATTENTION``, else auto.
+    """
+
+    def __init__(self, model: Any, decode_attention: str | None = None):
         base = getattr(model, "model", None)
         head = getattr(model, "lm_head", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -138,6 +146,16 @@ class SlotRunner:
         self.layers = [_fused_layer(layer) for layer in base.layers]
         self._norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in base.layers]
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for positions 0..n-1
+        choice = native.setting(decode_attention)
+        kernel = native.decode_attention(choice)
+        if kernel is not None and not kernel.usable(self.device, self.dtype):
+            if choice == "native":
+                raise native.NativeUnavailable(
+                    f"decode_attention native: needs float32 on the CPU{'' if kernel.parallel else ' and one thread'}, "
+                    f"the model is {self.dtype} on {self.device} with {torch.get_num_threads()} threads")
+            kernel = None
+        self.decode_kernel = kernel
+        self._attn_out: torch.Tensor | None = None  # the kernel's output, reused by every layer and iteration
 
     def _rope(self, h: torch.Tensor, pos_t: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's rotary cos/sin at ``pos_t``, looked up in a table computed once by the model's own
@@ -163,6 +181,43 @@ class SlotRunner:
                 return F.rms_norm(x, module.weight.shape, module.weight, float(eps))
         return module(x)
 
+    @staticmethod
+    def _batched_plan(decode_slots: list[int], decode_pos: list[int], dslots: torch.Tensor, dpos: torch.Tensor,
+                      dtype: torch.dtype) -> tuple[bool, int, int, torch.Tensor | None]:
+        """For torch's batched decode attention, once per iteration: whether the decoding slots are
+        ``0..D-1``, the slots spanned, the columns read (the longest row's), and the additive mask
+        ``[span, 1, 1, width]`` hiding each row's columns beyond its position (None when every row decodes
+        at one position)."""
+        dev = dslots.device
+        dense = decode_slots == list(range(len(decode_slots)))
+        span = max(decode_slots) + 1
+        width = max(decode_pos) + 1
+        if min(decode_pos) == width - 1:
+            return dense, span, width, None
+        if dense:
+            row_pos = dpos
+        else:
+            row_pos = torch.zeros(span, dtype=torch.long, device=dev)
+            row_pos[dslots] = dpos
+        visible = torch.arange(width, device=dev).unsqueeze(0) <= row_pos.unsqueeze(1)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=dev).masked_fill_(~visible, float("-inf"))
+        return dense, span, width, mask[:, None, None, :]
+
+    def _batched_decode(self, qd: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, dslots: torch.Tensor,
+                        plan: tuple[bool, int, int, torch.Tensor | None]) -> torch.Tensor:
+        """Decode attention as one batched matmul over the slots ``0..span-1`` up to the longest row (rows
+        of slots that do not decode compute and are dropped)."""
+        dense, span, width, mask = plan
+        if not dense:
+            full = qd.new_zeros((span, *qd.shape[1:]))
+            full[dslots] = qd
+            qd = full
+        scores = torch.matmul(qd, keys[:span, :, :width].transpose(-1, -2)).mul_(self.scaling)
+        if mask is not None:
+            scores.add_(mask)
+        o = torch.matmul(scores.softmax(dim=-1), values[:span, :, :width])
+        return o if dense else o[dslots]
+
     @torch.inference_mode()
     def forward(self, cache: SlotKVCache, decode_slots: list[int], decode_tokens: list[int], decode_pos: list[int],
                 chunks: list[Chunk], logit_rows: list[int]) -> torch.Tensor:
@@ -184,23 +239,19 @@ class SlotRunner:
         h = self.base.embed_tokens(ids_t)
         cos, sin = self._rope(h, pos_t, max(pos) + 1)
 
+        kernel = self.decode_kernel
         if n_dec:
             dslots = torch.tensor(decode_slots, dtype=torch.long, device=dev)
             dpos = pos_t[0, :n_dec]
-            dense = decode_slots == list(range(n_dec))
-            span = max(decode_slots) + 1
-            width = max(decode_pos) + 1
-            dmask: torch.Tensor | None = None  # every row sees all ``width`` columns when they decode alike
-            if min(decode_pos) != width - 1:
-                if dense:
-                    row_pos = dpos
-                else:
-                    row_pos = torch.zeros(span, dtype=torch.long, device=dev)
-                    row_pos[dslots] = dpos
-                visible = torch.arange(width, device=dev).unsqueeze(0) <= row_pos.unsqueeze(1)
-                # additive mask [S, 1, 1, width], shared by every layer and query head
-                dmask = torch.zeros(visible.shape, dtype=h.dtype, device=dev).masked_fill_(~visible, float("-inf"))
-                dmask = dmask[:, None, None, :]
+            if kernel is not None:
+                lengths = dpos + 1
+                buf = self._attn_out
+                if buf is None or buf.shape[0] < n_dec:
+                    buf = self._attn_out = torch.empty((max(n_dec, 32), self.kv_heads, self.heads // self.kv_heads,
+                                                        self.head_dim), dtype=self.dtype)
+                attn_out = buf[:n_dec]
+            else:
+                plan = self._batched_plan(decode_slots, decode_pos, dslots, dpos, h.dtype)
         # prefill work: runs of consecutive whole-prompt chunks of one length (attention among their own
         # tokens, batched), and single chunks continuing a prompt (attention over their slot's cache)
         runs: list[tuple[int, int, list[int], torch.Tensor | None]] = []  # (offset, length, slots, mask)
@@ -246,16 +297,10 @@ class SlotRunner:
                 values[dslots, :, dpos] = v[0, :, :n_dec].transpose(0, 1)
                 # queries grouped by KV head: [D, kv_heads, heads / kv_heads, hd]; the cache is read in place
                 qd = q[0, :, :n_dec].transpose(0, 1).reshape(n_dec, self.kv_heads, group, hd)
-                if not dense:
-                    full = qd.new_zeros((span, self.kv_heads, group, hd))
-                    full[dslots] = qd
-                    qd = full
-                scores = torch.matmul(qd, keys[:span, :, :width].transpose(-1, -2)).mul_(self.scaling)
-                if dmask is not None:
-                    scores.add_(dmask)
-                o = torch.matmul(scores.softmax(dim=-1), values[:span, :, :width])
-                if not dense:
-                    o = o[dslots]
+                if kernel is not None:  # each row up to its own length, no mask
+                    o = kernel(qd, keys, values, dslots, lengths, self.scaling, attn_out)
+                else:
+                    o = self._batched_decode(qd, keys, values, dslots, plan)
                 outs.append(o.reshape(n_dec, nh, hd))  # [D, heads, hd]
             for (off, n, slots, m), slot_t in zip(runs, run_slots):
                 if m is None:  # g whole prompts of n tokens: [g, heads, n, hd], attending among themselves

@@ -1,0 +1,180 @@
+"""Kernels the builtin engine builds from C at run time, with the machine's own compiler.
+
+:func:`decode_attention` returns the varlen decode attention of ``decode_attention.c`` (each decoding
+sequence reads only its own columns of the slot cache; torch's batched attention reads every row up to
+the longest and masks the rest), or ``None`` with the reason logged once, where it cannot be had: no C
+compiler, a failed build, or ``RFT_DECODE_ATTENTION=torch``.
+
+The library is compiled once per source and machine (``-O3 -march=native``, OpenMP where the compiler
+has it) into ``$RFT_NATIVE_CACHE``, else ``~/.cache/rft-operator/native``, else the temporary
+directory (a pod's root filesystem is read-only), named by a hash of the source, the compiler's version,
+the flags and the CPU's model and flags, and renamed into place when whole, so that concurrent servers
+never load a half-written file. Nothing is downloaded; the build takes well under a second.
+
+With OpenMP, a large call splits its rows over ``torch.get_num_threads()`` threads: the library links
+``libgomp.so.1`` by its soname, which the dynamic loader resolves to the copy torch has already loaded,
+so both share one thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("decode_attention.c")
+ENV = "RFT_DECODE_ATTENTION"
+CHOICES = ("auto", "native", "torch")
+# Tried in order: the first that compiles is used.
+FLAG_SETS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
+BASE_FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-fPIC", "-shared", "-std=gnu11")
+
+
+class NativeUnavailable(RuntimeError):
+    """The kernel cannot be built or loaded here (the message says why)."""
+
+
+def setting(value: str | None = None) -> str:
+    """``value``, else ``$RFT_DECODE_ATTENTION``, else ``auto``; anything else is refused, naming it."""
+    chosen = value if value is not None else os.environ.get(ENV, "auto")
+    if chosen not in CHOICES:
+        source = "decode_attention" if value is not None else f"${ENV}"
+        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {chosen!r}")
+    return chosen
+
+
+def _cpu_signature() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [ln for ln in text.splitlines() if ln.split(":")[0].strip() in ("model name", "flags", "Features")]
+    return "\n".join(sorted(set(lines)))
+
+
+def _cache_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("RFT_NATIVE_CACHE"):
+        dirs.append(Path(os.environ["RFT_NATIVE_CACHE"]))
+    dirs.append(Path.home() / ".cache" / "rft-operator" / "native")
+    dirs.append(Path(tempfile.gettempdir()) / f"rft-operator-native-{os.getuid()}")
+    return dirs
+
+
+def _compiler() -> tuple[str, str]:
+    cc = os.environ.get("CC") or "cc"
+    path = shutil.which(cc)
+    if path is None:
+        raise NativeUnavailable(f"no C compiler ({cc!r} is not on PATH)")
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeUnavailable(f"{cc} --version failed: {exc}") from exc
+    return path, version
+
+
+def build(source: Path = SOURCE) -> tuple[Path, bool]:
+    """Compile ``source`` (or find it compiled); return the library and whether it has OpenMP."""
+    cc, version = _compiler()
+    code = source.read_bytes()
+    errors = []
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(b"\0".join([code, version.encode(), " ".join(BASE_FLAGS + flags).encode(),
+                                         platform.machine().encode(), _cpu_signature().encode()])).hexdigest()[:20]
+        name = f"{source.stem}-{key}.so"
+        for d in _cache_dirs():
+            if (d / name).is_file():
+                return d / name, "-fopenmp" in flags
+        for d in _cache_dirs():
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
+                os.close(fd)
+            except OSError:
+                continue
+            try:
+                proc = subprocess.run([cc, *BASE_FLAGS, *flags, "-o", tmp, str(source), "-lm"],
+                                      capture_output=True, text=True, timeout=120)
+                if proc.returncode == 0:
+                    os.chmod(tmp, 0o755)
+                    os.replace(tmp, d / name)
+                    return d / name, "-fopenmp" in flags
+                errors.append(f"{' '.join(flags) or 'no extra flags'}: {proc.stderr.strip()[-300:]}")
+            except (OSError, subprocess.SubprocessError) as exc:
+                errors.append(f"{' '.join(flags) or 'no extra flags'}: {exc}")
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            break  # this directory is writable: another flag set, not another directory
+        else:
+            raise NativeUnavailable("no writable directory to build in: " + ", ".join(map(str, _cache_dirs())))
+    raise NativeUnavailable("the C compiler failed: " + " | ".join(errors))
+
+
+class DecodeAttention:
+    """``decode_attention.c`` loaded; call it with torch tensors."""
+
+    def __init__(self, path: Path, parallel: bool):
+        self.path, self.parallel = path, parallel
+        lib = ctypes.CDLL(str(path))
+        fn = lib.rft_decode_attention
+        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def usable(self, device: torch.device, dtype: torch.dtype) -> bool:
+        """float32 on the CPU, and either OpenMP or one intra-op thread (a single-threaded kernel must not
+        replace torch's multi-threaded one)."""
+        return device.type == "cpu" and dtype == torch.float32 and (self.parallel or torch.get_num_threads() == 1)
+
+    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                 lengths: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``q`` ``[rows, kv_heads, group, head_dim]`` (rows may be strided), the slot cache's ``keys`` and
+        ``values`` ``[slots, kv_heads, capacity, head_dim]`` (contiguous), int64 ``slots`` and ``lengths``
+        ``[rows]``; returns the attention output ``[rows, kv_heads, group, head_dim]``, written into
+        ``out`` (contiguous, that shape) when given: a buffer the caller reuses saves an allocation per
+        call, which costs more than a small call's arithmetic."""
+        rows, kv_heads, group, hd = q.shape
+        if q.stride(3) != 1 or q.stride(2) != hd or q.stride(1) != group * hd:
+            q = q.contiguous()
+        if out is None:
+            out = torch.empty((rows, kv_heads, group, hd), dtype=q.dtype)
+        elif out.shape != q.shape or not out.is_contiguous():
+            raise ValueError(f"decode attention: out must be contiguous {tuple(q.shape)}, got {tuple(out.shape)}")
+        rc = self._fn(q.data_ptr(), q.stride(0), out.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                      slots.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, hd, keys.stride(0),
+                      keys.stride(1), scale, torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError("decode attention: could not allocate its scratch")
+        return out
+
+
+@functools.cache
+def decode_attention(choice: str = "auto") -> DecodeAttention | None:
+    """The kernel, or None (``choice`` ``torch``, or ``auto`` where it cannot be built: logged once).
+    ``native`` raises :class:`NativeUnavailable` instead of falling back."""
+    if choice == "torch":
+        return None
+    try:
+        path, parallel = build()
+        kernel = DecodeAttention(path, parallel)
+    except (NativeUnavailable, OSError) as exc:
+        if choice == "native":
+            raise NativeUnavailable(f"{ENV}=native: {exc}") from exc
+        log.warning("decode attention: torch's batched attention (the native kernel is unavailable: %s)", exc)
+        return None
+    log.info("decode attention: native varlen kernel %s (OpenMP: %s)", path.name, parallel)
+    return kernel
+

@@ -1,0 +1,190 @@
+/* Decode attention over a per-slot KV cache, each row read only up to its own length (varlen).
+ *
+ * One query token per decoding sequence ("row"). Row i's keys and values are columns [0, lengths[i]) of
+ * slot slots[i] in the cache, laid out [slot][kv_head][column][head_dim] (the strides are arguments, so
+ * the cache's column capacity can be anything). Queries and the output are [row][kv_head][group][head_dim],
+ * contiguous, the `group` query heads sharing one KV head (grouped-query attention) side by side:
+ *
+ *     out[i,h,j] = softmax_t(scale * q[i,h,j] . K[slot_i,h,t]) . V[slot_i,h,t],   t < lengths[i]
+ *
+ * Row i of q starts q_row_stride floats after row i - 1 (q may be a view of a wider tensor); its heads
+ * are contiguous. float32 only, no torch headers: rft_runtime.serve.native builds it at run time with
+ * the machine's C compiler (GCC or Clang: it uses their portable vector extension, which becomes AVX,
+ * SSE or NEON instructions) and calls it through ctypes, which releases the GIL. Built with OpenMP, a
+ * large call splits its (row, KV head) pairs over `threads` threads (torch's intra-op count); a thread
+ * that cannot allocate its scratch makes the call fail. Head sizes that are a multiple of 8 take
+ * the vector path, others a scalar one. exp() is a polynomial the compiler vectorises (relative error
+ * at most 1.1e-7 against double-precision exp on [-87, 0], about one float ulp). Returns 0, or -1. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline v8 load8(const float *p)
+{
+    v8 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+
+static inline float sum8(v8 x)
+{
+    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+/* e^x for x <= 0 (softmax subtracts the maximum first): x = n ln2 + r, |r| <= ln2 / 2, e^r by its
+ * degree-7 Taylor polynomial, 2^n by building the float's exponent. x below -87
+ * counts as -87 (e^-87 is 1.6e-38: nothing beside the maximum's 1, and no subnormal). */
+static inline float exp_nonpositive(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    const float n = __builtin_roundf(x * 1.44269504088896341f);
+    const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { uint32_t u; float f; } two_n = { .u = (uint32_t)((int32_t)n + 127) << 23 };
+    return p * two_n.f;
+}
+
+/* s[t] <- e^(s[t] - max s) over [0, len); returns their sum (the caller divides once, at the end). */
+static float exp_shifted(float *restrict s, int64_t len)
+{
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t t = 0; t < len; t++)
+        top = s[t] > top ? s[t] : top;
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < len; t++) {
+        s[t] = exp_nonpositive(s[t] - top);
+        total += s[t];
+    }
+    return total;
+}
+
+/* scores[j * len + t] = scale * q_j . k_t; four columns at a time, so four independent sums run. */
+static void scores_vec(const float *restrict q, const float *restrict k, int64_t len, int64_t group, int64_t hd,
+                       float scale, float *restrict scores)
+{
+    int64_t t = 0;
+    for (; t + 4 <= len; t += 4) {
+        const float *k0 = k + t * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        for (int64_t j = 0; j < group; j++) {
+            const float *qj = q + j * hd;
+            v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+            for (int64_t d = 0; d < hd; d += 8) {
+                const v8 x = load8(qj + d);
+                a0 += x * load8(k0 + d);
+                a1 += x * load8(k1 + d);
+                a2 += x * load8(k2 + d);
+                a3 += x * load8(k3 + d);
+            }
+            float *s = scores + j * len + t;
+            s[0] = sum8(a0) * scale;
+            s[1] = sum8(a1) * scale;
+            s[2] = sum8(a2) * scale;
+            s[3] = sum8(a3) * scale;
+        }
+    }
+    for (; t < len; t++) {
+        for (int64_t j = 0; j < group; j++) {
+            v8 a = {0};
+            for (int64_t d = 0; d < hd; d += 8)
+                a += load8(q + j * hd + d) * load8(k + t * hd + d);
+            scores[j * len + t] = sum8(a) * scale;
+        }
+    }
+}
+
+/* out_j = sum_t p_j[t] v_t / total_j, the output kept in registers for head sizes up to 128. */
+static void weighted_values_vec(const float *restrict p, const float *restrict v, int64_t len, int64_t hd,
+                                float inv, float *restrict out)
+{
+    for (int64_t d0 = 0; d0 < hd; d0 += 128) {
+        const int64_t width = hd - d0 < 128 ? hd - d0 : 128;
+        v8 o[16];
+        for (int64_t b = 0; b < width / 8; b++)
+            o[b] = (v8){0};
+        for (int64_t t = 0; t < len; t++) {
+            const v8 w = (v8){0} + p[t];
+            const float *vt = v + t * hd + d0;
+            for (int64_t b = 0; b < width / 8; b++)
+                o[b] += w * load8(vt + 8 * b);
+        }
+        for (int64_t b = 0; b < width / 8; b++)
+            store8(out + d0 + 8 * b, o[b] * inv);
+    }
+}
+
+static void head_vec(const float *q, float *out, const float *k, const float *v, int64_t len, int64_t group,
+                     int64_t hd, float scale, float *scores)
+{
+    scores_vec(q, k, len, group, hd, scale, scores);
+    for (int64_t j = 0; j < group; j++) {
+        float *s = scores + j * len;
+        weighted_values_vec(s, v, len, hd, 1.0f / exp_shifted(s, len), out + j * hd);
+    }
+}
+
+static void head_scalar(const float *q, float *out, const float *k, const float *v, int64_t len, int64_t group,
+                        int64_t hd, float scale, float *scores)
+{
+    for (int64_t j = 0; j < group; j++) {
+        const float *qj = q + j * hd;
+        float *s = scores + j * len, *oj = out + j * hd;
+        for (int64_t t = 0; t < len; t++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < hd; d++)
+                acc += qj[d] * k[t * hd + d];
+            s[t] = acc * scale;
+        }
+        const float inv = 1.0f / exp_shifted(s, len);
+        for (int64_t d = 0; d < hd; d++)
+            oj[d] = 0.0f;
+        for (int64_t t = 0; t < len; t++)
+            for (int64_t d = 0; d < hd; d++)
+                oj[d] += s[t] * v[t * hd + d];
+        for (int64_t d = 0; d < hd; d++)
+            oj[d] *= inv;
+    }
+}
+
+int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, const float *keys, const float *values,
+                         const int64_t *slots, const int64_t *lengths, int64_t rows, int64_t kv_heads,
+                         int64_t group, int64_t head_dim, int64_t slot_stride, int64_t head_stride, float scale,
+                         int threads)
+{
+    int64_t longest = 1;
+    for (int64_t i = 0; i < rows; i++)
+        longest = lengths[i] > longest ? lengths[i] : longest;
+    const int vector = head_dim % 8 == 0;
+    const int64_t work = rows * kv_heads;
+    int failed = 0;
+#pragma omp parallel if (threads > 1 && work > 1 && work * longest * group * head_dim > 65536) \
+    num_threads(threads) reduction(| : failed)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(group * longest));
+        if (scores == NULL) {
+            failed = 1;
+        } else {
+#pragma omp for schedule(static)
+            for (int64_t w = 0; w < work; w++) {
+                const int64_t i = w / kv_heads, h = w % kv_heads;
+                const int64_t base = slots[i] * slot_stride + h * head_stride;
+                (vector ? head_vec : head_scalar)(q + i * q_row_stride + h * group * head_dim,
+                                                  out + w * group * head_dim, keys + base, values + base,
+                                                  lengths[i], group, head_dim, scale, scores);
+            }
+            free(scores);
+        }
+    }
+    return failed ? -1 : 0;
+}

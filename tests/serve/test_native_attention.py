@@ -1,0 +1,165 @@
+"""The varlen decode attention kernel (rft_runtime.serve.native): built with this machine's C compiler,
+checked against softmax attention computed row by row in float64."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+from rft_runtime.serve import native
+from rft_runtime.serve.model import load_model
+from rft_runtime.serve.runner import SlotRunner
+from tests.serve.support import TINY
+
+
+@pytest.fixture(scope="module")
+def kernel() -> native.DecodeAttention:
+    path, parallel = native.build()
+    return native.DecodeAttention(path, parallel)
+
+
+def reference(q, keys, values, slots, lengths, scale):
+    """Row by row, each row only up to its own length, in float64."""
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for i, (slot, n) in enumerate(zip(slots.tolist(), lengths.tolist())):
+        k, v = keys[slot, :, :n].double(), values[slot, :, :n].double()  # [kv, n, hd]
+        scores = torch.einsum("hgd,htd->hgt", q[i].double(), k) * scale
+        out[i] = torch.einsum("hgt,htd->hgd", scores.softmax(-1), v)
+    return out
+
+
+def case(kv_heads, group, hd, rows=7, capacity=48, seed=0, q_scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.randn(rows + 3, kv_heads, capacity, hd, generator=g)
+    values = torch.randn(rows + 3, kv_heads, capacity, hd, generator=g)
+    # rows in scattered, unordered slots (slot 1 and the last two not decoding), lengths from 1 to capacity
+    slots = torch.tensor([5, 0, 3, 2, 9, 4, 7][:rows], dtype=torch.long)
+    lengths = torch.tensor([1, capacity, 2, 17, 5, capacity - 1, 33][:rows], dtype=torch.long)
+    # queries as a strided view of a wider tensor, as the runner passes them
+    wide = torch.randn(rows, kv_heads * group + 3, hd, generator=g) * q_scale
+    q = wide[:, : kv_heads * group].view(rows, kv_heads, group, hd)
+    return q, keys, values, slots, lengths, hd ** -0.5
+
+
+@pytest.mark.parametrize("kv_heads,group,hd", [(1, 2, 64), (2, 2, 16), (2, 7, 64), (1, 1, 128), (3, 2, 12),
+                                               (2, 1, 200), (1, 4, 8)])
+def test_kernel_equals_row_by_row_attention(kernel, kv_heads, group, hd):
+    """Vector path (head sizes that are multiples of 8, the 128-wide blocks of 200) and scalar path (12);
+    grouped queries; unordered, scattered slots; lengths 1 to the capacity; strided queries."""
+    q, keys, values, slots, lengths, scale = case(kv_heads, group, hd)
+    out = kernel(q, keys, values, slots, lengths, scale)
+    assert out.shape == q.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), reference(q, keys, values, slots, lengths, scale), rtol=0, atol=2e-6)
+
+
+def test_kernel_with_scores_far_apart(kernel):
+    """Scores that differ by far more than float32's exp range: the small ones give 0, none gives NaN
+    (scores of magnitude ~400 carry float32 rounding of ~1e-5 into the weights)."""
+    q, keys, values, slots, lengths, scale = case(1, 2, 64, q_scale=40.0)
+    out = kernel(q, keys, values, slots, lengths, scale)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), reference(q, keys, values, slots, lengths, scale), rtol=0, atol=2e-5)
+
+
+def test_kernel_threads_give_the_same_bits(kernel):
+    """Split over OpenMP threads (a call large enough to be split), every (row, head) is computed as by one
+    thread."""
+    if not kernel.parallel:
+        pytest.skip("the compiler here has no OpenMP")
+    q, keys, values, slots, lengths, scale = case(2, 2, 64, capacity=256)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(q, keys, values, slots, lengths, scale)
+        torch.set_num_threads(2)
+        two = kernel(q, keys, values, slots, lengths, scale)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+@pytest.fixture
+def no_cache(tmp_path, monkeypatch):
+    """HOME and the temporary directory of this test only: no library built before is found."""
+    for d in ("home", "tmp"):
+        (tmp_path / d).mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    return tmp_path
+
+
+def test_build_once_per_source_and_machine(no_cache, monkeypatch):
+    """Built into $RFT_NATIVE_CACHE, renamed into place whole; a second build finds it."""
+    cache = no_cache / "cache"
+    monkeypatch.setenv("RFT_NATIVE_CACHE", str(cache))
+    path, _ = native.build()
+    assert path.parent == cache and path.name.startswith("decode_attention-") and path.suffix == ".so"
+    stamp = path.stat().st_mtime_ns
+    again, _ = native.build()
+    assert again == path and path.stat().st_mtime_ns == stamp
+    assert [p.name for p in cache.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_build_in_the_next_writable_directory(no_cache, monkeypatch):
+    """Cache directories that cannot be created (a read-only root filesystem) are skipped: the temporary
+    directory is the last resort."""
+    blocker = no_cache / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("RFT_NATIVE_CACHE", str(blocker / "sub"))
+    monkeypatch.setenv("HOME", str(blocker))
+    path, _ = native.build()
+    assert path.parent == no_cache / "tmp" / f"rft-operator-native-{os.getuid()}" and path.is_file()
+
+
+def test_no_compiler(monkeypatch):
+    """auto falls back to torch's attention; native is refused naming the setting and the cause."""
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    with pytest.raises(native.NativeUnavailable, match="no C compiler"):
+        native.build()
+    assert native.decode_attention.__wrapped__("auto") is None
+    with pytest.raises(native.NativeUnavailable, match=r"RFT_DECODE_ATTENTION=native: no C compiler"):
+        native.decode_attention.__wrapped__("native")
+
+
+def test_a_failing_compiler_is_reported(tmp_path, no_cache, monkeypatch):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\n[ \"$1\" = --version ] && { echo fake 1.0; exit 0; }\necho 'no such flag' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CC", str(fake))
+    monkeypatch.setenv("RFT_NATIVE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(native.NativeUnavailable, match="the C compiler failed: .*no such flag"):
+        native.build()
+    assert not [p for p in (tmp_path / "cache").iterdir()]
+
+
+def test_setting_is_checked(monkeypatch):
+    assert native.setting("torch") == "torch"
+    with pytest.raises(ValueError, match="decode_attention must be one of auto, native, torch; got 'fast'"):
+        native.setting("fast")
+    monkeypatch.setenv(native.ENV, "fast")
+    with pytest.raises(ValueError, match=r"\$RFT_DECODE_ATTENTION must be one of"):
+        native.setting()
+    monkeypatch.setenv(native.ENV, "torch")
+    assert native.setting() == "torch"
+    monkeypatch.delenv(native.ENV)
+    assert native.setting() == "auto"
+
+
+def test_runner_uses_the_kernel_where_it_applies():
+    """float32 on the CPU: the kernel; bfloat16: torch's attention under auto, a refusal naming the reason
+    under native."""
+    lm = load_model(TINY, device="cpu")
+    assert SlotRunner(lm.model, decode_attention="auto").decode_kernel is not None
+    assert SlotRunner(lm.model, decode_attention="torch").decode_kernel is None
+    half = load_model(TINY, device="cpu", dtype="bfloat16")
+    assert SlotRunner(half.model, decode_attention="auto").decode_kernel is None
+    with pytest.raises(native.NativeUnavailable, match="needs float32 on the CPU"):
+        SlotRunner(half.model, decode_attention="native")
+
+
+def test_source_is_packaged():
+    """The C source ships with the package (the image builds the kernel from it at run time)."""
+    assert native.SOURCE.is_file() and os.access(native.SOURCE, os.R_OK)
