@@ -20,9 +20,10 @@ which also prefills; the closed loop: those of its window, and its mean batch). 
 at 16; lower is better, the goal is <= 1.2), with the HF loop's growth beside it, and
 `closed_loop_vs_lockstep_b<B>_t<T>` (tokens/s of the closed loop over the lockstep batch: what
 continuous batching -- admission, staggered positions, retirement, the hand-over to the event loop --
-costs or saves; 1.0 is free). Where the engine's decode attention is the native varlen kernel (float32
-on the CPU), the closed loop runs a second time with torch's batched attention
-(``closed_loop_torch_attention``; ratio `closed_loop_native_vs_torch_attention_b<B>_t<T>`, tokens/s).
+costs or saves; 1.0 is free). Where the engine runs its native kernels (float32 on the CPU: varlen
+decode attention and RMSNorm), the closed loop runs a second time with torch's (batched attention and
+``rms_norm``; ``closed_loop_torch_kernels``; ratio `closed_loop_native_vs_torch_kernels_b<B>_t<T>`,
+tokens/s).
 
 The tiny test model has 256 positions; a copy with ``max_position_embeddings`` enough for the longest
 request, 16 + 3T/2 tokens and a margin (same weights; the rotary embedding has no length-dependent
@@ -121,11 +122,11 @@ class _Iterations:
 CLOSED_LOOP_SPREAD = (2, 3, 4, 5, 6)  # quarters of T: a request's new tokens, in turn
 
 
-def run_closed_loop(lm, batch: int, new_tokens: int, decode_attention: str | None = None) -> dict:
+def run_closed_loop(lm, batch: int, new_tokens: int, kernels: str | None = None) -> dict:
     """Our engine as the server drives it: ``batch`` clients, each sending requests one after another, measured
     in the steady state: from iteration T (the first requests have ramped up) over the next 3T iterations."""
     counted = _Iterations()
-    engine = Engine(lm, max_batch_size=batch, metrics=counted, decode_attention=decode_attention)
+    engine = Engine(lm, max_batch_size=batch, metrics=counted, kernels=kernels)
     pool = prompts(max(batch, 16), lm.vocab_size)
     lengths = [max(1, new_tokens * q // 4) for q in CLOSED_LOOP_SPREAD]
     window = (new_tokens, 4 * new_tokens)  # iterations
@@ -223,19 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         run_engine(lm, 2, 4)  # warm-up
         run_hf(lm, 2, 4)
         run_closed_loop(lm, 2, 4)
-        kernel = native.decode_attention()
-        native_attention = kernel is not None and kernel.usable(lm.device, lm.dtype)
+        kernel = native.kernels()
+        native_kernels = kernel is not None and kernel.usable(lm.device, lm.dtype)
         runs: dict[str, dict[str, list[dict]]] = {"engine": {}, "hf_loop": {}, "closed_loop": {}}
-        if native_attention:
-            runs["closed_loop_torch_attention"] = {}
+        if native_kernels:
+            runs["closed_loop_torch_kernels"] = {}
         for r in range(args.repeats):
             for b in batches:
                 for t in lengths:
                     cell = f"b{b}_t{t}"
                     order = [("engine", run_engine), ("hf_loop", run_hf), ("closed_loop", run_closed_loop)]
-                    if native_attention:
-                        order.append(("closed_loop_torch_attention",
-                                      lambda lm, b, t: run_closed_loop(lm, b, t, decode_attention="torch")))
+                    if native_kernels:
+                        order.append(("closed_loop_torch_kernels",
+                                      lambda lm, b, t: run_closed_loop(lm, b, t, kernels="torch")))
                     for name, fn in (order if r % 2 == 0 else order[::-1]):
                         res = fn(lm, b, t)
                         runs[name].setdefault(cell, []).append(res)
@@ -253,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             pairs = zip(runs["closed_loop"][cell], runs["engine"][cell])
             ratios[f"closed_loop_vs_lockstep_{cell}"] = round(statistics.median(
                 c["tokens_per_s"] / e["tokens_per_s"] for c, e in pairs), 3)
-            if native_attention:
-                pairs = zip(runs["closed_loop"][cell], runs["closed_loop_torch_attention"][cell])
-                ratios[f"closed_loop_native_vs_torch_attention_{cell}"] = round(statistics.median(
+            if native_kernels:
+                pairs = zip(runs["closed_loop"][cell], runs["closed_loop_torch_kernels"][cell])
+                ratios[f"closed_loop_native_vs_torch_kernels_{cell}"] = round(statistics.median(
                     c["tokens_per_s"] / e["tokens_per_s"] for c, e in pairs), 3)
         lo, hi = min(lengths), max(lengths)
         for name, key in (("engine", f"iteration_time_growth_{lo}_to_{hi}_b{b}"),
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             ratios[key] = round(medians[name][f"b{b}_t{hi}"]["iteration_s_mean"]
                                 / medians[name][f"b{b}_t{lo}"]["iteration_s_mean"], 3)
     report = {"benchmark": "serve_engine", "model": args.model, "device": str(lm.device), "dtype": args.dtype,
-              "threads": args.threads, "decode_attention": "native" if native_attention else "torch",
+              "threads": args.threads, "kernels": "native" if native_kernels else "torch",
               "prompt_len": PROMPT_LEN, "batches": batches, "new_tokens": lengths, "repeats": args.repeats,
               "quick": args.quick,
               "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],

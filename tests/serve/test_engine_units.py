@@ -47,12 +47,12 @@ def test_runner_refuses_other_architectures():
         SlotRunner(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50)))
 
 
-@pytest.mark.parametrize("decode_attention", ["native", "torch"])
-def test_runner_matches_transformers_forward(lm, decode_attention):
+@pytest.mark.parametrize("kernels", ["native", "torch"])
+def test_runner_matches_transformers_forward(lm, kernels):
     """Decodes in scattered slots and chunked prefills in one pass give transformers' logits, with either
-    decode attention (the varlen kernel, or torch's batched attention with its mask)."""
+    kernels (native: varlen decode attention and RMSNorm; torch: batched attention with its mask)."""
     model = lm.model
-    runner = SlotRunner(model, decode_attention=decode_attention)
+    runner = SlotRunner(model, kernels=kernels)
     cache = runner.make_cache(4, 256)
     a, b = CHAT_PROMPT, [5, 17, 99, 230, 4, 8, 9, 10]
     with torch.no_grad():
@@ -96,13 +96,13 @@ def _small_decoder(kind: str):
     return model
 
 
-@pytest.mark.parametrize("decode_attention", ["native", "torch"])
+@pytest.mark.parametrize("kernels", ["native", "torch"])
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
-def test_runner_matches_transformers_on_each_supported_architecture(kind, decode_attention):
+def test_runner_matches_transformers_on_each_supported_architecture(kind, kernels):
     """The fused projections, rotary pass and norms give each architecture's own logits (Qwen3 with its
     q/k norms), for a batched prefill and a decode step."""
     model = _small_decoder(kind)
-    runner = SlotRunner(model, decode_attention=decode_attention)
+    runner = SlotRunner(model, kernels=kernels)
     cache = runner.make_cache(2, 64)
     a, b = [3, 14, 15, 92, 65, 35], [2, 71, 82, 81, 82, 84]
     with torch.no_grad():

@@ -4,21 +4,23 @@ The iteration's tokens are packed into one row: first one token per decoding seq
 prompt chunks being prefilled. Every linear layer, norm and MLP runs once over the packed tokens;
 attention writes the new keys and values into :class:`~rft_runtime.serve.kv_cache.SlotKVCache` in
 place and reads them back as views. Decoding sequences attend in one call: on the CPU in float32 the
-varlen kernel of :mod:`.native` (each sequence reads only its own columns of its slot), else one batched
-attention (slots handed out lowest-first are dense, so ``keys[:S]`` needs no copy; it reads every row up
-to the longest and masks the rest). Queries are grouped by KV head in both, so grouped-query attention
-needs no expanded copy of the cache; consecutive whole prompts of one length prefill in one
-batched causal ``scaled_dot_product_attention``, and a chunk continuing a prompt attends to its slot
-(causal, offset by the tokens already in the cache).
+varlen kernel of :mod:`.native` (it writes each sequence's new key and value and reads only its own
+columns of its slot), else one batched attention (slots handed out lowest-first are dense, so
+``keys[:S]`` needs no copy; it reads every row up to the longest and masks the rest). Queries are
+grouped by KV head in both, so grouped-query attention needs no expanded copy of the cache;
+consecutive whole prompts of one length prefill in one batched causal
+``scaled_dot_product_attention``, and a chunk continuing a prompt attends to its slot (causal, offset
+by the tokens already in the cache).
 
 The model's own weights do the work, with fewer, larger operations than its modules would run (on a
 CPU, and for small batches on a GPU, an iteration's time is mostly per-operation overhead): each
 layer's q/k/v projections are one matrix multiplication, and so are the MLP's gate and up projections
 (the model's parameters become views into those fused weights, so an in-place weight update reaches
-both); rotary embedding turns queries and keys in one pass; float32 RMSNorm is ``F.rms_norm``
-(bitwise the model's own). Embedding, q/k norms (Qwen3), rotary tables and the head are the model's
-own modules. Supported are decoders shaped like Llama / Qwen2 / Qwen3 / Mistral with full attention;
-tests check the logits against transformers' forward to 1e-5.
+both); rotary embedding turns queries and keys in one pass; float32 RMSNorm is :mod:`.native`'s
+one-pass kernel on the CPU, else ``F.rms_norm`` (bitwise the model's own). Embedding, q/k norms
+(Qwen3), rotary tables and the head are the model's own modules. Supported are decoders shaped like
+Llama / Qwen2 / Qwen3 / Mistral with full attention; tests check the logits against transformers'
+forward to 1e-5.
 """
 
 from __future__ import annotations
@@ -110,12 +112,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class SlotRunner:
     """Drives ``model`` (a ``*ForCausalLM``) over packed tokens and a slot cache.
 
-    ``decode_attention``: ``native`` (the varlen kernel of :mod:`.native`, each sequence reading only its
-    own columns), ``torch`` (one batched attention over every row up to the longest, masked), or ``auto``
-    (native where it builds and applies: float32 on the CPU); unset: ``$RFT_DECODE_ATTENTION``, else auto.
+    ``kernels``: ``native`` (the kernels of :mod:`.native`: varlen decode attention, each sequence reading
+    only its own columns, and RMSNorm in one pass), ``torch`` (one batched attention over every row up to
+    the longest, masked; torch's RMSNorm), or ``auto`` (native where they build and apply: float32 on the
+    CPU); unset: ``$RFT_ENGINE_KERNELS``, else auto.
     """
 
-    def __init__(self, model: Any, decode_attention: str | None = None):
+    def __init__(self, model: Any, kernels: str | None = None):
         base = getattr(model, "model", None)
         head = getattr(model, "lm_head", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -146,15 +149,18 @@ class SlotRunner:
         self.layers = [_fused_layer(layer) for layer in base.layers]
         self._norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in base.layers]
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for positions 0..n-1
-        choice = native.setting(decode_attention)
-        kernel = native.decode_attention(choice)
+        choice = native.setting(kernels)
+        kernel = native.kernels(choice)
         if kernel is not None and not kernel.usable(self.device, self.dtype):
             if choice == "native":
                 raise native.NativeUnavailable(
-                    f"decode_attention native: needs float32 on the CPU{'' if kernel.parallel else ' and one thread'}, "
+                    f"kernels native: need float32 on the CPU{'' if kernel.parallel else ' and one thread'}, "
                     f"the model is {self.dtype} on {self.device} with {torch.get_num_threads()} threads")
             kernel = None
-        self.decode_kernel = kernel
+        self.kernels = kernel
+        # each norm's (weight, eps) where the native RMSNorm computes it, else None (the model's own module)
+        self._native_norms = {id(m): self._native_norm(m) for pair in self._norms for m in pair}
+        self._native_norms[id(base.norm)] = self._native_norm(base.norm)
         self._attn_out: torch.Tensor | None = None  # the kernel's output, reused by every layer and iteration
 
     def _rope(self, h: torch.Tensor, pos_t: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,9 +178,20 @@ class SlotRunner:
         return SlotKVCache(layers=self.num_layers, kv_heads=self.kv_heads, head_dim=self.head_dim, slots=slots,
                            max_len=max_len, dtype=self.dtype, device=self.device)
 
+    def _native_norm(self, module: Any) -> tuple[torch.Tensor, float] | None:
+        eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
+        weight = getattr(module, "weight", None)
+        if self.kernels is None or eps is None or weight is None or weight.dtype != torch.float32:
+            return None
+        return weight, float(eps)
+
     def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
-        """The model's RMSNorm: ``F.rms_norm`` in float32 (bitwise the same), else its own module (which
-        rounds to the model's dtype before the weight multiplies)."""
+        """The model's RMSNorm: the native kernel's in float32 (to float rounding), else ``F.rms_norm``
+        in float32 (bitwise the same), else its own module (which rounds to the model's dtype before the
+        weight multiplies)."""
+        fast = self._native_norms.get(id(module))
+        if fast is not None and x.dtype == torch.float32 and self.kernels is not None:
+            return self.kernels.rms_norm(x, fast[0], fast[1])
         if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
             eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
             if eps is not None:
@@ -239,7 +256,7 @@ class SlotRunner:
         h = self.base.embed_tokens(ids_t)
         cos, sin = self._rope(h, pos_t, max(pos) + 1)
 
-        kernel = self.decode_kernel
+        kernel = self.kernels
         if n_dec:
             dslots = torch.tensor(decode_slots, dtype=torch.long, device=dev)
             dpos = pos_t[0, :n_dec]
@@ -293,13 +310,15 @@ class SlotRunner:
             keys, values = cache.keys[li], cache.values[li]
             outs = []
             if n_dec:
-                keys[dslots, :, dpos] = k[0, :, :n_dec].transpose(0, 1)
-                values[dslots, :, dpos] = v[0, :, :n_dec].transpose(0, 1)
                 # queries grouped by KV head: [D, kv_heads, heads / kv_heads, hd]; the cache is read in place
                 qd = q[0, :, :n_dec].transpose(0, 1).reshape(n_dec, self.kv_heads, group, hd)
-                if kernel is not None:  # each row up to its own length, no mask
-                    o = kernel(qd, keys, values, dslots, lengths, self.scaling, attn_out)
+                k_new, v_new = k[0, :, :n_dec].transpose(0, 1), v[0, :, :n_dec].transpose(0, 1)  # [D, kv, hd]
+                if kernel is not None:  # writes k_new, v_new; each row up to its own length, no mask
+                    o = kernel.decode_attention(qd, k_new, v_new, keys, values, dslots, lengths, self.scaling,
+                                                attn_out)
                 else:
+                    keys[dslots, :, dpos] = k_new
+                    values[dslots, :, dpos] = v_new
                     o = self._batched_decode(qd, keys, values, dslots, plan)
                 outs.append(o.reshape(n_dec, nh, hd))  # [D, heads, hd]
             for (off, n, slots, m), slot_t in zip(runs, run_slots):

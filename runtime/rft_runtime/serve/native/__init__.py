@@ -1,9 +1,10 @@
 """Kernels the builtin engine builds from C at run time, with the machine's own compiler.
 
-:func:`decode_attention` returns the varlen decode attention of ``decode_attention.c`` (each decoding
-sequence reads only its own columns of the slot cache; torch's batched attention reads every row up to
-the longest and masks the rest), or ``None`` with the reason logged once, where it cannot be had: no C
-compiler, a failed build, or ``RFT_DECODE_ATTENTION=torch``.
+:func:`kernels` returns ``kernels.c`` loaded (:class:`Kernels`): the varlen decode attention (each
+decoding sequence writes its new key and value and reads only its own columns of the slot cache;
+torch's batched attention reads every row up to the longest and masks the rest) and RMSNorm in one pass
+(torch's CPU ``rms_norm`` runs about eight operations). Or ``None``, with the reason logged once, where
+they cannot be had: no C compiler, a failed build, or ``RFT_ENGINE_KERNELS=torch``.
 
 The library is compiled once per source and machine (``-O3 -march=native``, OpenMP where the compiler
 has it) into ``$RFT_NATIVE_CACHE``, else ``~/.cache/rft-operator/native``, else the temporary
@@ -11,9 +12,9 @@ directory (a pod's root filesystem is read-only), named by a hash of the source,
 the flags and the CPU's model and flags, and renamed into place when whole, so that concurrent servers
 never load a half-written file. Nothing is downloaded; the build takes well under a second.
 
-With OpenMP, a large call splits its rows over ``torch.get_num_threads()`` threads: the library links
-``libgomp.so.1`` by its soname, which the dynamic loader resolves to the copy torch has already loaded,
-so both share one thread pool.
+With OpenMP, a large attention call splits its rows over ``torch.get_num_threads()`` threads: the library
+links ``libgomp.so.1`` by its soname, which the dynamic loader resolves to the copy torch has already
+loaded, so both share one thread pool.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("decode_attention.c")
-ENV = "RFT_DECODE_ATTENTION"
+SOURCE = Path(__file__).with_name("kernels.c")
+ENV = "RFT_ENGINE_KERNELS"
 CHOICES = ("auto", "native", "torch")
 # Tried in order: the first that compiles is used.
 FLAG_SETS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
@@ -42,14 +43,14 @@ BASE_FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "
 
 
 class NativeUnavailable(RuntimeError):
-    """The kernel cannot be built or loaded here (the message says why)."""
+    """The kernels cannot be built or loaded here (the message says why)."""
 
 
 def setting(value: str | None = None) -> str:
-    """``value``, else ``$RFT_DECODE_ATTENTION``, else ``auto``; anything else is refused, naming it."""
+    """``value``, else ``$RFT_ENGINE_KERNELS``, else ``auto``; anything else is refused, naming it."""
     chosen = value if value is not None else os.environ.get(ENV, "auto")
     if chosen not in CHOICES:
-        source = "decode_attention" if value is not None else f"${ENV}"
+        source = "kernels" if value is not None else f"${ENV}"
         raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {chosen!r}")
     return chosen
 
@@ -122,59 +123,80 @@ def build(source: Path = SOURCE) -> tuple[Path, bool]:
     raise NativeUnavailable("the C compiler failed: " + " | ".join(errors))
 
 
-class DecodeAttention:
-    """``decode_attention.c`` loaded; call it with torch tensors."""
+class Kernels:
+    """``kernels.c`` loaded; call its functions with torch tensors."""
 
     def __init__(self, path: Path, parallel: bool):
         self.path, self.parallel = path, parallel
         lib = ctypes.CDLL(str(path))
-        fn = lib.rft_decode_attention
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        self._fn = fn
+        attn = lib.rft_decode_attention
+        attn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, i64,
+                         i64, ctypes.c_float, ctypes.c_int]
+        attn.restype = ctypes.c_int
+        norm = lib.rft_rms_norm
+        norm.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
+        norm.restype = None
+        self._attn, self._norm = attn, norm
 
     def usable(self, device: torch.device, dtype: torch.dtype) -> bool:
         """float32 on the CPU, and either OpenMP or one intra-op thread (a single-threaded kernel must not
         replace torch's multi-threaded one)."""
         return device.type == "cpu" and dtype == torch.float32 and (self.parallel or torch.get_num_threads() == 1)
 
-    def __call__(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
-                 lengths: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``q`` ``[rows, kv_heads, group, head_dim]`` (rows may be strided), the slot cache's ``keys`` and
-        ``values`` ``[slots, kv_heads, capacity, head_dim]`` (contiguous), int64 ``slots`` and ``lengths``
-        ``[rows]``; returns the attention output ``[rows, kv_heads, group, head_dim]``, written into
-        ``out`` (contiguous, that shape) when given: a buffer the caller reuses saves an allocation per
-        call, which costs more than a small call's arithmetic."""
+    def decode_attention(self, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor,
+                         values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, scale: float,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+        """``q`` ``[rows, kv_heads, group, head_dim]`` (rows may be strided); ``k_new`` and ``v_new``
+        ``[rows, kv_heads, head_dim]`` (strided rows and heads), written into column ``lengths - 1`` of
+        each row's slot; the slot cache's ``keys`` and ``values`` ``[slots, kv_heads, capacity, head_dim]``
+        (contiguous); int64 ``slots`` and ``lengths`` ``[rows]``. Returns the attention output
+        ``[rows, kv_heads, group, head_dim]``, written into ``out`` (contiguous, that shape) when given:
+        a buffer the caller reuses saves an allocation per call."""
         rows, kv_heads, group, hd = q.shape
         if q.stride(3) != 1 or q.stride(2) != hd or q.stride(1) != group * hd:
             q = q.contiguous()
+        if k_new.stride(2) != 1:
+            k_new = k_new.contiguous()
+        if v_new.stride(2) != 1:
+            v_new = v_new.contiguous()
         if out is None:
             out = torch.empty((rows, kv_heads, group, hd), dtype=q.dtype)
         elif out.shape != q.shape or not out.is_contiguous():
             raise ValueError(f"decode attention: out must be contiguous {tuple(q.shape)}, got {tuple(out.shape)}")
-        rc = self._fn(q.data_ptr(), q.stride(0), out.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                      slots.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, hd, keys.stride(0),
-                      keys.stride(1), scale, torch.get_num_threads())
+        rc = self._attn(q.data_ptr(), q.stride(0), out.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                        k_new.data_ptr(), k_new.stride(0), k_new.stride(1), v_new.data_ptr(), v_new.stride(0),
+                        v_new.stride(1), slots.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, hd,
+                        keys.stride(0), keys.stride(1), scale, torch.get_num_threads())
         if rc != 0:
             raise MemoryError("decode attention: could not allocate its scratch")
         return out
 
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm over the last dimension of ``x`` (float32), as transformers' float32 RMSNorm computes it
+        (to float rounding)."""
+        if not x.is_contiguous():
+            x = x.contiguous()
+        out = torch.empty_like(x)
+        n = x.shape[-1]
+        self._norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps)
+        return out
+
 
 @functools.cache
-def decode_attention(choice: str = "auto") -> DecodeAttention | None:
-    """The kernel, or None (``choice`` ``torch``, or ``auto`` where it cannot be built: logged once).
+def kernels(choice: str = "auto") -> Kernels | None:
+    """The kernels, or None (``choice`` ``torch``, or ``auto`` where they cannot be built: logged once).
     ``native`` raises :class:`NativeUnavailable` instead of falling back."""
     if choice == "torch":
         return None
     try:
         path, parallel = build()
-        kernel = DecodeAttention(path, parallel)
+        kernel = Kernels(path, parallel)
     except (NativeUnavailable, OSError) as exc:
         if choice == "native":
             raise NativeUnavailable(f"{ENV}=native: {exc}") from exc
-        log.warning("decode attention: torch's batched attention (the native kernel is unavailable: %s)", exc)
+        log.warning("engine kernels: torch's (the native kernels are unavailable: %s)", exc)
         return None
-    log.info("decode attention: native varlen kernel %s (OpenMP: %s)", path.name, parallel)
+    log.info("engine kernels: native %s (OpenMP: %s)", path.name, parallel)
     return kernel
 

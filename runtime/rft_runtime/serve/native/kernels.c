@@ -1,20 +1,10 @@
-/* Decode attention over a per-slot KV cache, each row read only up to its own length (varlen).
+/* The builtin engine's CPU kernels: decode attention that reads each sequence only up to its own length
+ * (writing the iteration's new keys and values into the cache first), and RMSNorm in one pass.
  *
- * One query token per decoding sequence ("row"). Row i's keys and values are columns [0, lengths[i]) of
- * slot slots[i] in the cache, laid out [slot][kv_head][column][head_dim] (the strides are arguments, so
- * the cache's column capacity can be anything). Queries and the output are [row][kv_head][group][head_dim],
- * contiguous, the `group` query heads sharing one KV head (grouped-query attention) side by side:
- *
- *     out[i,h,j] = softmax_t(scale * q[i,h,j] . K[slot_i,h,t]) . V[slot_i,h,t],   t < lengths[i]
- *
- * Row i of q starts q_row_stride floats after row i - 1 (q may be a view of a wider tensor); its heads
- * are contiguous. float32 only, no torch headers: rft_runtime.serve.native builds it at run time with
- * the machine's C compiler (GCC or Clang: it uses their portable vector extension, which becomes AVX,
- * SSE or NEON instructions) and calls it through ctypes, which releases the GIL. Built with OpenMP, a
- * large call splits its (row, KV head) pairs over `threads` threads (torch's intra-op count); a thread
- * that cannot allocate its scratch makes the call fail. Head sizes that are a multiple of 8 take
- * the vector path, others a scalar one. exp() is a polynomial the compiler vectorises (relative error
- * at most 1.1e-7 against double-precision exp on [-87, 0], about one float ulp). Returns 0, or -1. */
+ * float32 only, no torch headers: rft_runtime.serve.native builds this file at run time with the
+ * machine's C compiler (GCC or Clang: it uses their portable vector extension, which becomes AVX, SSE or
+ * NEON instructions) and calls it through ctypes, which releases the GIL. Built with OpenMP, a large
+ * attention call splits its (row, KV head) pairs over `threads` threads (torch's intra-op count). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -157,10 +147,26 @@ static void head_scalar(const float *q, float *out, const float *k, const float 
     }
 }
 
-int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, const float *keys, const float *values,
-                         const int64_t *slots, const int64_t *lengths, int64_t rows, int64_t kv_heads,
-                         int64_t group, int64_t head_dim, int64_t slot_stride, int64_t head_stride, float scale,
-                         int threads)
+/* Decode attention over a per-slot KV cache, each row read only up to its own length (varlen).
+ *
+ * One query token per decoding sequence ("row"). Row i's keys and values are columns [0, lengths[i]) of
+ * slot slots[i] in the cache, laid out [slot][kv_head][column][head_dim] (slot_stride and head_stride
+ * are the cache's strides, so its column capacity can be anything). Its own new key and value (kv_heads
+ * vectors of head_dim each, at k_new + i * kn_row + h * kn_head, likewise v_new) are first written into
+ * column lengths[i] - 1. Queries and the output are [row][kv_head][group][head_dim], the `group` query
+ * heads sharing one KV head (grouped-query attention) side by side; row i of q starts q_row_stride
+ * floats after row i - 1, its heads contiguous; the output is contiguous:
+ *
+ *     out[i,h,j] = softmax_t(scale * q[i,h,j] . K[slot_i,h,t]) . V[slot_i,h,t],   t < lengths[i]
+ *
+ * Head sizes that are a multiple of 8 take the vector path, others a scalar one. exp() is a polynomial
+ * the compiler vectorises (relative error at most 1.1e-7 against double-precision exp on [-87, 0],
+ * about one float ulp). Returns 0, or -1 when a thread could not allocate its scratch. */
+int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, float *keys, float *values,
+                         const float *k_new, int64_t kn_row, int64_t kn_head, const float *v_new, int64_t vn_row,
+                         int64_t vn_head, const int64_t *slots, const int64_t *lengths, int64_t rows,
+                         int64_t kv_heads, int64_t group, int64_t head_dim, int64_t slot_stride,
+                         int64_t head_stride, float scale, int threads)
 {
     int64_t longest = 1;
     for (int64_t i = 0; i < rows; i++)
@@ -179,6 +185,9 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, const
             for (int64_t w = 0; w < work; w++) {
                 const int64_t i = w / kv_heads, h = w % kv_heads;
                 const int64_t base = slots[i] * slot_stride + h * head_stride;
+                const int64_t column = (lengths[i] - 1) * head_dim;
+                memcpy(keys + base + column, k_new + i * kn_row + h * kn_head, sizeof(float) * (size_t)head_dim);
+                memcpy(values + base + column, v_new + i * vn_row + h * vn_head, sizeof(float) * (size_t)head_dim);
                 (vector ? head_vec : head_scalar)(q + i * q_row_stride + h * group * head_dim,
                                                   out + w * group * head_dim, keys + base, values + base,
                                                   lengths[i], group, head_dim, scale, scores);
@@ -187,4 +196,23 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, const
         }
     }
     return failed ? -1 : 0;
+}
+
+/* RMSNorm of `rows` rows of n floats (contiguous): out = x / sqrt(mean(x^2) + eps) * weight, the
+ * normalised value rounded to float before the weight multiplies, as transformers' Llama/Qwen2 RMSNorm
+ * does in float32. */
+void rft_rms_norm(const float *x, const float *weight, float *out, int64_t rows, int64_t n, float eps)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < n; i++)
+            acc += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(acc / (float)n + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++)
+            o[i] = weight[i] * (xr[i] * inv);
+    }
 }

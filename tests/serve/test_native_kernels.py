@@ -1,5 +1,6 @@
-"""The varlen decode attention kernel (rft_runtime.serve.native): built with this machine's C compiler,
-checked against softmax attention computed row by row in float64."""
+"""The engine's native kernels (rft_runtime.serve.native), built with this machine's C compiler: the varlen
+decode attention checked against softmax attention computed row by row in float64, RMSNorm against
+torch's."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from tests.serve.support import TINY
 
 
 @pytest.fixture(scope="module")
-def kernel() -> native.DecodeAttention:
+def kernel() -> native.Kernels:
     path, parallel = native.build()
-    return native.DecodeAttention(path, parallel)
+    return native.Kernels(path, parallel)
 
 
 def reference(q, keys, values, slots, lengths, scale):
@@ -38,10 +39,22 @@ def case(kv_heads, group, hd, rows=7, capacity=48, seed=0, q_scale=1.0):
     # rows in scattered, unordered slots (slot 1 and the last two not decoding), lengths from 1 to capacity
     slots = torch.tensor([5, 0, 3, 2, 9, 4, 7][:rows], dtype=torch.long)
     lengths = torch.tensor([1, capacity, 2, 17, 5, capacity - 1, 33][:rows], dtype=torch.long)
-    # queries as a strided view of a wider tensor, as the runner passes them
-    wide = torch.randn(rows, kv_heads * group + 3, hd, generator=g) * q_scale
-    q = wide[:, : kv_heads * group].view(rows, kv_heads, group, hd)
-    return q, keys, values, slots, lengths, hd ** -0.5
+    # queries, new keys and new values as strided views of one wider tensor, as the runner passes them
+    wide = torch.randn(rows, kv_heads * (group + 2) + 3, hd, generator=g)
+    q = (wide[:, : kv_heads * group] * q_scale).view(rows, kv_heads, group, hd)
+    k_new = wide[:, kv_heads * group: kv_heads * (group + 1)]
+    v_new = wide[:, kv_heads * (group + 1): kv_heads * (group + 2)]
+    return q, k_new, v_new, keys, values, slots, lengths, hd ** -0.5
+
+
+def attend(kernel, q, k_new, v_new, keys, values, slots, lengths, scale):
+    """The kernel's output, checked to have written the new keys and values, and the float64 reference."""
+    want_k, want_v = keys.clone(), values.clone()
+    want_k[slots, :, lengths - 1] = k_new
+    want_v[slots, :, lengths - 1] = v_new
+    out = kernel.decode_attention(q, k_new, v_new, keys, values, slots, lengths, scale)
+    assert torch.equal(keys, want_k) and torch.equal(values, want_v)
+    return out, reference(q, keys, values, slots, lengths, scale)
 
 
 @pytest.mark.parametrize("kv_heads,group,hd", [(1, 2, 64), (2, 2, 16), (2, 7, 64), (1, 1, 128), (3, 2, 12),
@@ -49,19 +62,17 @@ def case(kv_heads, group, hd, rows=7, capacity=48, seed=0, q_scale=1.0):
 def test_kernel_equals_row_by_row_attention(kernel, kv_heads, group, hd):
     """Vector path (head sizes that are multiples of 8, the 128-wide blocks of 200) and scalar path (12);
     grouped queries; unordered, scattered slots; lengths 1 to the capacity; strided queries."""
-    q, keys, values, slots, lengths, scale = case(kv_heads, group, hd)
-    out = kernel(q, keys, values, slots, lengths, scale)
-    assert out.shape == q.shape and out.dtype == torch.float32
-    torch.testing.assert_close(out.double(), reference(q, keys, values, slots, lengths, scale), rtol=0, atol=2e-6)
+    out, ref = attend(kernel, *case(kv_heads, group, hd))
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
 
 
 def test_kernel_with_scores_far_apart(kernel):
     """Scores that differ by far more than float32's exp range: the small ones give 0, none gives NaN
     (scores of magnitude ~400 carry float32 rounding of ~1e-5 into the weights)."""
-    q, keys, values, slots, lengths, scale = case(1, 2, 64, q_scale=40.0)
-    out = kernel(q, keys, values, slots, lengths, scale)
+    out, ref = attend(kernel, *case(1, 2, 64, q_scale=40.0))
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out.double(), reference(q, keys, values, slots, lengths, scale), rtol=0, atol=2e-5)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-5)
 
 
 def test_kernel_threads_give_the_same_bits(kernel):
@@ -69,13 +80,13 @@ def test_kernel_threads_give_the_same_bits(kernel):
     thread."""
     if not kernel.parallel:
         pytest.skip("the compiler here has no OpenMP")
-    q, keys, values, slots, lengths, scale = case(2, 2, 64, capacity=256)
+    args = case(2, 2, 64, capacity=256)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = kernel(q, keys, values, slots, lengths, scale)
+        one = kernel.decode_attention(*args)
         torch.set_num_threads(2)
-        two = kernel(q, keys, values, slots, lengths, scale)
+        two = kernel.decode_attention(*args)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
@@ -96,7 +107,7 @@ def test_build_once_per_source_and_machine(no_cache, monkeypatch):
     cache = no_cache / "cache"
     monkeypatch.setenv("RFT_NATIVE_CACHE", str(cache))
     path, _ = native.build()
-    assert path.parent == cache and path.name.startswith("decode_attention-") and path.suffix == ".so"
+    assert path.parent == cache and path.name.startswith("kernels-") and path.suffix == ".so"
     stamp = path.stat().st_mtime_ns
     again, _ = native.build()
     assert again == path and path.stat().st_mtime_ns == stamp
@@ -119,9 +130,9 @@ def test_no_compiler(monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/cc")
     with pytest.raises(native.NativeUnavailable, match="no C compiler"):
         native.build()
-    assert native.decode_attention.__wrapped__("auto") is None
-    with pytest.raises(native.NativeUnavailable, match=r"RFT_DECODE_ATTENTION=native: no C compiler"):
-        native.decode_attention.__wrapped__("native")
+    assert native.kernels.__wrapped__("auto") is None
+    with pytest.raises(native.NativeUnavailable, match=r"RFT_ENGINE_KERNELS=native: no C compiler"):
+        native.kernels.__wrapped__("native")
 
 
 def test_a_failing_compiler_is_reported(tmp_path, no_cache, monkeypatch):
@@ -137,10 +148,10 @@ def test_a_failing_compiler_is_reported(tmp_path, no_cache, monkeypatch):
 
 def test_setting_is_checked(monkeypatch):
     assert native.setting("torch") == "torch"
-    with pytest.raises(ValueError, match="decode_attention must be one of auto, native, torch; got 'fast'"):
+    with pytest.raises(ValueError, match="kernels must be one of auto, native, torch; got 'fast'"):
         native.setting("fast")
     monkeypatch.setenv(native.ENV, "fast")
-    with pytest.raises(ValueError, match=r"\$RFT_DECODE_ATTENTION must be one of"):
+    with pytest.raises(ValueError, match=r"\$RFT_ENGINE_KERNELS must be one of"):
         native.setting()
     monkeypatch.setenv(native.ENV, "torch")
     assert native.setting() == "torch"
@@ -152,14 +163,26 @@ def test_runner_uses_the_kernel_where_it_applies():
     """float32 on the CPU: the kernel; bfloat16: torch's attention under auto, a refusal naming the reason
     under native."""
     lm = load_model(TINY, device="cpu")
-    assert SlotRunner(lm.model, decode_attention="auto").decode_kernel is not None
-    assert SlotRunner(lm.model, decode_attention="torch").decode_kernel is None
+    assert SlotRunner(lm.model, kernels="auto").kernels is not None
+    assert SlotRunner(lm.model, kernels="torch").kernels is None
     half = load_model(TINY, device="cpu", dtype="bfloat16")
-    assert SlotRunner(half.model, decode_attention="auto").decode_kernel is None
-    with pytest.raises(native.NativeUnavailable, match="needs float32 on the CPU"):
-        SlotRunner(half.model, decode_attention="native")
+    assert SlotRunner(half.model, kernels="auto").kernels is None
+    with pytest.raises(native.NativeUnavailable, match="need float32 on the CPU"):
+        SlotRunner(half.model, kernels="native")
+
+
+@pytest.mark.parametrize("rows,width", [(1, 128), (32, 128), (300, 896), (5, 13)])
+def test_rms_norm_matches_torch(kernel, rows, width):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(1, rows, width, generator=g) * 3
+    w = torch.rand(width, generator=g) + 0.5
+    out = kernel.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(out, torch.nn.functional.rms_norm(x, (width,), w, 1e-6), rtol=2e-6, atol=1e-6)
+    strided = torch.randn(rows, 2 * width, generator=g)[:, ::2]  # copied to contiguous first
+    torch.testing.assert_close(kernel.rms_norm(strided, w, 1e-5),
+                               torch.nn.functional.rms_norm(strided, (width,), w, 1e-5), rtol=2e-6, atol=1e-6)
 
 
 def test_source_is_packaged():
-    """The C source ships with the package (the image builds the kernel from it at run time)."""
+    """The C source ships with the package (the image builds the kernels from it at run time)."""
     assert native.SOURCE.is_file() and os.access(native.SOURCE, os.R_OK)
