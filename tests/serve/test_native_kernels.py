@@ -186,3 +186,19 @@ def test_rms_norm_matches_torch(kernel, rows, width):
 def test_source_is_packaged():
     """The C source ships with the package (the image builds the kernels from it at run time)."""
     assert native.SOURCE.is_file() and os.access(native.SOURCE, os.R_OK)
+
+
+def test_layouts_the_kernels_do_not_assume_are_refused(kernel):
+    """The attention writes into the cache through raw pointers: a cache of another dtype or layout, or
+    slots and lengths of another dtype or length, are refused before the call."""
+    q, k_new, v_new, keys, values, slots, lengths, scale = case(1, 2, 64)
+    with pytest.raises(ValueError, match="keys must be a contiguous float32 cache"):
+        kernel.decode_attention(q, k_new, v_new, keys.transpose(2, 3), values, slots, lengths, scale)
+    with pytest.raises(ValueError, match="values must be a contiguous float32 cache"):
+        kernel.decode_attention(q, k_new, v_new, keys, values.double(), slots, lengths, scale)
+    with pytest.raises(ValueError, match="lengths must be contiguous int64"):
+        kernel.decode_attention(q, k_new, v_new, keys, values, slots, lengths.int(), scale)
+    with pytest.raises(ValueError, match="slots must be contiguous int64"):
+        kernel.decode_attention(q, k_new, v_new, keys, values, slots[:-1], lengths, scale)
+    with pytest.raises(ValueError, match="rms_norm: float32"):
+        kernel.rms_norm(torch.ones(2, 8), torch.ones(7), 1e-6)

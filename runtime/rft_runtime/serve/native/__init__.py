@@ -154,6 +154,17 @@ class Kernels:
         ``[rows, kv_heads, group, head_dim]``, written into ``out`` (contiguous, that shape) when given:
         a buffer the caller reuses saves an allocation per call."""
         rows, kv_heads, group, hd = q.shape
+        # the kernel writes into the cache through raw pointers: refuse a layout it does not assume
+        for name, t in (("keys", keys), ("values", values)):
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.shape[1] != kv_heads or t.shape[3] != hd:
+                raise ValueError(f"decode attention: {name} must be a contiguous float32 cache "
+                                 f"[slots, {kv_heads}, capacity, {hd}], got {t.dtype} {tuple(t.shape)}")
+        if keys.shape != values.shape:
+            raise ValueError(f"decode attention: keys {tuple(keys.shape)} and values {tuple(values.shape)} differ")
+        for name, t in (("slots", slots), ("lengths", lengths)):
+            if t.dtype != torch.int64 or not t.is_contiguous() or t.shape != (rows,):
+                raise ValueError(f"decode attention: {name} must be contiguous int64 [{rows}], got {t.dtype} "
+                                 f"{tuple(t.shape)}")
         if q.stride(3) != 1 or q.stride(2) != hd or q.stride(1) != group * hd:
             q = q.contiguous()
         if k_new.stride(2) != 1:
@@ -175,8 +186,12 @@ class Kernels:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dimension of ``x`` (float32), as transformers' float32 RMSNorm computes it
         (to float rounding)."""
+        if x.dtype != torch.float32 or weight.dtype != torch.float32 or weight.shape != (x.shape[-1],):
+            raise ValueError(f"rms_norm: float32 x [..., n] and weight [n], got {x.dtype} {tuple(x.shape)} and "
+                             f"{weight.dtype} {tuple(weight.shape)}")
         if not x.is_contiguous():
             x = x.contiguous()
+        weight = weight.contiguous()
         out = torch.empty_like(x)
         n = x.shape[-1]
         self._norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps)
