@@ -178,24 +178,28 @@ class SlotRunner:
         return SlotKVCache(layers=self.num_layers, kv_heads=self.kv_heads, head_dim=self.head_dim, slots=slots,
                            max_len=max_len, dtype=self.dtype, device=self.device)
 
-    def _native_norm(self, module: Any) -> tuple[torch.Tensor, float] | None:
+    @staticmethod
+    def _eps(module: Any) -> float | None:
         eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
-        weight = getattr(module, "weight", None)
+        return None if eps is None else float(eps)
+
+    def _native_norm(self, module: Any) -> tuple[torch.Tensor, float] | None:
+        eps, weight = self._eps(module), getattr(module, "weight", None)
         if self.kernels is None or eps is None or weight is None or weight.dtype != torch.float32:
             return None
-        return weight, float(eps)
+        return weight, eps
 
     def _norm(self, module: Any, x: torch.Tensor) -> torch.Tensor:
         """The model's RMSNorm: the native kernel's in float32 (to float rounding), else ``F.rms_norm``
         in float32 (bitwise the same), else its own module (which rounds to the model's dtype before the
         weight multiplies)."""
         fast = self._native_norms.get(id(module))
-        if fast is not None and x.dtype == torch.float32 and self.kernels is not None:
-            return self.kernels.rms_norm(x, fast[0], fast[1])
+        if fast is not None and self.kernels is not None and x.dtype == torch.float32:
+            return self.kernels.rms_norm(x, *fast)
         if x.dtype == torch.float32 and module.weight.dtype == torch.float32:
-            eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", None)
+            eps = self._eps(module)
             if eps is not None:
-                return F.rms_norm(x, module.weight.shape, module.weight, float(eps))
+                return F.rms_norm(x, module.weight.shape, module.weight, eps)
         return module(x)
 
     @staticmethod
