@@ -107,8 +107,21 @@ def test_trainer_vs_trl_quick(tmp_path):
         shared["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)
 
 
+def test_prefix_costs_quick(tmp_path):
+    """Both paths of every shape timed; the cost model's choice recorded for each."""
+    report = _run("prefix_costs.py", tmp_path / "prefix_costs.json")
+    assert {"chosen_over_best", "token_rule_over_best", "token_rule_over_chosen"} <= set(report["ratios"])
+    assert report["ratios"]["chosen_over_best"] >= 1.0 and report["ratios"]["token_rule_over_best"] >= 1.0
+    shapes = report["models"]["tiny"]["shapes"]
+    assert len(shapes) == 4 and all(s["whole_s"] > 0 and s["shared_s"] > 0 for s in shapes)
+    # a 150-token prompt with 16-token answers runs shared; an 8-token prompt with 64-token answers whole
+    chosen = {(s["prompt"], s["continuation"]): s["chosen"] for s in shapes}
+    assert chosen[(150, 16)] == "shared" and chosen[(8, 64)] == "whole"
+
+
 @pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py",
-                                    "rollout_tokens.py", "gpu.py", "trainer_vs_trl.py", "e2e_step.py"])
+                                    "rollout_tokens.py", "gpu.py", "trainer_vs_trl.py", "e2e_step.py",
+                                    "prefix_costs.py"])
 def test_bench_scripts_document_themselves(script):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)

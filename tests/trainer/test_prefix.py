@@ -1,6 +1,7 @@
 """Shared prompts run once (rft_runtime.trainer.prefix): the log-probs, the loss and the update are
-those of running every row whole, and micro-batches are cut so that rows of one prompt sit together
-when that runs fewer tokens."""
+those of running every row whole, micro-batches are cut so that rows of one prompt sit together when
+the cost model says that is cheaper, and continuations of very different lengths run in several
+forwards."""
 
 from __future__ import annotations
 
@@ -34,8 +35,15 @@ def _seqs(prompt_lens=(7, 4, 9), n=4, resp=(1, 6), seed=0, multi_turn_mask=False
     return out
 
 
+TOKENS = prefix.CostModel(token=1.0, pair=0.0, cached=0.0, forward=0.0)
+"""Costs that count tokens only: the shared path runs wherever it runs fewer tokens, also on a model
+so small that one forward's fixed cost would outweigh them."""
+
+
 @pytest.fixture
 def share(monkeypatch):
+    monkeypatch.setattr(prefix, "COSTS", TOKENS)
+
     def set_(on: bool) -> None:
         monkeypatch.setattr(prefix, "SHARE_PROMPTS", on)
     return set_
@@ -112,11 +120,11 @@ def test_distinct_prompts_keep_the_length_order(share):
 
 
 def test_long_responses_short_prompts_keep_the_length_order(share):
-    """Sharing a 2-token prompt saves little; cutting by length saves more padding."""
+    """Sharing a 2-token prompt saves little; cutting by length saves more padding and forwards."""
     share(True)
     seqs = _seqs(prompt_lens=(2, 2), n=4, resp=(1, 60), seed=3)
     batch = collate(seqs)
-    order = prefix.order_rows(batch, torch.arange(batch.size), 4)
+    order = prefix.order_rows(batch, torch.arange(batch.size), 4, costs=prefix.CostModel.of(None))
     assert order.tolist() == torch.argsort(batch.lengths, stable=True).tolist()
 
 
@@ -140,3 +148,81 @@ def test_collective_path_runs_two_forwards_and_equals_whole_rows(tiny_model_dir,
         assert len(calls) == 2 and s0 == s1 and got.shape == whole.shape
         keep = batch.loss_mask[:, s0:]
         assert torch.allclose(got[keep], whole[keep], atol=1e-10, rtol=0)
+
+
+def test_cost_model_of_a_config_and_its_choices():
+    from transformers import Qwen2Config
+
+    cfg = Qwen2Config(hidden_size=256, intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2)
+    costs = prefix.CostModel.of(cfg)
+    small = prefix.CostModel.of(None)  # a 64-wide layer
+    assert costs.token > small.token > 0 and costs.pair > small.pair > 0 and costs.cached > small.cached > 0
+    assert costs.forward == small.forward > 0
+    # more rows, longer rows, a longer cache: each costs more
+    assert costs.whole(8, 100) < costs.whole(8, 101) < costs.whole(9, 101)
+    assert costs.continuation(8, 64, 10) < costs.continuation(8, 65, 10) < costs.continuation(8, 65, 11)
+    # a long shared prompt with short answers runs shared; a short one with long answers whole
+    seqs = _seqs(prompt_lens=(150,), n=8, resp=(1, 16), seed=2)
+    assert prefix.prompt_owners(collate(seqs), costs=costs) is not None
+    seqs = _seqs(prompt_lens=(4,), n=8, resp=(100, 120), seed=2)
+    assert prefix.prompt_owners(collate(seqs), costs=costs) is None
+    assert prefix.prompt_owners(collate(seqs), collective=True, costs=costs) is not None
+
+
+def test_continuations_of_equal_length_run_in_one_forward_and_spread_ones_in_several():
+    costs = prefix.CostModel.of(None)
+    cost, chunks = prefix._chunks([50] * 8, 100, costs)
+    assert chunks == [list(range(8))] and cost == pytest.approx(costs.continuation(8, 100, 50))
+    rest = [2, 3, 3, 4, 200, 210, 220, 230]
+    cost, chunks = prefix._chunks(rest, 100, costs)
+    assert chunks == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert cost < costs.continuation(8, 100, 230)
+    # rows whose only prediction is the prompt's need no forward at all
+    cost, chunks = prefix._chunks([0, 1, 1, 40, 40], 20, costs)
+    assert chunks[0] == [0, 1, 2] and cost == pytest.approx(costs.continuation(2, 20, 40))
+    # many rows: the search runs over 32 boundaries, and every row is in one chunk
+    rng = random.Random(0)
+    cost, chunks = prefix._chunks(sorted(rng.randrange(1, 300) for _ in range(200)), 64, costs)
+    assert sorted(r for c in chunks for r in c) == list(range(200)) and len(chunks) > 1
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_split_continuations_equal_whole_rows(tiny_model_dir, share, monkeypatch, grad):
+    """One 150-token prompt, continuations of 1 to 300 tokens: the continuation forwards are split by
+    length (the rows of 1 token need none), and the logits and their gradients are those of whole rows."""
+    from rft_runtime.trainer.learner import forward_logits
+
+    share(True)
+    rng = random.Random(11)
+    prompt = [rng.randrange(3, 250) for _ in range(150)]
+    seqs = [TrainSequence(group="g", prompt_ids=prompt, response_ids=[rng.randrange(3, 250) for _ in range(r)],
+                          response_mask=[1] * r, inference_logprobs=[-1.0] * r, reward=float(i % 2), version=0,
+                          truncated=False, episode_id=f"g:{i}")
+            for i, r in enumerate([280, 1, 7, 300, 5, 250])]
+    batch = collate(seqs)
+    plan = prefix.prompt_owners(batch, costs=prefix.CostModel.of(None))
+    assert plan is not None and len(plan.chunks) >= 2, plan
+    model = _model(tiny_model_dir)
+    calls = []
+    model.register_forward_pre_hook(lambda *a: calls.append(1))
+    got = {}
+    for on in (False, True):
+        share(on)
+        model.zero_grad()
+        monkeypatch.setattr(prefix, "COSTS", prefix.CostModel.of(None))  # several continuation forwards
+        calls.clear()
+        logits, start = forward_logits(model, batch)
+        if on:
+            assert len(calls) == 1 + sum(1 for c in plan.chunks if max(int(batch.lengths[r] - batch.prompt_lengths[r])
+                                                                       for r in c) > 1)
+            assert len(calls) >= 3
+        keep = batch.loss_mask[:, start:]
+        if grad:
+            (logits[keep].logsumexp(-1).sum()).backward()
+            got[on] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        else:
+            got[on] = logits[keep].detach()
+    # gradients: float64 sums over 450 positions in two different orders (a single continuation
+    # forward differs from whole rows by as much)
+    tol = (1e-10, 0.0) if not grad else (1e-7 * float(got[False].abs().max()), 0.0)
+    assert torch.allclose(got[True], got[False], atol=tol[0], rtol=tol[1]), float((got[True] - got[False]).abs().max())

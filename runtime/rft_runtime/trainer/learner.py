@@ -27,7 +27,7 @@ from ..algos import (
     logprobs_from_logits,
 )
 from .batch import TrainBatch
-from .prefix import order_rows, prompt_owners, shared_logits, shares
+from .prefix import model_costs, order_rows, prompt_owners, shared_logits, shares
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool =
     read."""
     dev = model_device(model)
     start = response_start(batch.loss_mask)
-    plan = prompt_owners(batch, collective) if shares(dev) else None
+    plan = prompt_owners(batch, collective, model_costs(model)) if shares(dev) else None
     if plan is not None:
         return shared_logits(model, batch, start, plan, dev, collective), start
     keep = batch.input_ids.shape[1] - start
@@ -133,7 +133,7 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
     dev = model_device(model)
     out = torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
     try:
-        order = order_rows(batch, rows, micro_batch_size, shares(dev))
+        order = order_rows(batch, rows, micro_batch_size, shares(dev), model_costs(model))
         for pos in micro_batches(len(rows), micro_batch_size, order):
             mb = batch.select(rows[pos])
             logits, start = forward_logits(model, mb, collective=shard is not None and shard.world_size > 1)
@@ -258,7 +258,7 @@ class Learner:
         for epoch in range(cfg.epochs):
             # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
             # rounding, so every pass cuts them the cheapest way (by length, or a shared prompt together)
-            order = order_rows(batch, rows, cfg.micro_batch_size, shares(dev))
+            order = order_rows(batch, rows, cfg.micro_batch_size, shares(dev), model_costs(self.model))
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), dtype=torch.float32, device=dev)
             for pos in micro_batches(len(rows), cfg.micro_batch_size, order):

@@ -8,15 +8,20 @@ through the model a second time, attending to their prompt's cache. The backward
 prompt's gradients over its rows, so the loss and the gradients are those of running every row
 whole, up to float rounding (``tests/trainer/test_prefix.py``).
 
-:func:`order_rows` cuts micro-batches so that rows of one prompt sit together when that is cheaper (in
-tokens run) than cutting by length. Fewer tokens is less time where the step is bound by the tokens it
-runs (the CPU, a large enough model); on the tiny sample model the step is bound by per-operation
-overhead and sharing saves nothing (``docs/trainer.md``, "Speed").
+:func:`order_rows` cuts micro-batches so that rows of one prompt sit together when that costs less than
+cutting by length, and :func:`prompt_owners` runs a micro-batch shared only when that costs less than
+running its rows whole. Both ask a :class:`CostModel`: tokens run, attention's query-key pairs, the
+cache rows copied and a fixed cost per forward pass, per decoder layer, with the model's sizes. The
+fixed cost is why counting tokens is not enough: a forward of a small model on the CPU is about as dear
+as hundreds of its tokens, so a short prompt is not worth a second forward. The continuations of a
+micro-batch run in one or more forwards, rows of similar lengths together, so that each is padded
+little (the benchmark's micro-batch of 8 rows of 64-128-token responses: two).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,40 +51,143 @@ def _prompt_keys(batch: Any, rows: torch.Tensor | None = None) -> list[int]:
     return [index.setdefault(tuple(ids[i, :p].tolist()), len(index)) for i, p in enumerate(plen.tolist())]
 
 
-def prompt_owners(batch: Any, collective: bool = False) -> tuple[list[int], list[int]] | None:
-    """``(leaders, owner)``: the first row of each distinct prompt, and for every row the index of its
-    prompt in ``leaders``; None when no two rows share a prompt (or prompt lengths are unknown).
+class SharePlan(NamedTuple):
+    """How :func:`shared_logits` runs a micro-batch: ``leaders`` the first row of each distinct prompt,
+    ``owner`` for every row the index of its prompt in ``leaders``, ``chunks`` the rows' continuation
+    forwards (row indices; rows of similar continuation lengths together, so that each forward pads
+    little)."""
+
+    leaders: list[int]
+    owner: list[int]
+    chunks: list[list[int]]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per decoder layer of a micro-batch's forward and backward on the CPU, for choosing how
+    to run it. Fitted (relative error about 5 %) to 240 measured micro-batches of two models on the
+    2-core development VM: 8-400-token prompts, 4-256-token continuations, 4-16 rows of one or two
+    prompts (``bench/prefix_costs.py``). A faster machine scales every term alike, and choices
+    depend only on the ratios."""
+
+    token: float
+    """One token through the layer's matrix products and element-wise work."""
+    pair: float
+    """One query-key pair of attention."""
+    cached: float
+    """One prompt position of the key/value cache repeated for one row (and summed back in the
+    backward)."""
+    forward: float
+    """One forward pass and its backward, whatever its size (the fixed cost of its operations)."""
+
+    @classmethod
+    def of(cls, config: Any) -> "CostModel":
+        """The costs of a decoder layer of a Hugging Face ``config`` (Llama-style: attention with
+        grouped key/value heads and a gated MLP)."""
+        hidden = int(getattr(config, "hidden_size", 64))
+        inter = int(getattr(config, "intermediate_size", 4 * hidden))
+        heads = int(getattr(config, "num_attention_heads", 1))
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+        macs = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim + 3 * hidden * inter
+        return cls(token=1.16e-11 * macs + 1.5e-8 * (hidden + inter), pair=6e-11 * 2 * heads * head_dim,
+                   cached=6.3e-9 * 2 * kv_heads * head_dim, forward=2e-3)
+
+    def whole(self, rows: int, width: int) -> float:
+        """One forward of ``rows`` rows of ``width`` tokens (causal attention)."""
+        return self.forward + rows * width * (self.token + self.pair * (width + 1) / 2)
+
+    def continuation(self, rows: int, prompt: int, width: int) -> float:
+        """One forward of ``rows`` continuations of ``width`` tokens against a cache of ``prompt``
+        positions (masked attention over all of it)."""
+        return (self.forward + rows * width * (self.token + self.pair * (prompt + width))
+                + rows * prompt * self.cached)
+
+
+COSTS: CostModel | None = None
+"""The costs every choice uses (None: each model's own, :meth:`CostModel.of` its config; tests set
+token counts here to make the shared path run on a tiny model)."""
+
+
+def model_costs(model: torch.nn.Module) -> CostModel:
+    """The :class:`CostModel` of ``model``'s layers (a generic small model's without a config)."""
+    return COSTS or CostModel.of(getattr(model, "config", None))
+
+
+def _chunks(rest: list[int], prompt: int, costs: CostModel) -> tuple[float, list[list[int]]]:
+    """The cheapest split of rows (continuation lengths ``rest``, ascending) into contiguous
+    continuation forwards against a cache of ``prompt`` positions: ``(cost, chunks)``. A chunk whose
+    rows have at most one continuation token needs no forward (its only prediction is the prompt's)."""
+    n = len(rest)
+    # boundaries: every row for up to 32 rows, else 32 evenly spaced ones (the search is quadratic)
+    bounds = sorted({n * k // min(n, 32) for k in range(min(n, 32) + 1)})
+    best = {0: 0.0}
+    cut = {0: 0}
+    for j in bounds[1:]:
+        width = rest[j - 1]
+        best[j] = float("inf")
+        for i in bounds[: bounds.index(j)]:
+            c = best[i] + (0.0 if width <= 1 else costs.continuation(j - i, prompt, width))
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    chunks, j = [], n
+    while j:
+        chunks.append(list(range(cut[j], j)))
+        j = cut[j]
+    return best[n], chunks[::-1]
+
+
+def _plan(keys: list[int], prompts: list[int], lengths: list[int], costs: CostModel,
+          collective: bool) -> tuple[float, SharePlan | None]:
+    """The cost of a micro-batch (its rows' prompt ``keys``, prompt lengths and lengths) and its
+    :class:`SharePlan`, or None where running every row whole costs less."""
+    whole = costs.whole(len(lengths), max(lengths))
+    leaders = [keys.index(u) for u in range(max(keys) + 1)]
+    if not collective and len(leaders) == len(keys):
+        return whole, None
+    width = max(prompts)
+    rest = [n - p for n, p in zip(lengths, prompts)]
+    if collective:  # one continuation forward on every rank, whatever the lengths (collectives must match)
+        cost = costs.whole(len(leaders), width) + costs.continuation(len(rest), width, max(max(rest), 2))
+        return cost, SharePlan(leaders, keys, [list(range(len(rest)))])
+    order = sorted(range(len(rest)), key=rest.__getitem__)
+    cost, chunks = _chunks([rest[i] for i in order], width, costs)
+    cost += costs.whole(len(leaders), width)
+    if cost >= whole:
+        return whole, None
+    return cost, SharePlan(leaders, keys, [[order[i] for i in c] for c in chunks])
+
+
+def prompt_owners(batch: Any, collective: bool = False, costs: CostModel | None = None) -> SharePlan | None:
+    """How to run a micro-batch whose rows share prompts (:class:`SharePlan`), or None where running
+    every row whole costs less under ``costs`` (or no two rows share a prompt, or prompt lengths
+    are unknown).
 
     ``collective``: the model is sharded over several ranks, whose forward passes are collectives and
     must match in number; then every micro-batch takes the shared path (two forwards) whether or not
     its rows share a prompt."""
     if batch.prompt_lengths is None:
         return None
-    owner = _prompt_keys(batch)
-    leaders = [owner.index(u) for u in range(max(owner) + 1)]
-    return (leaders, owner) if collective or len(leaders) < len(owner) else None
+    return _plan(_prompt_keys(batch), batch.prompt_lengths.tolist(), batch.lengths.tolist(),
+                 costs or COSTS or CostModel.of(None), collective)[1]
 
 
-def _cost_whole(lengths: list[int], chunks: list[list[int]]) -> int:
-    return sum(len(c) * max(lengths[i] for i in c) for c in chunks)
+def _micro_batch_cost(keys: list[int], prompts: list[int], lengths: list[int], rows: list[int],
+                      costs: CostModel) -> float:
+    sub = [keys[i] for i in rows]
+    renumber: dict[int, int] = {}
+    return _plan([renumber.setdefault(k, len(renumber)) for k in sub], [prompts[i] for i in rows],
+                 [lengths[i] for i in rows], costs, False)[0]
 
 
-def _cost_shared(lengths: list[int], prompts: list[int], keys: list[int], chunks: list[list[int]]) -> int:
-    total = 0
-    for c in chunks:
-        distinct = {keys[i]: prompts[i] for i in c}
-        if len(distinct) == len(c):  # nothing shared: one whole forward
-            total += _cost_whole(lengths, [c])
-        else:
-            total += len(distinct) * max(distinct.values()) + len(c) * max(lengths[i] - prompts[i] for i in c)
-    return total
-
-
-def order_rows(batch: Any, rows: torch.Tensor, size: int, share: bool = True) -> torch.Tensor:
+def order_rows(batch: Any, rows: torch.Tensor, size: int, share: bool = True,
+               costs: CostModel | None = None) -> torch.Tensor:
     """Positions into ``rows`` in the order micro-batches of ``size`` are cut: by length (so each
-    micro-batch is trimmed to little padding), or, when cheaper in tokens run, rows of one prompt
-    together (ordered by prompt length, then by length), so each micro-batch runs few prompts
-    (``share``: prompts are shared, see :func:`shares`)."""
+    micro-batch is trimmed to little padding), or, when cheaper under ``costs``, rows of one prompt
+    together (ordered by prompt length, then by prompt), so each micro-batch runs few prompts
+    (``share``: prompts are shared, see :func:`shares`). Within a micro-batch of shared prompts the
+    rows are ordered by length, so that :func:`shared_logits`' continuation forwards take
+    neighbouring rows."""
     lengths = batch.lengths[rows]
     # by length (stable): micro-batches of similar lengths, each trimmed to its own longest row by
     # TrainBatch.select; gradients are accumulated over the whole batch, so the order changes nothing
@@ -91,20 +199,57 @@ def order_rows(batch: Any, rows: torch.Tensor, size: int, share: bool = True) ->
     keys = _prompt_keys(batch, rows)
     if len(set(keys)) == len(keys):
         return by_len
+    costs = costs or COSTS or CostModel.of(None)
     lens = lengths.tolist()
-    grouped = sorted(range(len(keys)), key=lambda i: (prompts[i], keys[i], lens[i]))
-    cut = [list(range(i, min(i + size, len(keys)))) for i in range(0, len(keys), size)]
+    rest = [n - p for n, p in zip(lens, prompts)]
+    grouped = sorted(range(len(keys)), key=lambda i: (prompts[i], keys[i]))
+    grouped = [i for c in range(0, len(grouped), size) for i in sorted(grouped[c : c + size], key=rest.__getitem__)]
     by_len_l = by_len.tolist()
-    whole = _cost_whole(lens, [[by_len_l[j] for j in c] for c in cut])
-    shared = _cost_shared(lens, prompts, keys, [[grouped[j] for j in c] for c in cut])
-    return torch.tensor(grouped, dtype=torch.long) if shared < whole else by_len
+    cost = {}
+    for name, order in (("whole", by_len_l), ("grouped", grouped)):
+        cost[name] = sum(_micro_batch_cost(keys, prompts, lens, order[c : c + size], costs)
+                         for c in range(0, len(order), size))
+    return torch.tensor(grouped, dtype=torch.long) if cost["grouped"] < cost["whole"] else by_len
 
 
-def shared_logits(model: torch.nn.Module, batch: Any, start: int, plan: tuple[list[int], list[int]],
+class _PromptCache:
+    """The distinct prompts' key/value cache (with its autograd graph), repeated for the rows of each
+    continuation forward.
+
+    Rows are repeated with ``index_select`` rather than the cache's own ``batch_select_indices``
+    (advanced indexing): the rows are the same, but the backward of advanced indexing is an
+    accumulating ``index_put`` that the CPU runs row by row for repeated indices, and
+    ``index_select``'s is an ``index_add`` (the benchmark's batch, 8 micro-batches of 8 rows of one
+    64-token prompt: forward and backward 11 % faster). A layer type with more state than keys and values (a sliding
+    window's) is selected by its own method, once: then the micro-batch's continuations run as one
+    forward."""
+
+    def __init__(self, cache: Any) -> None:
+        from transformers.cache_utils import DynamicLayer
+
+        layers = getattr(cache, "layers", None)
+        self.cache = cache
+        self.reusable = layers is not None and all(type(layer) is DynamicLayer and layer.is_initialized
+                                                   for layer in layers)
+        self.base = [(layer.keys, layer.values) for layer in layers] if self.reusable else []
+
+    def rows(self, owner: torch.Tensor) -> Any:
+        """The cache with row ``b`` holding prompt ``owner[b]``'s keys and values (replacing what an
+        earlier continuation forward appended)."""
+        if not self.reusable:
+            self.cache.batch_select_indices(owner)
+            return self.cache
+        for layer, (keys, values) in zip(self.cache.layers, self.base):
+            layer.keys, layer.values = keys.index_select(0, owner), values.index_select(0, owner)
+        return self.cache
+
+
+def shared_logits(model: torch.nn.Module, batch: Any, start: int, plan: SharePlan,
                   device: torch.device, collective: bool = False) -> torch.Tensor:
     """The logits ``[B, W - start, V]`` (float32) predicting ``batch.targets[:, start:]``, as a whole
-    forward of every row gives them, computed with each distinct prompt run once (see the module)."""
-    leaders, owner_l = plan
+    forward of every row gives them, computed with each distinct prompt run once and the rows'
+    continuations in ``plan.chunks`` (see the module)."""
+    leaders, owner_l, chunks = plan
     plen = batch.prompt_lengths
     width = int(batch.input_ids.shape[1])
     u_len = [int(plen[r]) for r in leaders]
@@ -122,30 +267,43 @@ def shared_logits(model: torch.nn.Module, batch: Any, start: int, plan: tuple[li
     owner = torch.tensor(owner_l, dtype=torch.long)
     col = torch.tensor([lasts.index(n - 1) for n in u_len], dtype=torch.long)
     first = out.logits[owner.to(device), col[owner].to(device)]  # [B, V]: predicts token p of each row
-    cache = out.past_key_values
-    if cache is None:  # a model that drops its cache while training (gradient checkpointing) cannot share
-        raise RuntimeError(f"{type(model).__name__} returned no key/value cache; set "
+    if out.past_key_values is None:  # a model that drops its cache while training (gradient checkpointing)
+        raise RuntimeError(f"{type(model).__name__} returned no key/value cache; set "  # cannot share
                            "rft_runtime.trainer.prefix.SHARE_PROMPTS = False to run every row whole")
-    cache.batch_select_indices(owner.to(device))
+    cache = _PromptCache(out.past_key_values)
+    if not cache.reusable:
+        chunks = [[r for c in chunks for r in c]]
 
     rest = (batch.lengths - plen).tolist()
-    c_max = max(rest)
-    if c_max <= 1 and not collective:  # no continuation token predicts another: the prompts' last logits
-        seq = first.unsqueeze(1).float()  # are all there is
-    else:
-        c_max = max(c_max, 2)  # (collective: the second forward runs on every rank, here on padding)
-        cont_ids = torch.zeros((len(owner_l), c_max), dtype=torch.long)
-        cont_mask = torch.zeros((len(owner_l), c_max), dtype=torch.long)
-        for b, (p, n) in enumerate(zip(plen.tolist(), rest)):
-            cont_ids[b, :n] = batch.input_ids[b, p : p + n]
-            cont_mask[b, :n] = 1
-        mask = torch.cat([prompt_mask[owner], cont_mask], dim=1)
-        positions = plen.unsqueeze(1) + torch.arange(c_max).unsqueeze(0)
-        out2 = model(input_ids=cont_ids.to(device), attention_mask=mask.to(device),
-                     position_ids=positions.to(device), past_key_values=cache, use_cache=True,
-                     logits_to_keep=torch.arange(c_max - 1, device=device))
-        # column k of `seq` predicts target index p - 1 + k of its row
-        seq = torch.cat([first.unsqueeze(1), out2.logits[:, : max(max(rest) - 1, 0)]], dim=1).float()
-    # align to target indices start .. width - 2 (off a row's span: some real logits, masked by the loss)
-    idx = (torch.arange(start, width - 1).unsqueeze(0) - (plen - 1).unsqueeze(1)).clamp_(0, seq.shape[1] - 1)
-    return seq.gather(1, idx.to(device).unsqueeze(-1).expand(-1, -1, seq.shape[-1]))
+    # column j of a row's output predicts target index start + j: index j + start - (p - 1) of its `seq`
+    align = torch.arange(start, width - 1).unsqueeze(0) - (plen - 1).unsqueeze(1)
+    parts = []
+    for rows in chunks:
+        idx = torch.tensor(rows, dtype=torch.long)
+        c_real = max(rest[r] for r in rows)
+        head = first[idx.to(device)].unsqueeze(1)
+        if c_real <= 1 and not collective:  # no continuation token predicts another: the prompts' last
+            seq = head.float()  # logits are all there is
+        else:
+            c_max = max(c_real, 2)  # (collective: the second forward runs on every rank, here on padding)
+            cont_ids = torch.zeros((len(rows), c_max), dtype=torch.long)
+            cont_mask = torch.zeros((len(rows), c_max), dtype=torch.long)
+            for b, r in enumerate(rows):
+                p, n = int(plen[r]), rest[r]
+                cont_ids[b, :n] = batch.input_ids[r, p : p + n]
+                cont_mask[b, :n] = 1
+            mask = torch.cat([prompt_mask[owner[idx]], cont_mask], dim=1)
+            positions = plen[idx].unsqueeze(1) + torch.arange(c_max).unsqueeze(0)
+            out2 = model(input_ids=cont_ids.to(device), attention_mask=mask.to(device),
+                         position_ids=positions.to(device), past_key_values=cache.rows(owner[idx].to(device)),
+                         use_cache=True, logits_to_keep=torch.arange(c_max - 1, device=device))
+            # column k of `seq` predicts target index p - 1 + k of its row
+            seq = torch.cat([head, out2.logits[:, : max(c_real - 1, 0)]], dim=1).float()
+        # off a row's span: some real logits, masked by the loss
+        a = align[idx].clamp(0, seq.shape[1] - 1).to(device)
+        parts.append(seq.gather(1, a.unsqueeze(-1).expand(-1, -1, seq.shape[-1])))
+    logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+    done = [r for c in chunks for r in c]
+    if done != list(range(len(done))):  # back to the micro-batch's row order
+        logits = logits.index_select(0, torch.argsort(torch.tensor(done)).to(device))
+    return logits
