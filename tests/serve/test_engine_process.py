@@ -88,8 +88,8 @@ def test_client_disconnect_drops_the_rows_in_the_engine_process(proc_server):
     (answered from the engine thread, a request is found by its id until it is answered)."""
     url = proc_server.url
     aborted = metrics_text.value(httpx.get(url + "/metrics").text, "rft_serve_aborted_sequences_total") or 0
-    body = {"prompt": [269, 272], "max_tokens": 250, "ignore_eos": True, "n": 2}
-    with pytest.raises(httpx.ReadTimeout):  # 250 decode steps take far longer than 0.1 s
+    body = {"prompt": [269, 272], "max_tokens": 250, "ignore_eos": True, "n": 8}
+    with pytest.raises(httpx.ReadTimeout):  # 250 decode steps of 8 rows take far longer than 0.1 s (2 rows: 60 ms)
         httpx.post(url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.1))
     deadline = time.monotonic() + 60
     while True:  # the child reports its counts every half second while it works, and when it answers
@@ -98,7 +98,7 @@ def test_client_disconnect_drops_the_rows_in_the_engine_process(proc_server):
             break
         assert time.monotonic() < deadline, "the abandoned request kept running"
         time.sleep(0.05)
-    assert metrics_text.value(text, "rft_serve_aborted_sequences_total") == aborted + 2  # both choices, unfinished
+    assert metrics_text.value(text, "rft_serve_aborted_sequences_total") == aborted + 8  # every choice, unfinished
     r = httpx.post(url + "/v1/completions", json={"prompt": [269, 272], "max_tokens": 2, "temperature": 0}, timeout=60)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     assert metrics_text.value(httpx.get(url + "/metrics").text, "rft_serve_num_sequences_running") == 0

@@ -150,14 +150,14 @@ def test_health_probes_the_engine():
 
 def test_client_disconnect_cancels_generation(server):
     aborted = server.engine.num_aborted
-    body = {"prompt": [269, 272], "max_tokens": 250, "ignore_eos": True}
-    with pytest.raises(httpx.ReadTimeout):  # 250 decode steps take far longer than 0.1 s
+    body = {"prompt": [269, 272], "max_tokens": 250, "ignore_eos": True, "n": 8}
+    with pytest.raises(httpx.ReadTimeout):  # 250 decode steps of 8 rows take far longer than 0.1 s (1 row: 50 ms)
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.1))
     deadline = time.monotonic() + 60
     while server.engine.num_running or server.engine.num_waiting:
         assert time.monotonic() < deadline, "the abandoned request kept running"
         time.sleep(0.02)
-    assert server.engine.num_aborted == aborted + 1  # dropped unfinished, not run to the end
+    assert server.engine.num_aborted == aborted + 8  # every choice dropped unfinished, not run to the end
     assert "rft_serve_aborted_sequences_total" in httpx.get(f"{server.url}/metrics").text
     r = _post(server, "/v1/completions", {"prompt": [269, 272], "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200

@@ -1,6 +1,6 @@
 """The engine's native kernels (rft_runtime.serve.native), built with this machine's C compiler: the varlen
-decode attention checked against softmax attention computed row by row in float64, RMSNorm against
-torch's."""
+decode attention checked against softmax attention computed row by row in float64; RMSNorm, the rotary
+embedding and the gated activation against torch's and transformers' own."""
 
 from __future__ import annotations
 
@@ -65,6 +65,26 @@ def test_kernel_equals_row_by_row_attention(kernel, kv_heads, group, hd):
     out, ref = attend(kernel, *case(kv_heads, group, hd))
     assert out.shape == ref.shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("kv_heads,group,hd", [(1, 2, 64), (2, 3, 16), (3, 2, 12)])
+def test_packed_projections_give_the_same_bits(kernel, kv_heads, group, hd):
+    """``decode_attention_packed`` reads queries, new keys and new values where the fused q/k/v projection
+    left them (strided tokens, beyond the decoding ones too): the same output and cache as the views."""
+    g = torch.Generator().manual_seed(hd)
+    heads, rows = kv_heads * group, 7
+    qkv = torch.randn(rows + 2, heads + 2 * kv_heads + 1, hd, generator=g)[:, : heads + 2 * kv_heads]
+    _, _, _, keys, values, slots, lengths, scale = case(kv_heads, group, hd, rows=rows)
+    keys2, values2 = keys.clone(), values.clone()
+    out = kernel.decode_attention_packed(qkv, rows, heads, keys, values, slots, lengths, scale)
+    want = kernel.decode_attention(qkv[:rows, :heads].reshape(rows, kv_heads, group, hd),
+                                   qkv[:rows, heads: heads + kv_heads], qkv[:rows, heads + kv_heads:], keys2, values2,
+                                   slots, lengths, scale)
+    assert torch.equal(out, want) and torch.equal(keys, keys2) and torch.equal(values, values2)
+    with pytest.raises(ValueError, match="decode attention: qkv must be float32"):
+        kernel.decode_attention_packed(qkv, rows, heads + 1, keys, values, slots, lengths, scale)
+    with pytest.raises(ValueError, match="decode attention: qkv must be float32"):
+        kernel.decode_attention_packed(qkv.transpose(1, 2), rows, heads, keys, values, slots, lengths, scale)
 
 
 def test_kernel_with_scores_far_apart(kernel):
@@ -163,7 +183,10 @@ def test_runner_uses_the_kernel_where_it_applies():
     """float32 on the CPU: the kernel; bfloat16: torch's attention under auto, a refusal naming the reason
     under native."""
     lm = load_model(TINY, device="cpu")
-    assert SlotRunner(lm.model, kernels="auto").kernels is not None
+    runner = SlotRunner(lm.model, kernels="auto")
+    assert runner.kernels is not None
+    # transformers' SiLU module is known to be F.silu: the native gated activation replaces it
+    assert all(layer.act is torch.nn.functional.silu for layer in runner.layers)
     assert SlotRunner(lm.model, kernels="torch").kernels is None
     half = load_model(TINY, device="cpu", dtype="bfloat16")
     assert SlotRunner(half.model, kernels="auto").kernels is None
@@ -183,6 +206,62 @@ def test_rms_norm_matches_torch(kernel, rows, width):
                                torch.nn.functional.rms_norm(strided, (width,), w, 1e-5), rtol=2e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("tokens,heads,extra,hd", [(1, 3, 1, 64), (37, 2, 2, 16), (5, 14, 4, 128), (3, 1, 0, 6)])
+def test_rope_matches_transformers(kernel, tokens, heads, extra, hd):
+    """In place on the first ``heads`` heads of strided tokens (packed q/k/v rows: the value heads after them
+    stay as they were), at scattered positions of the model's own tables: transformers'
+    ``apply_rotary_pos_emb``, to float rounding."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding, apply_rotary_pos_emb
+
+    cfg = Qwen2Config(hidden_size=hd * 2, num_attention_heads=2, rope_theta=10000.0, max_position_embeddings=300)
+    x = torch.randn(1, 300, hd)
+    cos, sin = (t[0].contiguous() for t in Qwen2RotaryEmbedding(cfg)(x, torch.arange(300).unsqueeze(0)))
+    g = torch.Generator().manual_seed(tokens)
+    wide = torch.randn(tokens, heads + extra + 1, hd, generator=g)
+    packed = wide[:, : heads + extra]  # strided tokens, contiguous heads
+    positions = torch.randint(0, 300, (tokens,), generator=g)
+    before, wide_before = packed.clone(), wide.clone()
+    kernel.rope(packed, heads, cos, sin, positions)
+    # transformers' layout: [batch, heads, tokens, head_dim], tables [batch, tokens, head_dim]
+    want, _ = apply_rotary_pos_emb(before[:, :heads].transpose(0, 1).unsqueeze(0), before[:, :1].transpose(0, 1)
+                                   .unsqueeze(0), cos[positions].unsqueeze(0), sin[positions].unsqueeze(0))
+    torch.testing.assert_close(packed[:, :heads], want[0].transpose(0, 1), rtol=1e-6, atol=1e-6)
+    assert torch.equal(wide[:, heads:], wide_before[:, heads:]), "value heads and the row's rest untouched"
+
+
+def test_rope_refuses_positions_beyond_its_tables(kernel):
+    x = torch.randn(2, 2, 8)
+    cos, sin = torch.ones(4, 8), torch.zeros(4, 8)
+    before = x.clone()
+    with pytest.raises(ValueError, match=r"positions must lie in the tables' \[0, 4\)"):
+        kernel.rope(x, 2, cos, sin, torch.tensor([1, 4]))
+    assert torch.equal(x, before), "nothing turned"
+    with pytest.raises(ValueError, match="rope: x must be float32"):
+        kernel.rope(x.transpose(1, 2), 2, cos, sin, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="rope: cos must be a contiguous float32 table"):
+        kernel.rope(x, 2, cos.t(), sin, torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="rope: positions must be contiguous int64"):
+        kernel.rope(x, 2, cos, sin, torch.tensor([1, 2], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 256), (32, 256), (7, 4864), (3, 13)])
+def test_silu_mul_matches_torch(kernel, rows, inter):
+    """``silu(gate) * up`` of fused gate/up rows (strided rows too), also where the exponential leaves float's
+    range (gates of +-100 and beyond: no inf, no NaN)."""
+    g = torch.Generator().manual_seed(inter)
+    gate_up = torch.randn(rows, 2 * inter, generator=g) * 4
+    gate_up[0, :3] = torch.tensor([-100.0, 100.0, -1e4])
+    want = torch.nn.functional.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+    out = kernel.silu_mul(gate_up, inter)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, want, rtol=2e-6, atol=1e-6)
+    strided = torch.cat([gate_up, torch.randn(rows, 5, generator=g)], dim=1)[:, : 2 * inter]
+    torch.testing.assert_close(kernel.silu_mul(strided, inter), want, rtol=2e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=rf"silu_mul: gate_up must be float32 \[rows, {2 * inter + 2}\]"):
+        kernel.silu_mul(gate_up, inter + 1)
+
+
 def test_source_is_packaged():
     """The C source ships with the package (the image builds the kernels from it at run time)."""
     assert native.SOURCE.is_file() and os.access(native.SOURCE, os.R_OK)
@@ -200,5 +279,9 @@ def test_layouts_the_kernels_do_not_assume_are_refused(kernel):
         kernel.decode_attention(q, k_new, v_new, keys, values, slots, lengths.int(), scale)
     with pytest.raises(ValueError, match="slots must be contiguous int64"):
         kernel.decode_attention(q, k_new, v_new, keys, values, slots[:-1], lengths, scale)
+    with pytest.raises(ValueError, match=r"slots must lie in \[0, 10\) and lengths in \[1, 48\]"):
+        kernel.decode_attention(q, k_new, v_new, keys, values, slots + 1, lengths, scale)
+    with pytest.raises(ValueError, match=r"slots must lie in \[0, 10\) and lengths in \[1, 48\]"):
+        kernel.decode_attention(q, k_new, v_new, keys, values, slots, lengths - 1, scale)
     with pytest.raises(ValueError, match="rms_norm: float32"):
         kernel.rms_norm(torch.ones(2, 8), torch.ones(7), 1e-6)

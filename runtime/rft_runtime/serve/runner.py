@@ -16,9 +16,13 @@ The model's own weights do the work, with fewer, larger operations than its modu
 CPU, and for small batches on a GPU, an iteration's time is mostly per-operation overhead): each
 layer's q/k/v projections are one matrix multiplication, and so are the MLP's gate and up projections
 (the model's parameters become views into those fused weights, so an in-place weight update reaches
-both); rotary embedding turns queries and keys in one pass; float32 RMSNorm is :mod:`.native`'s
-one-pass kernel on the CPU, else ``F.rms_norm`` (bitwise the model's own). Embedding, q/k norms
-(Qwen3), rotary tables and the head are the model's own modules. Supported are decoders shaped like
+both); the residual is added by the output projections' matrix multiplications (``addmm``); the packed
+tokens are one ``[T, hidden]`` matrix throughout. With :mod:`.native`'s kernels (float32 on the CPU)
+the rotary embedding turns the queries and keys in place, the decode attention reads them, and the new
+keys and values, where the q/k/v projection left them, RMSNorm is one pass and the MLP's
+``silu(gate) * up`` another; otherwise torch turns queries and keys in one pass, ``F.rms_norm`` (bitwise
+the model's own) normalises and the activation is the model's. Embedding, q/k norms (Qwen3), rotary
+tables and the head are the model's own modules. Supported are decoders shaped like
 Llama / Qwen2 / Qwen3 / Mistral with full attention; tests check the logits against transformers'
 forward to 1e-5.
 """
@@ -75,7 +79,7 @@ def _fuse_rows(mods: list[Any], name: str) -> torch.Tensor | None:
 class _Layer:
     """One decoder layer's fused weights and what its forward needs."""
 
-    qkv_w: torch.Tensor
+    qkv_w: torch.Tensor  # each weight [in, out]: a transposed view of the model's (or fused) [out, in] one
     qkv_b: torch.Tensor | None
     o_w: torch.Tensor
     o_b: torch.Tensor | None
@@ -88,20 +92,44 @@ class _Layer:
     qk_norm: bool
 
 
+def _silu_modules() -> tuple[type, ...]:
+    """The module classes that compute exactly ``F.silu``: torch's, and transformers' own (its ``silu``
+    activation since 5.0)."""
+    try:
+        from transformers.activations import SiLUActivation
+    except ImportError:
+        return (torch.nn.SiLU,)
+    return (torch.nn.SiLU, SiLUActivation)
+
+
 def _fused_layer(layer: Any) -> _Layer:
     attn, mlp = layer.self_attn, layer.mlp
     for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
         if not hasattr(mlp, name):
             raise UnsupportedModel(f"{type(mlp).__name__} has no {name}")
-    act = F.silu if isinstance(mlp.act_fn, torch.nn.SiLU) else mlp.act_fn
-    return _Layer(qkv_w=_fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj], "weight"),
-                  qkv_b=_fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
-                  o_w=attn.o_proj.weight, o_b=attn.o_proj.bias,
-                  gate_up_w=_fuse_rows([mlp.gate_proj, mlp.up_proj], "weight"),
-                  gate_up_b=_fuse_rows([mlp.gate_proj, mlp.up_proj], "bias"),
-                  down_w=mlp.down_proj.weight, down_b=mlp.down_proj.bias,
+    act = F.silu if isinstance(mlp.act_fn, _silu_modules()) else mlp.act_fn
+    qkv_w = _fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
+    gate_up_w = _fuse_rows([mlp.gate_proj, mlp.up_proj], "weight")
+    assert qkv_w is not None and gate_up_w is not None
+    return _Layer(qkv_w=qkv_w.t(), qkv_b=_fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
+                  o_w=attn.o_proj.weight.t(), o_b=attn.o_proj.bias,
+                  gate_up_w=gate_up_w.t(), gate_up_b=_fuse_rows([mlp.gate_proj, mlp.up_proj], "bias"),
+                  down_w=mlp.down_proj.weight.t(), down_b=mlp.down_proj.bias,
                   intermediate=int(mlp.gate_proj.weight.shape[0]), act=act,
                   qk_norm=getattr(attn, "q_norm", None) is not None)
+
+
+def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight_t.t(), bias)`` of ``[T, in]`` rows, calling what it calls without its layers."""
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+def _plus_linear(h: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``h + _linear(x, weight_t, bias)``; without a bias one ``addmm`` (the residual added by the matrix
+    multiplication) instead of two operations."""
+    if bias is not None:
+        return h + torch.addmm(bias, x, weight_t)
+    return torch.addmm(h, x, weight_t)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -147,6 +175,7 @@ class SlotRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.layers = [_fused_layer(layer) for layer in base.layers]
+        self._qk_norm = any(L.qk_norm for L in self.layers)
         self._norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in base.layers]
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for positions 0..n-1
         choice = native.setting(kernels)
@@ -163,15 +192,21 @@ class SlotRunner:
         self._native_norms[id(base.norm)] = self._native_norm(base.norm)
         self._attn_out: torch.Tensor | None = None  # the kernel's output, reused by every layer and iteration
 
-    def _rope(self, h: torch.Tensor, pos_t: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's rotary cos/sin at ``pos_t``, looked up in a table computed once by the model's own
-        rotary embedding (it depends on positions only, never on the weights)."""
+    def _rope_tables(self, h: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's rotary cos and sin ``[positions, head_dim]`` for at least ``length`` positions, computed
+        once by the model's own rotary embedding (they depend on positions only, never on the weights)."""
         table = self._rope_table
-        if table is None or table[0].shape[1] < length:
-            n = max(length, 2 * table[0].shape[1] if table is not None else 256)
+        if table is None or table[0].shape[0] < length:
+            n = max(length, 2 * table[0].shape[0] if table is not None else 256)
             positions = torch.arange(n, device=self.device).unsqueeze(0)
-            table = self._rope_table = self.base.rotary_emb(h[:, :1].expand(1, n, h.shape[-1]), positions)
-        return table[0][:, pos_t[0]], table[1][:, pos_t[0]]
+            cos, sin = self.base.rotary_emb(h[None, :1].expand(1, n, h.shape[-1]), positions)
+            table = self._rope_table = (cos[0].contiguous(), sin[0].contiguous())
+        return table
+
+    def _rope(self, h: torch.Tensor, pos_t: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's rotary cos/sin ``[1, T, head_dim]`` at ``pos_t``, looked up in :meth:`_rope_tables`."""
+        cos, sin = self._rope_tables(h, length)
+        return cos[pos_t].unsqueeze(0), sin[pos_t].unsqueeze(0)
 
     def make_cache(self, slots: int, max_len: int) -> SlotKVCache:
         """A cache sized for this model."""
@@ -255,15 +290,18 @@ class SlotRunner:
             pos.extend(range(c.start, c.start + len(c.tokens)))
         total = len(ids)
         cache.ensure(max(pos) + 1)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=dev).unsqueeze(0)
-        pos_t = torch.tensor(pos, dtype=torch.long, device=dev).unsqueeze(0)
-        h = self.base.embed_tokens(ids_t)
-        cos, sin = self._rope(h, pos_t, max(pos) + 1)
-
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
+        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        h = self.base.embed_tokens(ids_t)  # [T, hidden]: the packed tokens are one sequence
         kernel = self.kernels
+        if kernel is not None:  # the native rotary embedding reads the tables at each token's position itself
+            cos_t, sin_t = self._rope_tables(h, max(pos) + 1)
+        if kernel is None or self._qk_norm:
+            cos, sin = self._rope(h, pos_t, max(pos) + 1)
+            cos_h, sin_h = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, hd]: every head alike
         if n_dec:
             dslots = torch.tensor(decode_slots, dtype=torch.long, device=dev)
-            dpos = pos_t[0, :n_dec]
+            dpos = pos_t[:n_dec]
             if kernel is not None:
                 lengths = dpos + 1
                 buf = self._attn_out
@@ -295,36 +333,43 @@ class SlotRunner:
         hd, nh = self.head_dim, self.heads
         group = nh // self.kv_heads
         nkv = self.kv_heads
-        cos_h, sin_h = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, hd]: every head alike
         for li, (L, layer) in enumerate(zip(self.layers, self.base.layers)):
             residual = h
-            x = self._norm(self._norms[li][0], h)
-            qkv = F.linear(x, L.qkv_w, L.qkv_b).view(1, total, nh + 2 * nkv, hd)
+            qkv = _linear(self._norm(self._norms[li][0], h), L.qkv_w, L.qkv_b).view(total, nh + 2 * nkv, hd)
+            packed = kernel is not None and not L.qk_norm  # decode attention reads `qkv` itself
             if L.qk_norm:
                 attn = layer.self_attn
-                q, k, v = qkv.split((nh, nkv, nkv), dim=2)
+                q, k, v = qkv.split((nh, nkv, nkv), dim=1)
                 q, k = attn.q_norm(q), attn.k_norm(k)
-                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [1, heads, T, hd]
+                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, T, hd]
                 q, k = self.rope(q, k, cos, sin)
+            elif packed:  # queries and keys turned in place
+                kernel.rope(qkv, nh + nkv, cos_t, sin_t, pos_t)
+                if runs:  # [1, heads, T, hd] views of `qkv` for the prefill
+                    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in qkv.split((nh, nkv, nkv), dim=1))
             else:  # queries and keys turned together: [1, heads + kv_heads, T, hd]
-                qk = qkv[:, :, : nh + nkv].transpose(1, 2)
+                qk = qkv[:, : nh + nkv].transpose(0, 1).unsqueeze(0)
                 qk = qk * cos_h + _rotate_half(qk) * sin_h
                 q, k = qk[:, :nh], qk[:, nh:]
-                v = qkv[:, :, nh + nkv:].transpose(1, 2)
+                v = qkv[:, nh + nkv:].transpose(0, 1).unsqueeze(0)
             keys, values = cache.keys[li], cache.values[li]
             outs = []
             if n_dec:
-                # queries grouped by KV head: [D, kv_heads, heads / kv_heads, hd]; the cache is read in place
-                qd = q[0, :, :n_dec].transpose(0, 1).reshape(n_dec, self.kv_heads, group, hd)
-                k_new, v_new = k[0, :, :n_dec].transpose(0, 1), v[0, :, :n_dec].transpose(0, 1)  # [D, kv, hd]
-                if kernel is not None:  # writes k_new, v_new; each row up to its own length, no mask
-                    o = kernel.decode_attention(qd, k_new, v_new, keys, values, dslots, lengths, self.scaling,
-                                                attn_out)
+                if packed:  # writes the new keys and values; each row up to its own length, no mask
+                    o = kernel.decode_attention_packed(qkv, n_dec, nh, keys, values, dslots, lengths, self.scaling,
+                                                       attn_out)
                 else:
-                    keys[dslots, :, dpos] = k_new
-                    values[dslots, :, dpos] = v_new
-                    o = self._batched_decode(qd, keys, values, dslots, plan)
-                outs.append(o.reshape(n_dec, nh, hd))  # [D, heads, hd]
+                    # queries grouped by KV head: [D, kv_heads, heads / kv_heads, hd]; the cache is read in place
+                    qd = q[0, :, :n_dec].transpose(0, 1).reshape(n_dec, self.kv_heads, group, hd)
+                    k_new, v_new = k[0, :, :n_dec].transpose(0, 1), v[0, :, :n_dec].transpose(0, 1)  # [D, kv, hd]
+                    if kernel is not None:
+                        o = kernel.decode_attention(qd, k_new, v_new, keys, values, dslots, lengths, self.scaling,
+                                                    attn_out)
+                    else:
+                        keys[dslots, :, dpos] = k_new
+                        values[dslots, :, dpos] = v_new
+                        o = self._batched_decode(qd, keys, values, dslots, plan)
+                outs.append(o.reshape(n_dec, nh * hd))
             for (off, n, slots, m), slot_t in zip(runs, run_slots):
                 if m is None:  # g whole prompts of n tokens: [g, heads, n, hd], attending among themselves
                     g = len(slots)
@@ -339,7 +384,7 @@ class SlotRunner:
                         values[slot_t, :, :n] = vv
                     o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=self.scaling,
                                                        enable_gqa=True)
-                    outs.append(o.transpose(1, 2).reshape(g * n, nh, hd))
+                    outs.append(o.transpose(1, 2).reshape(g * n, nh * hd))
                     continue
                 slot = slots[0]
                 start = starts[slot]
@@ -349,11 +394,14 @@ class SlotRunner:
                 o = F.scaled_dot_product_attention(q[:, :, off:off + n], keys[slot:slot + 1, :, :end],
                                                    values[slot:slot + 1, :, :end], attn_mask=m,
                                                    scale=self.scaling, enable_gqa=True)
-                outs.append(o[0].transpose(0, 1))  # [n, heads, hd]
-            a = (torch.cat(outs) if len(outs) > 1 else outs[0]).reshape(1, total, nh * hd)
-            h = residual + F.linear(a, L.o_w, L.o_b)
-            gate, up = F.linear(self._norm(self._norms[li][1], h), L.gate_up_w, L.gate_up_b).split(
-                L.intermediate, dim=-1)
-            h = h + F.linear(L.act(gate) * up, L.down_w, L.down_b)
+                outs.append(o[0].transpose(0, 1).reshape(n, nh * hd))
+            h = _plus_linear(residual, torch.cat(outs) if len(outs) > 1 else outs[0], L.o_w, L.o_b)
+            gate_up = _linear(self._norm(self._norms[li][1], h), L.gate_up_w, L.gate_up_b)
+            if kernel is not None and L.act is F.silu and gate_up.dtype == torch.float32:
+                act = kernel.silu_mul(gate_up, L.intermediate)
+            else:
+                gate, up = gate_up.split(L.intermediate, dim=-1)
+                act = L.act(gate) * up
+            h = _plus_linear(h, act, L.down_w, L.down_b)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=dev)
-        return self.head(self._norm(self.base.norm, h[0].index_select(0, rows)))
+        return self.head(self._norm(self.base.norm, h.index_select(0, rows)))

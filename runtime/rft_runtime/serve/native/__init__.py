@@ -3,7 +3,9 @@
 :func:`kernels` returns ``kernels.c`` loaded (:class:`Kernels`): the varlen decode attention (each
 decoding sequence writes its new key and value and reads only its own columns of the slot cache;
 torch's batched attention reads every row up to the longest and masks the rest) and RMSNorm in one pass
-(torch's CPU ``rms_norm`` runs about eight operations). Or ``None``, with the reason logged once, where
+(torch's CPU ``rms_norm`` runs about eight operations), rotary embedding turning the packed queries and
+keys in place (torch's runs six operations and copies), and the MLP's ``silu(gate) * up`` in one pass.
+Or ``None``, with the reason logged once, where
 they cannot be had: no C compiler, a failed build, or ``RFT_ENGINE_KERNELS=torch``.
 
 The library is compiled once per source and machine (``-O3 -march=native``, OpenMP where the compiler
@@ -39,7 +41,10 @@ ENV = "RFT_ENGINE_KERNELS"
 CHOICES = ("auto", "native", "torch")
 # Tried in order: the first that compiles is used.
 FLAG_SETS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
-BASE_FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-ffp-contract=fast", "-fPIC", "-shared", "-std=gnu11")
+# -fno-trapping-math: without it GCC vectorises no loop that calls the polynomial exp (its rounding and
+# clamping could raise floating-point exceptions the scalar code would not), the softmax's included.
+BASE_FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC",
+              "-shared", "-std=gnu11")
 
 
 class NativeUnavailable(RuntimeError):
@@ -132,12 +137,18 @@ class Kernels:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         attn = lib.rft_decode_attention
         attn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, i64,
-                         i64, ctypes.c_float, ctypes.c_int]
+                         i64, ctypes.c_float, ctypes.c_int, i64, i64]
         attn.restype = ctypes.c_int
         norm = lib.rft_rms_norm
         norm.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
         norm.restype = None
-        self._attn, self._norm = attn, norm
+        rope = lib.rft_rope
+        rope.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64]
+        rope.restype = ctypes.c_int
+        silu_mul = lib.rft_silu_mul
+        silu_mul.argtypes = [ptr, i64, ptr, i64, i64]
+        silu_mul.restype = None
+        self._attn, self._norm, self._rope, self._silu_mul = attn, norm, rope, silu_mul
 
     def usable(self, device: torch.device, dtype: torch.dtype) -> bool:
         """float32 on the CPU, and either OpenMP or one intra-op thread (a single-threaded kernel must not
@@ -154,6 +165,37 @@ class Kernels:
         ``[rows, kv_heads, group, head_dim]``, written into ``out`` (contiguous, that shape) when given:
         a buffer the caller reuses saves an allocation per call."""
         rows, kv_heads, group, hd = q.shape
+        if q.stride(3) != 1 or q.stride(2) != hd or q.stride(1) != group * hd:
+            q = q.contiguous()
+        if k_new.stride(2) != 1:
+            k_new = k_new.contiguous()
+        if v_new.stride(2) != 1:
+            v_new = v_new.contiguous()
+        return self._attend(q.data_ptr(), q.stride(0), k_new.data_ptr(), k_new.stride(0), k_new.stride(1),
+                            v_new.data_ptr(), v_new.stride(0), v_new.stride(1), rows, kv_heads, group, hd, keys,
+                            values, slots, lengths, scale, out)
+
+    def decode_attention_packed(self, qkv: torch.Tensor, rows: int, heads: int, keys: torch.Tensor,
+                                values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, scale: float,
+                                out: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`decode_attention` of the first ``rows`` tokens of the packed projections ``qkv`` ``[tokens,
+        heads + 2 kv_heads, head_dim]`` (float32; tokens may be strided, each token's heads contiguous): the
+        query heads, then the new key heads, then the new value heads, read where they lie (no view or copy
+        of them is made)."""
+        tokens, n, hd = qkv.shape
+        kv_heads = (n - heads) // 2
+        if qkv.dtype != torch.float32 or qkv.stride(2) != 1 or qkv.stride(1) != hd or rows > tokens \
+                or kv_heads < 1 or n != heads + 2 * kv_heads or heads % kv_heads:
+            raise ValueError(f"decode attention: qkv must be float32 [>= {rows}, {heads} + 2 kv_heads, head_dim] "
+                             f"with contiguous heads, got {qkv.dtype} {tuple(qkv.shape)} strides {qkv.stride()}")
+        base, row, size = qkv.data_ptr(), qkv.stride(0), qkv.element_size()
+        return self._attend(base, row, base + heads * hd * size, row, hd, base + (heads + kv_heads) * hd * size, row,
+                            hd, rows, kv_heads, heads // kv_heads, hd, keys, values, slots, lengths, scale, out)
+
+    def _attend(self, q: int, q_row: int, k_new: int, kn_row: int, kn_head: int, v_new: int, vn_row: int,
+                vn_head: int, rows: int, kv_heads: int, group: int, hd: int, keys: torch.Tensor,
+                values: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor, scale: float,
+                out: torch.Tensor | None) -> torch.Tensor:
         # the kernel writes into the cache through raw pointers: refuse a layout it does not assume
         for name, t in (("keys", keys), ("values", values)):
             if t.dtype != torch.float32 or not t.is_contiguous() or t.shape[1] != kv_heads or t.shape[3] != hd:
@@ -165,20 +207,17 @@ class Kernels:
             if t.dtype != torch.int64 or not t.is_contiguous() or t.shape != (rows,):
                 raise ValueError(f"decode attention: {name} must be contiguous int64 [{rows}], got {t.dtype} "
                                  f"{tuple(t.shape)}")
-        if q.stride(3) != 1 or q.stride(2) != hd or q.stride(1) != group * hd:
-            q = q.contiguous()
-        if k_new.stride(2) != 1:
-            k_new = k_new.contiguous()
-        if v_new.stride(2) != 1:
-            v_new = v_new.contiguous()
+        shape = (rows, kv_heads, group, hd)
         if out is None:
-            out = torch.empty((rows, kv_heads, group, hd), dtype=q.dtype)
-        elif out.shape != q.shape or not out.is_contiguous():
-            raise ValueError(f"decode attention: out must be contiguous {tuple(q.shape)}, got {tuple(out.shape)}")
-        rc = self._attn(q.data_ptr(), q.stride(0), out.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                        k_new.data_ptr(), k_new.stride(0), k_new.stride(1), v_new.data_ptr(), v_new.stride(0),
-                        v_new.stride(1), slots.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, hd,
-                        keys.stride(0), keys.stride(1), scale, torch.get_num_threads())
+            out = torch.empty(shape, dtype=torch.float32)
+        elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"decode attention: out must be contiguous float32 {shape}, got {tuple(out.shape)}")
+        rc = self._attn(q, q_row, out.data_ptr(), keys.data_ptr(), values.data_ptr(), k_new, kn_row, kn_head, v_new,
+                        vn_row, vn_head, slots.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, hd,
+                        keys.stride(0), keys.stride(1), scale, torch.get_num_threads(), keys.shape[0], keys.shape[2])
+        if rc == -2:
+            raise ValueError(f"decode attention: slots must lie in [0, {keys.shape[0]}) and lengths in [1, "
+                             f"{keys.shape[2]}], got {slots.tolist()} and {lengths.tolist()}")
         if rc != 0:
             raise MemoryError("decode attention: could not allocate its scratch")
         return out
@@ -195,6 +234,39 @@ class Kernels:
         out = torch.empty_like(x)
         n = x.shape[-1]
         self._norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps)
+        return out
+
+    def rope(self, x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> None:
+        """Rotary embedding in place on the first ``heads`` heads of every token of ``x`` ``[tokens, n, head_dim]``
+        (float32; tokens may be strided, each token's heads contiguous), as transformers'
+        ``apply_rotary_pos_emb`` computes it (to float rounding): ``cos`` and ``sin`` are tables
+        ``[positions, head_dim]`` (contiguous float32), read at int64 ``positions`` ``[tokens]``."""
+        tokens, n, hd = x.shape
+        if x.dtype != torch.float32 or x.stride(2) != 1 or x.stride(1) != hd or heads > n or hd % 2:
+            raise ValueError(f"rope: x must be float32 [tokens, heads, head_dim] with contiguous heads of an even "
+                             f"size and at least {heads} heads, got {x.dtype} {tuple(x.shape)} strides {x.stride()}")
+        for name, t in (("cos", cos), ("sin", sin)):
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.dim() != 2 or t.shape[1] != hd:
+                raise ValueError(f"rope: {name} must be a contiguous float32 table [positions, {hd}], got {t.dtype} "
+                                 f"{tuple(t.shape)}")
+        if positions.dtype != torch.int64 or not positions.is_contiguous() or positions.shape != (tokens,):
+            raise ValueError(f"rope: positions must be contiguous int64 [{tokens}], got {positions.dtype} "
+                             f"{tuple(positions.shape)}")
+        table = min(cos.shape[0], sin.shape[0])
+        if self._rope(x.data_ptr(), tokens, x.stride(0), heads, hd, cos.data_ptr(), sin.data_ptr(),
+                      positions.data_ptr(), table) != 0:
+            raise ValueError(f"rope: positions must lie in the tables' [0, {table}), got {positions.tolist()}")
+
+    def silu_mul(self, gate_up: torch.Tensor, inter: int) -> torch.Tensor:
+        """``silu(gate) * up`` ``[rows, inter]`` (float32, new) of ``gate_up`` ``[rows, 2 * inter]`` (each row its
+        gate, then its up projection; rows may be strided), as ``F.silu(gate) * up`` computes it (to float
+        rounding)."""
+        if gate_up.dim() != 2 or gate_up.dtype != torch.float32 or gate_up.shape[1] != 2 * inter \
+                or gate_up.stride(1) != 1:
+            raise ValueError(f"silu_mul: gate_up must be float32 [rows, {2 * inter}] with contiguous rows, got "
+                             f"{gate_up.dtype} {tuple(gate_up.shape)}")
+        out = torch.empty((gate_up.shape[0], inter), dtype=torch.float32)
+        self._silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), gate_up.shape[0], inter)
         return out
 
 

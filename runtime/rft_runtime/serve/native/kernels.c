@@ -1,5 +1,6 @@
 /* The builtin engine's CPU kernels: decode attention that reads each sequence only up to its own length
- * (writing the iteration's new keys and values into the cache first), and RMSNorm in one pass.
+ * (writing the iteration's new keys and values into the cache first), RMSNorm in one pass, rotary
+ * embedding turning the packed queries and keys in place, and the gated MLP activation silu(gate) * up.
  *
  * float32 only, no torch headers: rft_runtime.serve.native builds this file at run time with the
  * machine's C compiler (GCC or Clang: it uses their portable vector extension, which becomes AVX, SSE or
@@ -28,7 +29,8 @@ static inline float sum8(v8 x)
 
 /* e^x for x <= 0 (softmax subtracts the maximum first): x = n ln2 + r, |r| <= ln2 / 2, e^r by its
  * degree-7 Taylor polynomial, 2^n by building the float's exponent. x below -87
- * counts as -87 (e^-87 is 1.6e-38: nothing beside the maximum's 1, and no subnormal). */
+ * counts as -87 (e^-87 is 1.6e-38: nothing beside the maximum's 1, and no subnormal). The same steps
+ * hold for x up to 88 (2^127 is still a float), which exp_clamped relies on. */
 static inline float exp_nonpositive(float x)
 {
     x = x < -87.0f ? -87.0f : x;
@@ -44,6 +46,14 @@ static inline float exp_nonpositive(float x)
     p = p * r + 1.0f;
     union { uint32_t u; float f; } two_n = { .u = (uint32_t)((int32_t)n + 127) << 23 };
     return p * two_n.f;
+}
+
+/* e^x for any x: x is clamped to [-87, 88] (e^88 is 1.7e38, below float's largest; e^-87 is 1.6e-38), then
+ * as exp_nonpositive. */
+static inline float exp_clamped(float x)
+{
+    x = x > 88.0f ? 88.0f : x;
+    return exp_nonpositive(x);
 }
 
 /* s[t] <- e^(s[t] - max s) over [0, len); returns their sum (the caller divides once, at the end). */
@@ -161,16 +171,20 @@ static void head_scalar(const float *q, float *out, const float *k, const float 
  *
  * Head sizes that are a multiple of 8 take the vector path, others a scalar one. exp() is a polynomial
  * the compiler vectorises (relative error at most 1.1e-7 against double-precision exp on [-87, 0],
- * about one float ulp). Returns 0, or -1 when a thread could not allocate its scratch. */
+ * about one float ulp). Returns 0; -1 when a thread could not allocate its scratch; -2, having touched
+ * nothing, when a slot is not in [0, n_slots) or a length not in [1, capacity]. */
 int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, float *keys, float *values,
                          const float *k_new, int64_t kn_row, int64_t kn_head, const float *v_new, int64_t vn_row,
                          int64_t vn_head, const int64_t *slots, const int64_t *lengths, int64_t rows,
                          int64_t kv_heads, int64_t group, int64_t head_dim, int64_t slot_stride,
-                         int64_t head_stride, float scale, int threads)
+                         int64_t head_stride, float scale, int threads, int64_t n_slots, int64_t capacity)
 {
     int64_t longest = 1;
-    for (int64_t i = 0; i < rows; i++)
+    for (int64_t i = 0; i < rows; i++) {
+        if (slots[i] < 0 || slots[i] >= n_slots || lengths[i] < 1 || lengths[i] > capacity)
+            return -2;
         longest = lengths[i] > longest ? lengths[i] : longest;
+    }
     const int vector = head_dim % 8 == 0;
     const int64_t work = rows * kv_heads;
     int failed = 0;
@@ -214,5 +228,51 @@ void rft_rms_norm(const float *x, const float *weight, float *out, int64_t rows,
 #pragma omp simd
         for (int64_t i = 0; i < n; i++)
             o[i] = weight[i] * (xr[i] * inv);
+    }
+}
+
+/* Rotary embedding in place, as transformers' apply_rotary_pos_emb computes it (x * cos + rotate_half(x) *
+ * sin, rotate_half(x) = [-x2, x1] for the halves x1, x2 of a head): token t's `heads` heads of head_dim
+ * floats start at x + t * row_stride, one after another; cos and sin are tables [position][head_dim]
+ * (contiguous, `table` rows), read at positions[t]. The runner turns the query and key heads of its packed
+ * q/k/v rows (the value heads follow them and are left alone). Returns 0, or -1 (and changes nothing) when
+ * a position lies outside the tables. */
+int rft_rope(float *x, int64_t tokens, int64_t row_stride, int64_t heads, int64_t head_dim, const float *cos,
+             const float *sin, const int64_t *positions, int64_t table)
+{
+    const int64_t half = head_dim / 2;
+    for (int64_t t = 0; t < tokens; t++)
+        if (positions[t] < 0 || positions[t] >= table)
+            return -1;
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *c = cos + positions[t] * head_dim, *s = sin + positions[t] * head_dim;
+        for (int64_t h = 0; h < heads; h++) {
+            float *restrict x1 = x + t * row_stride + h * head_dim, *restrict x2 = x1 + half;
+#pragma omp simd
+            for (int64_t d = 0; d < half; d++) {
+                const float a = x1[d], b = x2[d];
+                x1[d] = a * c[d] - b * s[d];
+                x2[d] = b * c[half + d] + a * s[half + d];
+            }
+        }
+    }
+    return 0;
+}
+
+/* The gated MLP's activation: out[r, i] = silu(g) * u, g = gate_up[r, i], u = gate_up[r, inter + i] (each
+ * row holds its gate projection, then its up projection, as one fused matrix multiplication gives them;
+ * rows are row_stride floats apart), out contiguous [rows, inter]. silu(g) = g / (1 + e^-g), computed as
+ * u * g * (1 / (1 + e^-g)): written g * s * u, GCC folds the product into a division that does not
+ * vectorise. */
+void rft_silu_mul(const float *gate_up, int64_t row_stride, float *out, int64_t rows, int64_t inter)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict g = gate_up + r * row_stride, *restrict u = g + inter;
+        float *restrict o = out + r * inter;
+#pragma omp simd
+        for (int64_t i = 0; i < inter; i++) {
+            const float s = 1.0f / (1.0f + exp_clamped(-g[i]));
+            o[i] = u[i] * g[i] * s;
+        }
     }
 }
