@@ -262,6 +262,39 @@ def test_silu_mul_matches_torch(kernel, rows, inter):
         kernel.silu_mul(gate_up, inter + 1)
 
 
+def test_sample_matches_the_torch_sampler(kernel):
+    """The one-call sampling step gives sample_step's tokens (the same seeded uniforms: signed, large and
+    small seeds) and its processed logprobs to float rounding: sampled rows at temperatures 1 and 0.7,
+    greedy rows, a row with one dominant token; then top alternatives as the torch path reports them."""
+    from rft_runtime.serve.protocol import SamplingParams
+    from rft_runtime.serve.sampler import sample_step
+
+    g = torch.Generator().manual_seed(5)
+    rows, vocab = 64, 348
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    logits[7, 11] = 60.0
+    params = [SamplingParams(temperature=[1.0, 0.7, 0.0][i % 3], logprobs=i % 2 * 3) for i in range(rows)]
+    seeds = [(-1) ** i * (i * 0x9E3779B97F4A7C15 % 2 ** 63) for i in range(rows)]
+    steps = [i * 7 % 50 for i in range(rows)]
+    want = sample_step(logits, params, seeds, steps)
+    got = sample_step(logits, params, seeds, steps, kernel)
+    assert got.tokens == want.tokens and got.tokens[7] == 11
+    torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), rtol=0, atol=2e-6)
+    for a, b in zip(got.top, want.top):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert [t for t, _ in a] == [t for t, _ in b]
+            torch.testing.assert_close(torch.tensor([v for _, v in a]), torch.tensor([v for _, v in b]), rtol=0,
+                                       atol=2e-6)
+    # many draws of one row: the tokens follow its probabilities, as the torch sampler's do
+    row = torch.tensor([[0.0, 1.0, 2.0, -30.0]])
+    one = [SamplingParams(temperature=1.0)]
+    drawn = [sample_step(row, one, [s], [0], kernel).tokens[0] for s in range(4000)]
+    assert drawn == [sample_step(row, one, [s], [0]).tokens[0] for s in range(4000)]
+    freq = torch.bincount(torch.tensor(drawn), minlength=4).double() / 4000
+    torch.testing.assert_close(freq, row[0].double().softmax(0), rtol=0, atol=0.03)
+
+
 def test_source_is_packaged():
     """The C source ships with the package (the image builds the kernels from it at run time)."""
     assert native.SOURCE.is_file() and os.access(native.SOURCE, os.R_OK)

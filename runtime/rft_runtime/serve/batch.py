@@ -149,7 +149,8 @@ class RunningBatch:
             else logits.index_select(0, torch.tensor(index, dtype=torch.long, device=logits.device))
         seqs = [s for s, _ in samplers]
         self.last_sampled = seqs
-        chosen = sample_step(picked, [s.params for s in seqs], [s.seed for s in seqs], [len(s.output) for s in seqs])
+        chosen = sample_step(picked, [s.params for s in seqs], [s.seed for s in seqs], [len(s.output) for s in seqs],
+                             self.runner.kernels)
         finished = []
         for i, s in enumerate(seqs):
             s.output.append(chosen.tokens[i])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -124,11 +125,25 @@ def seed_of(params: SamplingParams) -> int:
     return _i64(params.seed & _M64) if params.seed is not None else new_seed()
 
 
-def sample_step(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], steps: list[int]) -> StepSample:
+def _unfiltered(params: list[SamplingParams], vocab: int) -> bool:
+    """No row filters by top-k or top-p."""
+    return all(p.greedy or ((p.top_k <= 0 or p.top_k >= vocab) and p.top_p >= 1.0) for p in params)
+
+
+def sample_step(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], steps: list[int],
+                kernels: Any = None) -> StepSample:
     """Choose one token per row and report its processed logprob and the requested top alternatives.
 
     ``seeds[b]`` is row ``b``'s seed (see :func:`seed_of`), ``steps[b]`` the index of the token it samples
-    now (its number of generated tokens so far)."""
+    now (its number of generated tokens so far). ``kernels``: the engine's native kernels
+    (:class:`~rft_runtime.serve.native.Kernels`), which compute the same in one call for float32 CPU logits
+    where no row filters by top-k or top-p."""
+    if kernels is not None and logits.dtype == torch.float32 and logits.device.type == "cpu" \
+            and _unfiltered(params, logits.shape[-1]):
+        greedy = [p.greedy for p in params]
+        logprobs, tokens, chosen_l = kernels.sample(logits, [1.0 if g else p.temperature for g, p in zip(greedy, params)],
+                                                    greedy, seeds, steps)
+        return StepSample(tokens=tokens, logprobs=chosen_l, top=_top(logprobs, params))
     logprobs = processed_logprobs(logits, params)
     sampling = [not p.greedy for p in params]
     if any(sampling):
@@ -139,6 +154,11 @@ def sample_step(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
     else:
         chosen = logprobs.argmax(dim=-1)
     chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    return StepSample(tokens=chosen.tolist(), logprobs=chosen_lp.tolist(), top=_top(logprobs, params))
+
+
+def _top(logprobs: torch.Tensor, params: list[SamplingParams]) -> list[list[tuple[int, float]] | None]:
+    """Each row's requested top alternatives ``(id, logprob)``, or None where it asked for none."""
     kmax = max((p.logprobs or 0) for p in params)
     top: list[list[tuple[int, float]] | None] = [None] * len(params)
     if kmax > 0:
@@ -147,7 +167,7 @@ def sample_step(logits: torch.Tensor, params: list[SamplingParams], seeds: list[
         for i, p in enumerate(params):
             if p.logprobs:
                 top[i] = list(zip(idx_l[i][: p.logprobs], vals_l[i][: p.logprobs]))
-    return StepSample(tokens=chosen.tolist(), logprobs=chosen_lp.tolist(), top=top)
+    return top
 
 
 def prompt_logprobs(logits: torch.Tensor, prompt: list[int], k: int) -> list[dict | None]:

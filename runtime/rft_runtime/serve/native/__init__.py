@@ -4,8 +4,9 @@
 decoding sequence writes its new key and value and reads only its own columns of the slot cache;
 torch's batched attention reads every row up to the longest and masks the rest) and RMSNorm in one pass
 (torch's CPU ``rms_norm`` runs about eight operations), rotary embedding turning the packed queries and
-keys in place (torch's runs six operations and copies), and the MLP's ``silu(gate) * up`` in one pass.
-Or ``None``, with the reason logged once, where
+keys in place (torch's runs six operations and copies), the MLP's ``silu(gate) * up`` in one pass, and a
+decode step's sampling (processed logprobs and the seeded draw: about ten operations and a Python hash
+per row in torch). Or ``None``, with the reason logged once, where
 they cannot be had: no C compiler, a failed build, or ``RFT_ENGINE_KERNELS=torch``.
 
 The library is compiled once per source and machine (``-O3 -march=native``, OpenMP where the compiler
@@ -148,7 +149,10 @@ class Kernels:
         silu_mul = lib.rft_silu_mul
         silu_mul.argtypes = [ptr, i64, ptr, i64, i64]
         silu_mul.restype = None
-        self._attn, self._norm, self._rope, self._silu_mul = attn, norm, rope, silu_mul
+        sample = lib.rft_sample
+        sample.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+        sample.restype = ctypes.c_int
+        self._attn, self._norm, self._rope, self._silu_mul, self._sample = attn, norm, rope, silu_mul, sample
 
     def usable(self, device: torch.device, dtype: torch.dtype) -> bool:
         """float32 on the CPU, and either OpenMP or one intra-op thread (a single-threaded kernel must not
@@ -268,6 +272,32 @@ class Kernels:
         out = torch.empty((gate_up.shape[0], inter), dtype=torch.float32)
         self._silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), gate_up.shape[0], inter)
         return out
+
+    def sample(self, logits: torch.Tensor, temperatures: list[float], greedy: list[bool], seeds: list[int],
+               steps: list[int]) -> tuple[torch.Tensor, list[int], list[float]]:
+        """One decode step's sampling without top-k or top-p filters: the processed logprobs ``[rows, vocab]``
+        (``log_softmax(logits / temperature)``, float32), each row's token (the first largest for a greedy row,
+        else the inverse-CDF draw at the uniform of its seed and step, see
+        :func:`rft_runtime.serve.sampler.row_uniforms`) and its logprob; as
+        :func:`~rft_runtime.serve.sampler.sample_step` computes them (to float rounding), in one call."""
+        rows, vocab = logits.shape
+        if logits.dtype != torch.float32 or logits.device.type != "cpu" or vocab < 1:
+            raise ValueError(f"sample: float32 CPU logits [rows, vocab], got {logits.dtype} {tuple(logits.shape)} "
+                             f"on {logits.device}")
+        if not all(len(v) == rows for v in (temperatures, greedy, seeds, steps)):
+            raise ValueError(f"sample: one temperature, greedy flag, seed and step per row ({rows})")
+        logits = logits.contiguous()
+        temps = torch.tensor(temperatures, dtype=torch.float32)
+        flags = torch.tensor(greedy, dtype=torch.uint8)
+        seeds_t = torch.tensor(seeds, dtype=torch.int64)
+        steps_t = torch.tensor(steps, dtype=torch.int64)
+        logprobs = torch.empty((rows, vocab), dtype=torch.float32)
+        tokens = torch.empty(rows, dtype=torch.int64)
+        chosen = torch.empty(rows, dtype=torch.float32)
+        if self._sample(logits.data_ptr(), rows, vocab, temps.data_ptr(), flags.data_ptr(), seeds_t.data_ptr(),
+                        steps_t.data_ptr(), logprobs.data_ptr(), tokens.data_ptr(), chosen.data_ptr()) != 0:
+            raise MemoryError("sample: could not allocate its scratch")
+        return logprobs, tokens.tolist(), chosen.tolist()
 
 
 @functools.cache

@@ -1,6 +1,7 @@
 /* The builtin engine's CPU kernels: decode attention that reads each sequence only up to its own length
  * (writing the iteration's new keys and values into the cache first), RMSNorm in one pass, rotary
- * embedding turning the packed queries and keys in place, and the gated MLP activation silu(gate) * up.
+ * embedding turning the packed queries and keys in place, the gated MLP activation silu(gate) * up, and
+ * one decode step's sampling (processed logprobs, the seeded inverse-CDF draw).
  *
  * float32 only, no torch headers: rft_runtime.serve.native builds this file at run time with the
  * machine's C compiler (GCC or Clang: it uses their portable vector extension, which becomes AVX, SSE or
@@ -104,23 +105,42 @@ static void scores_vec(const float *restrict q, const float *restrict k, int64_t
     }
 }
 
-/* out_j = sum_t p_j[t] v_t / total_j, the output kept in registers for head sizes up to 128. */
+/* out[0, 8 nb) = inv * sum_t p[t] v_t[0, 8 nb), v_t = v + t * hd. Inlined with nb a constant, the nb sums
+ * stay in registers (an array indexed up to a run-time bound is kept in memory: loaded and stored for
+ * every t). */
+static inline __attribute__((always_inline)) void weighted_block(const float *restrict p, const float *restrict v,
+                                                                 int64_t len, int64_t hd, float inv,
+                                                                 float *restrict out, const int nb)
+{
+    v8 o[8];
+    for (int b = 0; b < nb; b++)
+        o[b] = (v8){0};
+    for (int64_t t = 0; t < len; t++) {
+        const v8 w = (v8){0} + p[t];
+        const float *vt = v + t * hd;
+        for (int b = 0; b < nb; b++)
+            o[b] += w * load8(vt + 8 * b);
+    }
+    for (int b = 0; b < nb; b++)
+        store8(out + 8 * b, o[b] * inv);
+}
+
+/* out = sum_t p[t] v_t / total (inv = 1 / total), in blocks of 64 floats, then one of the rest. */
 static void weighted_values_vec(const float *restrict p, const float *restrict v, int64_t len, int64_t hd,
                                 float inv, float *restrict out)
 {
-    for (int64_t d0 = 0; d0 < hd; d0 += 128) {
-        const int64_t width = hd - d0 < 128 ? hd - d0 : 128;
-        v8 o[16];
-        for (int64_t b = 0; b < width / 8; b++)
-            o[b] = (v8){0};
-        for (int64_t t = 0; t < len; t++) {
-            const v8 w = (v8){0} + p[t];
-            const float *vt = v + t * hd + d0;
-            for (int64_t b = 0; b < width / 8; b++)
-                o[b] += w * load8(vt + 8 * b);
-        }
-        for (int64_t b = 0; b < width / 8; b++)
-            store8(out + d0 + 8 * b, o[b] * inv);
+    int64_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64)
+        weighted_block(p, v + d0, len, hd, inv, out + d0, 8);
+    switch ((hd - d0) / 8) {
+    case 1: weighted_block(p, v + d0, len, hd, inv, out + d0, 1); break;
+    case 2: weighted_block(p, v + d0, len, hd, inv, out + d0, 2); break;
+    case 3: weighted_block(p, v + d0, len, hd, inv, out + d0, 3); break;
+    case 4: weighted_block(p, v + d0, len, hd, inv, out + d0, 4); break;
+    case 5: weighted_block(p, v + d0, len, hd, inv, out + d0, 5); break;
+    case 6: weighted_block(p, v + d0, len, hd, inv, out + d0, 6); break;
+    case 7: weighted_block(p, v + d0, len, hd, inv, out + d0, 7); break;
+    default: break;
     }
 }
 
@@ -275,4 +295,86 @@ void rft_silu_mul(const float *gate_up, int64_t row_stride, float *out, int64_t 
             o[i] = u[i] * g[i] * s;
         }
     }
+}
+
+/* splitmix64's finaliser (rft_runtime.serve.sampler._mix_int, in unsigned 64-bit arithmetic). */
+static inline uint64_t mix64(uint64_t x)
+{
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* One decode step's sampling, as rft_runtime.serve.sampler.sample_step computes it without top-k or top-p
+ * (to float rounding; the draw itself is the same arithmetic). Row r of logits [rows][vocab] (contiguous):
+ *   logprobs[r] = log_softmax(logits[r] / temps[r])                     (temps[r] 1 for a greedy row)
+ *   greedy[r]:  tokens[r] = the first index of the largest logprob
+ *   otherwise:  u = (top 40 bits of mix64(seed * golden + step * step_constant + 1) + 0.5) / 2^40, and
+ *               tokens[r] = the number of prefix sums (in double) of e^logprobs[r] at most u times their
+ *               total: the first token whose cumulative probability exceeds u (one of probability 0 is
+ *               never chosen);
+ *   chosen[r] = logprobs[r][tokens[r]].
+ * Returns 0, or -1 when the scratch of prefix sums could not be allocated. */
+int rft_sample(const float *logits, int64_t rows, int64_t vocab, const float *temps, const uint8_t *greedy,
+               const int64_t *seeds, const int64_t *steps, float *logprobs, int64_t *tokens, float *chosen)
+{
+    double *cum = malloc(sizeof(double) * (size_t)vocab);
+    float *probs = malloc(sizeof(float) * (size_t)vocab);
+    if (cum == NULL || probs == NULL) {
+        free(cum);
+        free(probs);
+        return -1;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = logits + r * vocab;
+        float *lp = logprobs + r * vocab;
+        const float t = temps[r];
+        float top = -INFINITY;
+        for (int64_t i = 0; i < vocab; i++) {
+            lp[i] = x[i] / t;
+            top = lp[i] > top ? lp[i] : top;
+        }
+        double total = 0.0;
+#pragma omp simd reduction(+ : total)
+        for (int64_t i = 0; i < vocab; i++)
+            total += (double)exp_nonpositive(lp[i] - top);
+        const float shift = top + (float)log(total);
+#pragma omp simd
+        for (int64_t i = 0; i < vocab; i++)
+            lp[i] = lp[i] - shift;
+        int64_t token = 0;
+        if (greedy[r]) {
+            for (int64_t i = 1; i < vocab; i++)
+                token = lp[i] > lp[token] ? i : token;
+        } else {
+            const uint64_t key = mix64((uint64_t)seeds[r] * 0x9E3779B97F4A7C15ull +
+                                       (uint64_t)steps[r] * 0xD1B54A32D192ED03ull + 1ull);
+            const double u = ((double)(key >> 24) + 0.5) * (1.0 / 1099511627776.0);
+#pragma omp simd
+            for (int64_t i = 0; i < vocab; i++)
+                probs[i] = exp_nonpositive(lp[i]);
+            double acc = 0.0;
+            for (int64_t i = 0; i < vocab; i++) {
+                acc += (double)probs[i];
+                cum[i] = acc;
+            }
+            const double target = u * acc;
+            int64_t lo = 0, hi = vocab;  /* the first i with cum[i] > target */
+            while (lo < hi) {
+                const int64_t mid = lo + (hi - lo) / 2;
+                if (cum[mid] > target)
+                    hi = mid;
+                else
+                    lo = mid + 1;
+            }
+            token = lo < vocab ? lo : vocab - 1;
+            while (token > 0 && probs[token] == 0.0f)  /* only past the end: u * total rounds below total */
+                token--;
+        }
+        tokens[r] = token;
+        chosen[r] = lp[token];
+    }
+    free(cum);
+    free(probs);
+    return 0;
 }
