@@ -11,9 +11,11 @@ a seed, logprobs 1, return_token_ids, return_tokens_as_token_ids), `plain` a tex
 logprobs or ids. Every request samples exactly `--max-tokens` tokens (ignore_eos). A cell is closed
 loop: C clients, each sending its next request when its previous one returns, for `--min-seconds`.
 
-Per cell: generated tokens/s, requests/s, p50/p95 latency, and server CPU-seconds per 1k generated
-tokens (user + system time of the server's process tree, from /proc). `ratios` holds, per shape and
-concurrency, `builtin_vs_vllm_<shape>_c<C>` (tokens/s, ours over vLLM's: higher is better) and
+A cell starts once both servers are idle (their process trees together under 0.1 CPU over a quarter
+of a second, waiting at most 10 s): a server whose background threads still work off its last cell
+would take CPU from the other's cell. Per cell: generated tokens/s, requests/s, p50/p95 latency, and
+server CPU-seconds per 1k generated tokens (user + system time of the server's process tree, from
+/proc). `ratios` holds, per shape and concurrency, `builtin_vs_vllm_<shape>_c<C>` (tokens/s, ours over vLLM's: higher is better) and
 `cpu_per_1k_tokens_builtin_over_vllm_<shape>_c<C>` (lower is better).
 
     .venv/bin/python bench/inference.py [--vllm-python PATH | --vllm-url URL] [--quick]
@@ -169,6 +171,23 @@ async def run_cell(url: str, pid: int | None, shape: str, concurrency: int, max_
             "server_cpu_s_per_1k_tokens": None if cpu is None else round(1000 * cpu / max(tokens, 1), 4)}
 
 
+async def settle(pids: list[int | None], idle_cores: float = 0.1, window_s: float = 0.25,
+                 limit_s: float = 10.0) -> float | None:
+    """Wait until the servers' process trees together use less than ``idle_cores`` CPUs over ``window_s``
+    (at most ``limit_s``), so that a cell does not start while the other server still works off the last
+    one (a server's background threads can keep a core busy after its load ends). Returns the last rate."""
+    pids = [p for p in pids if p is not None]
+    if not pids:
+        return None
+    deadline = time.monotonic() + limit_s
+    while True:
+        before = [tree_cpu_seconds(p) or 0.0 for p in pids]
+        await asyncio.sleep(window_s)
+        rate = sum((tree_cpu_seconds(p) or 0.0) - b for p, b in zip(pids, before)) / window_s
+        if rate < idle_cores or time.monotonic() > deadline:
+            return round(rate, 3)
+
+
 def _median(xs: list[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return round(statistics.median(vals), 4) if vals else None
@@ -216,7 +235,9 @@ async def measure(servers: dict[str, tuple[str, int | None]], shapes: list[str],
                 order = names if r % 2 == 0 else names[::-1]
                 for name in order:
                     url, pid = servers[name]
+                    idle = await settle([p for _, p in servers.values()])
                     res = await run_cell(url, pid, shape, c, max_tokens, min_seconds, min_rounds)
+                    res["servers_cpu_before"] = idle
                     runs[name].setdefault(cell, []).append(res)
                     print(f"round {r} {name:>7} {cell:>12}: {res['tokens_per_s']:>9.1f} tokens/s, "
                           f"p50 {res['latency_p50_s']:.3f} s, cpu/1k {res['server_cpu_s_per_1k_tokens']}",
@@ -263,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {
         "benchmark": "inference", "model": args.model, "max_tokens": args.max_tokens, "levels": levels,
         "shapes": shapes, "rounds": args.rounds, "quick": args.quick,
-        "method": "both servers up at once; per round every cell on both, order alternating; medians over rounds; "
-                  "ratios are medians of per-round ratios",
+        "method": "both servers up at once; per round every cell on both, order alternating, each cell started once "
+                  "both servers are idle (under 0.1 CPU together, at most 10 s of waiting; servers_cpu_before); "
+                  "medians over rounds; ratios are medians of per-round ratios",
         "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
                     "python": platform.python_version(), "platform": platform.platform()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
