@@ -282,8 +282,7 @@ int rft_rope(float *x, int64_t tokens, int64_t row_stride, int64_t heads, int64_
 /* The gated MLP's activation: out[r, i] = silu(g) * u, g = gate_up[r, i], u = gate_up[r, inter + i] (each
  * row holds its gate projection, then its up projection, as one fused matrix multiplication gives them;
  * rows are row_stride floats apart), out contiguous [rows, inter]. silu(g) = g / (1 + e^-g), computed as
- * u * g * (1 / (1 + e^-g)): written g * s * u, GCC folds the product into a division that does not
- * vectorise. */
+ * g * (1 / (1 + e^-g)) with the vectorised polynomial exp. */
 void rft_silu_mul(const float *gate_up, int64_t row_stride, float *out, int64_t rows, int64_t inter)
 {
     for (int64_t r = 0; r < rows; r++) {
