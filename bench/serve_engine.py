@@ -23,13 +23,17 @@ continuous batching -- admission, staggered positions, retirement, the hand-over
 costs or saves; 1.0 is free). Where the engine runs its native kernels (float32 on the CPU: varlen
 decode attention and RMSNorm), the closed loop runs a second time with torch's (batched attention and
 ``rms_norm``; ``closed_loop_torch_kernels``; ratio `closed_loop_native_vs_torch_kernels_b<B>_t<T>`,
-tokens/s).
+tokens/s). On a CUDA device, where decode iterations replay CUDA graphs (:mod:`rft_runtime.serve.graphs`),
+the lockstep and closed loops also run with every iteration eager (``engine_eager``,
+``closed_loop_eager``; ratios `cuda_graphs_vs_eager_b<B>_t<T>` and
+`closed_loop_cuda_graphs_vs_eager_b<B>_t<T>`, tokens/s). ``--loops`` picks the loops to run.
 
 The tiny test model has 256 positions; a copy with ``max_position_embeddings`` enough for the longest
 request, 16 + 3T/2 tokens and a margin (same weights; the rotary embedding has no length-dependent
 parameters), is made in a temporary directory.
 
     .venv/bin/python bench/serve_engine.py [--quick] [--device cpu|cuda] [--dtype float32|bfloat16] [--model DIR]
+        [--loops engine,hf_loop,closed_loop,...]
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from rft_runtime.serve import native  # noqa: E402
+from rft_runtime.serve import graphs, native  # noqa: E402
 from rft_runtime.serve.batch import RunningBatch, Sequence  # noqa: E402
 from rft_runtime.serve.engine import Engine  # noqa: E402
 from rft_runtime.serve.model import load_model  # noqa: E402
@@ -79,10 +83,23 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run_engine(lm, batch: int, new_tokens: int) -> dict:
+_BATCHES: dict[tuple[int, int, str | None], RunningBatch] = {}
+
+
+def running_batch(lm, batch: int, cuda_graphs: str | None = None) -> RunningBatch:
+    """One :class:`RunningBatch` per model, batch size and graph setting, kept from run to run as a server
+    keeps its engine's (its KV cache and its CUDA graphs, captured the first time each shape runs)."""
+    key = (id(lm), batch, cuda_graphs)
+    if key not in _BATCHES:
+        _BATCHES[key] = RunningBatch(lm.model, pad_token_id=lm.pad_token_id, eos_token_ids=lm.eos_token_ids,
+                                     device=lm.device, max_slots=batch, max_len=lm.max_model_len,
+                                     cuda_graphs=cuda_graphs)
+    return _BATCHES[key]
+
+
+def run_engine(lm, batch: int, new_tokens: int, cuda_graphs: str | None = None) -> dict:
     """Our iteration loop (no HTTP, no event loop)."""
-    rb = RunningBatch(lm.model, pad_token_id=lm.pad_token_id, eos_token_ids=lm.eos_token_ids, device=lm.device,
-                      max_slots=batch, max_len=lm.max_model_len)
+    rb = running_batch(lm, batch, cuda_graphs)
     params = SamplingParams(max_tokens=new_tokens, temperature=1.0, ignore_eos=True, logprobs=0)
     seqs = [Sequence(prompt=p, params=params, index=i) for i, p in enumerate(prompts(batch, lm.vocab_size))]
     times = []
@@ -119,14 +136,16 @@ class _Iterations:
         pass
 
 
+LOOPS = ("engine", "hf_loop", "closed_loop", "closed_loop_torch_kernels", "engine_eager", "closed_loop_eager")
 CLOSED_LOOP_SPREAD = (2, 3, 4, 5, 6)  # quarters of T: a request's new tokens, in turn
 
 
-def run_closed_loop(lm, batch: int, new_tokens: int, kernels: str | None = None) -> dict:
+def run_closed_loop(lm, batch: int, new_tokens: int, kernels: str | None = None,
+                    cuda_graphs: str | None = None) -> dict:
     """Our engine as the server drives it: ``batch`` clients, each sending requests one after another, measured
     in the steady state: from iteration T (the first requests have ramped up) over the next 3T iterations."""
     counted = _Iterations()
-    engine = Engine(lm, max_batch_size=batch, metrics=counted, kernels=kernels)
+    engine = Engine(lm, max_batch_size=batch, metrics=counted, kernels=kernels, cuda_graphs=cuda_graphs)
     pool = prompts(max(batch, 16), lm.vocab_size)
     lengths = [max(1, new_tokens * q // 4) for q in CLOSED_LOOP_SPREAD]
     window = (new_tokens, 4 * new_tokens)  # iterations
@@ -207,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", help="the model's compute dtype (bfloat16 on a GPU)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
+    p.add_argument("--loops", default=",".join(LOOPS),
+                   help=f"which loops to run, of {', '.join(LOOPS)} (engine always; the eager and graph-less "
+                        "loops only where they differ from it)")
     p.add_argument("--quick", action="store_true", help="batch 1 and 8, 16 and 64 tokens, one round")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_engine.json"))
     args = p.parse_args(argv)
@@ -221,22 +243,30 @@ def main(argv: list[str] | None = None) -> int:
         longest = max(lengths) * max(CLOSED_LOOP_SPREAD) // 4
         model_dir = long_context_copy(Path(args.model), Path(tmp) / "model", PROMPT_LEN + longest + 8)
         lm = load_model(model_dir, device=args.device, dtype=args.dtype)
-        run_engine(lm, 2, 4)  # warm-up
-        run_hf(lm, 2, 4)
-        run_closed_loop(lm, 2, 4)
         kernel = native.kernels()
         native_kernels = kernel is not None and kernel.usable(lm.device, lm.dtype)
-        runs: dict[str, dict[str, list[dict]]] = {"engine": {}, "hf_loop": {}, "closed_loop": {}}
+        graphs_on = lm.device.type == "cuda" and graphs.setting() == "auto"
+        loops = {"engine": run_engine, "hf_loop": run_hf, "closed_loop": run_closed_loop}
         if native_kernels:
-            runs["closed_loop_torch_kernels"] = {}
+            loops["closed_loop_torch_kernels"] = lambda lm, b, t: run_closed_loop(lm, b, t, kernels="torch")
+        if graphs_on:  # the same loops with every iteration run eagerly
+            loops["engine_eager"] = lambda lm, b, t: run_engine(lm, b, t, cuda_graphs="never")
+            loops["closed_loop_eager"] = lambda lm, b, t: run_closed_loop(lm, b, t, cuda_graphs="never")
+        wanted = set(args.loops.split(",")) | {"engine"}
+        if wanted - set(LOOPS):
+            raise SystemExit(f"--loops: unknown {sorted(wanted - set(LOOPS))}; choose from {', '.join(LOOPS)}")
+        loops = {name: fn for name, fn in loops.items() if name in wanted}
+        for fn in loops.values():  # warm-up
+            fn(lm, 2, 4)
+        if graphs_on:  # each batch's graphs captured before anything is timed, as in a server that has run
+            for b in batches:
+                run_engine(lm, b, max(lengths))
+        runs: dict[str, dict[str, list[dict]]] = {name: {} for name in loops}
         for r in range(args.repeats):
             for b in batches:
                 for t in lengths:
                     cell = f"b{b}_t{t}"
-                    order = [("engine", run_engine), ("hf_loop", run_hf), ("closed_loop", run_closed_loop)]
-                    if native_kernels:
-                        order.append(("closed_loop_torch_kernels",
-                                      lambda lm, b, t: run_closed_loop(lm, b, t, kernels="torch")))
+                    order = list(loops.items())
                     for name, fn in (order if r % 2 == 0 else order[::-1]):
                         res = fn(lm, b, t)
                         runs[name].setdefault(cell, []).append(res)
@@ -248,23 +278,23 @@ def main(argv: list[str] | None = None) -> int:
     for b in batches:
         for t in lengths:
             cell = f"b{b}_t{t}"
-            pairs = zip(runs["engine"][cell], runs["hf_loop"][cell])
-            ratios[f"engine_vs_hf_{cell}"] = round(statistics.median(e["tokens_per_s"] / h["tokens_per_s"]
-                                                                     for e, h in pairs), 3)
-            pairs = zip(runs["closed_loop"][cell], runs["engine"][cell])
-            ratios[f"closed_loop_vs_lockstep_{cell}"] = round(statistics.median(
-                c["tokens_per_s"] / e["tokens_per_s"] for c, e in pairs), 3)
-            if native_kernels:
-                pairs = zip(runs["closed_loop"][cell], runs["closed_loop_torch_kernels"][cell])
-                ratios[f"closed_loop_native_vs_torch_kernels_{cell}"] = round(statistics.median(
-                    c["tokens_per_s"] / e["tokens_per_s"] for c, e in pairs), 3)
+            for key, ours, base in (("engine_vs_hf", "engine", "hf_loop"),
+                                    ("closed_loop_vs_lockstep", "closed_loop", "engine"),
+                                    ("closed_loop_native_vs_torch_kernels", "closed_loop", "closed_loop_torch_kernels"),
+                                    ("cuda_graphs_vs_eager", "engine", "engine_eager"),
+                                    ("closed_loop_cuda_graphs_vs_eager", "closed_loop", "closed_loop_eager")):
+                if ours in runs and base in runs:
+                    ratios[f"{key}_{cell}"] = round(statistics.median(
+                        a["tokens_per_s"] / z["tokens_per_s"] for a, z in zip(runs[ours][cell], runs[base][cell])), 3)
         lo, hi = min(lengths), max(lengths)
         for name, key in (("engine", f"iteration_time_growth_{lo}_to_{hi}_b{b}"),
                           ("hf_loop", f"hf_iteration_time_growth_{lo}_to_{hi}_b{b}")):
-            ratios[key] = round(medians[name][f"b{b}_t{hi}"]["iteration_s_mean"]
-                                / medians[name][f"b{b}_t{lo}"]["iteration_s_mean"], 3)
+            if name in medians and lo != hi:
+                ratios[key] = round(medians[name][f"b{b}_t{hi}"]["iteration_s_mean"]
+                                    / medians[name][f"b{b}_t{lo}"]["iteration_s_mean"], 3)
     report = {"benchmark": "serve_engine", "model": args.model, "device": str(lm.device), "dtype": args.dtype,
               "threads": args.threads, "kernels": "native" if native_kernels else "torch",
+              "cuda_graphs": graphs_on,
               "prompt_len": PROMPT_LEN, "batches": batches, "new_tokens": lengths, "repeats": args.repeats,
               "quick": args.quick,
               "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],

@@ -30,7 +30,7 @@ def test_slot_cache_alloc_grow_copy():
     c.release(0)
     assert c.alloc() == 0  # lowest free slot first: running slots stay dense
     c.ensure(20)  # doubling keeps the contents
-    assert c.capacity == 32 and c.keys[1].shape == (3, 1, 32, 4)
+    assert c.capacity == 32 and c.keys[1].shape == (4, 1, 32, 4)  # and the spare row
     assert torch.equal(c.keys[1][1, 0, :16, 0], torch.arange(16.0))
     c.copy_prefix(1, 2, 5)
     assert torch.equal(c.keys[1][2, 0, :5, 0], torch.arange(5.0)) and c.keys[1][2, 0, 5:].abs().sum() == 0
@@ -307,3 +307,15 @@ async def test_engine_serves_bfloat16():
             assert len(s.output) == 5 and all(lp <= 0 and lp > -1e4 for lp in s.logprobs)
     finally:
         engine.stop()
+
+
+def test_serve_enforce_eager_and_cuda_graphs_reach_the_runner():
+    """``rft serve --enforce-eager`` parses, and build_engine hands its graph setting to the runner."""
+    from rft_runtime.serve.server import build_engine, build_parser
+
+    assert build_parser().parse_args(["--model", "m", "--enforce-eager"]).enforce_eager
+    assert not build_parser().parse_args(["--model", "m"]).enforce_eager
+    kwargs = dict(engine_process=False, max_batch_size=2, load_kwargs={"device": "cpu"})
+    fixed = build_engine(str(TINY), cuda_graphs="uncaptured", **kwargs)._batch.runner.graphs
+    assert fixed is not None and not fixed.capture
+    assert build_engine(str(TINY), cuda_graphs="never", **kwargs)._batch.runner.graphs is None

@@ -21,8 +21,9 @@ Choices (the contract's numerics):
 * Batching is continuous at the iteration level (:mod:`rft_runtime.serve.engine`): one forward pass per
   iteration carries every running decode and chunks of new prompts (:mod:`rft_runtime.serve.runner`);
   each sequence owns a slot of a preallocated KV cache (:mod:`rft_runtime.serve.kv_cache`); identical
-  prompts admitted together (a request's n choices) are prefilled once. A request runs under one
-  policy version.
+  prompts admitted together (a request's n choices) are prefilled once. On a GPU, decode-only
+  iterations replay CUDA graphs (:mod:`rft_runtime.serve.graphs`; ``--enforce-eager`` turns them off).
+  A request runs under one policy version.
 * Weight updates stop admitting new requests, wait at an iteration boundary for the running ones to
   finish, and swap all weights at once; responses carry
   ``policy_version`` (body) and ``x-policy-version`` (header). A LoRA adapter directory is merged

@@ -112,7 +112,7 @@ class Engine:
 
     def __init__(self, lm: LoadedModel, *, max_batch_size: int = 32, metrics: EngineMetrics | None = None,
                  policy_version: int = 0, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-                 kernels: str | None = None):
+                 kernels: str | None = None, cuda_graphs: str | None = None):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
@@ -124,7 +124,7 @@ class Engine:
         self._batch = RunningBatch(lm.model, pad_token_id=lm.pad_token_id, eos_token_ids=lm.eos_token_ids,
                                    device=lm.device, decode_text=lm.codec.decode_text, max_slots=max_batch_size,
                                    max_len=lm.max_model_len, prefill_tokens=prefill_tokens,
-                                   kernels=kernels)
+                                   kernels=kernels, cuda_graphs=cuda_graphs)
         self._waiting: deque[_Request] = deque()
         self._swap: _Swap | None = None
         self._cv = threading.Condition()

@@ -5,7 +5,8 @@ one slot from admission to retirement; its token at position ``p`` lives in colu
 Nothing moves when sequences join or leave (slots are handed out lowest-first, so the running slots
 stay dense and decode attention reads ``keys[:S]`` as a view). The column capacity starts small and
 doubles, up to the model's context length, when a sequence outgrows it: a copy every doubling, never
-per step.
+per step. One row beyond the slots, :attr:`SlotKVCache.spare`, is held by no sequence: a fixed-shape
+decode iteration (:mod:`.graphs`) writes its padding rows' keys and values there.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class SlotKVCache:
         if slots < 1 or max_len < 1:
             raise ValueError("a KV cache needs at least one slot and one column")
         self.slots, self.max_len = slots, max_len
+        self.spare = slots  # the row no sequence holds
         self.shape = (kv_heads, head_dim)
         self.dtype, self.device = dtype, device
         self.capacity = min(max_len, max(16, initial_len))
@@ -31,7 +33,7 @@ class SlotKVCache:
         self._free = list(range(slots))  # a heap: the lowest free slot first
 
     def _empty(self, columns: int) -> torch.Tensor:
-        return torch.zeros((self.slots, self.shape[0], columns, self.shape[1]), dtype=self.dtype, device=self.device)
+        return torch.zeros((self.slots + 1, self.shape[0], columns, self.shape[1]), dtype=self.dtype, device=self.device)
 
     @property
     def free_slots(self) -> int:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import native
+from . import graphs, native
 from .kv_cache import SlotKVCache
 
 
@@ -143,10 +143,12 @@ class SlotRunner:
     ``kernels``: ``native`` (the kernels of :mod:`.native`: varlen decode attention, each sequence reading
     only its own columns, and RMSNorm in one pass), ``torch`` (one batched attention over every row up to
     the longest, masked; torch's RMSNorm), or ``auto`` (native where they build and apply: float32 on the
-    CPU); unset: ``$RFT_ENGINE_KERNELS``, else auto.
+    CPU); unset: ``$RFT_ENGINE_KERNELS``, else auto. ``cuda_graphs``: decode-only iterations replayed
+    from CUDA graphs (:mod:`.graphs`): ``auto`` (on a CUDA device), ``never``, or ``uncaptured`` (their
+    fixed-shape iteration, run eagerly); unset: ``$RFT_ENGINE_CUDA_GRAPHS``, else auto.
     """
 
-    def __init__(self, model: Any, kernels: str | None = None):
+    def __init__(self, model: Any, kernels: str | None = None, cuda_graphs: str | None = None):
         base = getattr(model, "model", None)
         head = getattr(model, "lm_head", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -191,22 +193,30 @@ class SlotRunner:
         self._native_norms = {id(m): self._native_norm(m) for pair in self._norms for m in pair}
         self._native_norms[id(base.norm)] = self._native_norm(base.norm)
         self._attn_out: torch.Tensor | None = None  # the kernel's output, reused by every layer and iteration
+        mode = graphs.setting(cuda_graphs)
+        capture = mode == "auto" and self.device.type == "cuda"
+        self.graphs = graphs.DecodeGraphs(self, capture=capture) if capture or mode == "uncaptured" else None
 
-    def _rope_tables(self, h: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's rotary cos and sin ``[positions, head_dim]`` for at least ``length`` positions, computed
         once by the model's own rotary embedding (they depend on positions only, never on the weights)."""
         table = self._rope_table
         if table is None or table[0].shape[0] < length:
             n = max(length, 2 * table[0].shape[0] if table is not None else 256)
             positions = torch.arange(n, device=self.device).unsqueeze(0)
-            cos, sin = self.base.rotary_emb(h[None, :1].expand(1, n, h.shape[-1]), positions)
+            like = self.base.embed_tokens.weight[:1]  # the hidden states' dtype and device
+            cos, sin = self.base.rotary_emb(like[None].expand(1, n, like.shape[-1]), positions)
             table = self._rope_table = (cos[0].contiguous(), sin[0].contiguous())
         return table
 
-    def _rope(self, h: torch.Tensor, pos_t: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The model's rotary cos/sin ``[1, T, head_dim]`` at ``pos_t``, looked up in :meth:`_rope_tables`."""
-        cos, sin = self._rope_tables(h, length)
+    def _rope(self, pos_t: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's rotary cos/sin ``[1, T, head_dim]`` at ``pos_t``, looked up in :meth:`rope_tables`."""
+        cos, sin = self.rope_tables(length)
         return cos[pos_t].unsqueeze(0), sin[pos_t].unsqueeze(0)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The output layer's logits of last hidden states ``h`` ``[rows, hidden]`` (the final norm first)."""
+        return self.head(self._norm(self.base.norm, h))
 
     def make_cache(self, slots: int, max_len: int) -> SlotKVCache:
         """A cache sized for this model."""
@@ -280,7 +290,12 @@ class SlotRunner:
         """Run one iteration; return the logits ``[len(logit_rows), vocab]`` of the packed rows asked for.
 
         Packed row ``i < len(decode_slots)`` is decoding sequence ``i``; prefill chunk tokens follow in order.
+        A decode-only iteration runs from a CUDA graph where :attr:`graphs` are on (:mod:`.graphs`).
         """
+        if not chunks and self.graphs is not None:
+            out = self.graphs.decode(cache, decode_slots, decode_tokens, decode_pos, logit_rows)
+            if out is not None:
+                return out
         dev = self.device
         n_dec = len(decode_slots)
         ids = list(decode_tokens)
@@ -295,9 +310,9 @@ class SlotRunner:
         h = self.base.embed_tokens(ids_t)  # [T, hidden]: the packed tokens are one sequence
         kernel = self.kernels
         if kernel is not None:  # the native rotary embedding reads the tables at each token's position itself
-            cos_t, sin_t = self._rope_tables(h, max(pos) + 1)
+            cos_t, sin_t = self.rope_tables(max(pos) + 1)
         if kernel is None or self._qk_norm:
-            cos, sin = self._rope(h, pos_t, max(pos) + 1)
+            cos, sin = self._rope(pos_t, max(pos) + 1)
             cos_h, sin_h = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, hd]: every head alike
         if n_dec:
             dslots = torch.tensor(decode_slots, dtype=torch.long, device=dev)
@@ -404,4 +419,45 @@ class SlotRunner:
                 act = L.act(gate) * up
             h = _plus_linear(h, act, L.down_w, L.down_b)
         rows = torch.tensor(logit_rows, dtype=torch.long, device=dev)
-        return self.head(self._norm(self.base.norm, h.index_select(0, rows)))
+        return self.logits(h.index_select(0, rows))
+
+    def decode_fixed(self, cache: SlotKVCache, ids: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
+                     span: int, width: int) -> torch.Tensor:
+        """One decode step of slots ``0..span-1`` in fixed shapes (what :mod:`.graphs` captures): row ``r``
+        feeds token ``ids[r]`` at position ``pos[r]``, writes its key and value into row ``write[r]`` of the
+        cache (its own slot, or the spare row for padding) and attends to columns ``0..width-1`` of slot
+        ``r`` under a mask hiding those past ``pos[r]``. Returns the last hidden states ``[span, hidden]``.
+        Torch operations only, none reading a value back to the host."""
+        dev = self.device
+        hd, nh, nkv = self.head_dim, self.heads, self.kv_heads
+        h = self.base.embed_tokens(ids)
+        cos_t, sin_t = self.rope_tables(width)
+        cos, sin = cos_t[pos].unsqueeze(1), sin_t[pos].unsqueeze(1)  # [span, 1, hd]: every head alike
+        hidden_cols = torch.arange(width, device=dev).unsqueeze(0) > pos.unsqueeze(1)
+        mask = torch.zeros((span, width), dtype=h.dtype, device=dev).masked_fill_(hidden_cols, float("-inf"))
+        mask = mask[:, None, None, :]
+        # the rows of the flattened [rows * kv_heads * capacity, hd] cache that the new keys and values go to
+        heads = torch.arange(nkv, device=dev).unsqueeze(0)
+        dest = ((write.unsqueeze(1) * nkv + heads) * cache.capacity + pos.unsqueeze(1)).reshape(-1)
+        for li, (L, layer) in enumerate(zip(self.layers, self.base.layers)):
+            residual = h
+            qkv = _linear(self._norm(self._norms[li][0], h), L.qkv_w, L.qkv_b).view(span, nh + 2 * nkv, hd)
+            if L.qk_norm:
+                q, k, v = qkv.split((nh, nkv, nkv), dim=1)
+                q, k = layer.self_attn.q_norm(q), layer.self_attn.k_norm(k)
+                q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            else:
+                qk = qkv[:, : nh + nkv]
+                qk = qk * cos + _rotate_half(qk) * sin
+                q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
+            keys, values = cache.keys[li], cache.values[li]
+            keys.view(-1, hd).index_copy_(0, dest, k.reshape(-1, hd))
+            values.view(-1, hd).index_copy_(0, dest, v.reshape(-1, hd))
+            qd = q.reshape(span, nkv, nh // nkv, hd)  # queries grouped by KV head, as in the eager path
+            scores = torch.matmul(qd, keys[:span, :, :width].transpose(-1, -2)).mul_(self.scaling).add_(mask)
+            o = torch.matmul(scores.softmax(dim=-1), values[:span, :, :width]).reshape(span, nh * hd)
+            h = _plus_linear(residual, o, L.o_w, L.o_b)
+            gate_up = _linear(self._norm(self._norms[li][1], h), L.gate_up_w, L.gate_up_b)
+            gate, up = gate_up.split(L.intermediate, dim=-1)
+            h = _plus_linear(h, L.act(gate) * up, L.down_w, L.down_b)
+        return h

@@ -151,6 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine in its own process, so that it and the HTTP front end (which keeps "
                         "only the tokenizer) do not share a GIL (default); --no-engine-process: one process")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="never replay decode iterations from CUDA graphs (as vLLM's flag; on a GPU they are by default)")
     p.add_argument("--health-timeout", type=float, default=10.0, help="seconds /health waits for a token")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="accept chat templates supplied by requests (refused by default)")
@@ -160,8 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, load_kwargs: dict,
                  policy_version: int = 0, threads: int | None = None, log_file: str | None = None,
-                 log_level: str = "INFO", torch_free: bool = False) -> Any:
-    """The engine serving ``model_dir`` (``load_kwargs``: :func:`~.model.load_model`'s): in a child
+                 log_level: str = "INFO", torch_free: bool = False, cuda_graphs: str | None = None) -> Any:
+    """The engine serving ``model_dir`` (``load_kwargs``: :func:`~.model.load_model`'s; ``cuda_graphs``:
+    :class:`~.runner.SlotRunner`'s, None for its default): in a child
     process (:mod:`.procengine`, launched now, so that the model loads there while this process loads
     the tokenizer; ``log_file``/``log_level``: its logging) or in this process. ``torch_free`` (with
     ``engine_process``): this process is only the front end and never imports torch
@@ -170,14 +173,16 @@ def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, l
         from .procengine import ProcessEngine, served_model
 
         engine = ProcessEngine(None, model_dir, max_batch_size=max_batch_size, policy_version=policy_version,
-                               threads=threads, load_kwargs=load_kwargs, log_file=log_file, log_level=log_level)
+                               threads=threads, load_kwargs=load_kwargs, log_file=log_file, log_level=log_level,
+                               cuda_graphs=cuda_graphs)
         engine.launch()
         engine.lm = served_model(model_dir, load_kwargs.get("max_model_len"), torch_free=torch_free)
         return engine
     from .engine import Engine
     from .model import load_model
 
-    return Engine(load_model(model_dir, **load_kwargs), max_batch_size=max_batch_size, policy_version=policy_version)
+    return Engine(load_model(model_dir, **load_kwargs), max_batch_size=max_batch_size, policy_version=policy_version,
+                  cuda_graphs=cuda_graphs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     initial_version = UNPUBLISHED if args.weights_dir else args.policy_version
     engine = build_engine(args.model, engine_process=args.engine_process, max_batch_size=args.max_batch_size,
                           policy_version=initial_version, threads=args.threads, log_level=args.log_level,
-                          torch_free=True,
+                          torch_free=True, cuda_graphs="never" if args.enforce_eager else None,
                           load_kwargs={"dtype": args.dtype, "device": args.device,
                                        "max_model_len": args.max_model_len})
     lm = engine.lm
