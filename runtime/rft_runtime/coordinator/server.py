@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from typing import Any
 
@@ -14,11 +15,30 @@ from .http import create_app
 from .service import CoordinatorService
 
 
-class AppThread:
-    """Runs ``app`` on ``host:port`` (0 = a free port) in its own thread and event loop."""
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (0 = a free port), not yet listening: its port is known, and
+    held, before the server that will listen on it (:class:`AppThread`'s ``sock``) is ready."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
-    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0) -> None:
+
+class AppThread:
+    """Runs ``app`` on ``host:port`` (0 = a free port), or on the bound socket ``sock``
+    (:func:`bind_socket`), in its own thread and event loop."""
+
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0,
+                 sock: socket.socket | None = None) -> None:
         self.app = app
+        self.sock = sock
+        if sock is not None:
+            host, port = sock.getsockname()[:2]
         self.host = host
         self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -36,7 +56,8 @@ class AppThread:
             runner = web.AppRunner(self.app, access_log=None)
             try:
                 loop.run_until_complete(runner.setup())
-                site = web.TCPSite(runner, self.host, self.port)
+                site = web.SockSite(runner, self.sock) if self.sock is not None else \
+                    web.TCPSite(runner, self.host, self.port)
                 loop.run_until_complete(site.start())
                 sockets = getattr(site._server, "sockets", None) or []
                 if sockets:

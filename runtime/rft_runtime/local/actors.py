@@ -32,8 +32,9 @@ ACTOR_ENV = {
 
 def _setup_process(log_file: str | None, threads: int, *, computes: bool = True) -> None:
     """Environment, torch's threads and logging of an actor's process. ``computes``: whether the role
-    computes with torch (inference, trainer); a rollout worker only tokenizes, and does not import
-    torch unless the job's own code does (:func:`~rft_runtime.rollout.loop.runs_user_code`)."""
+    computes with torch (inference, trainer; :func:`_setup_compute`); a rollout worker only tokenizes,
+    and does not import torch unless the job's own code does
+    (:func:`~rft_runtime.rollout.loop.runs_user_code`)."""
     for k, v in ACTOR_ENV.items():
         os.environ.setdefault(k, v)
     root = logging.getLogger()
@@ -43,8 +44,12 @@ def _setup_process(log_file: str | None, threads: int, *, computes: bool = True)
         h = logging.FileHandler(log_file)
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(h)
-    if not computes:  # nor transformers, which would decide now that torch is there to import
-        return
+    if computes:  # else nor transformers, which would decide now that torch is there to import
+        _setup_compute(threads)
+
+
+def _setup_compute(threads: int) -> None:
+    """torch's intra-op threads, and transformers quiet."""
     import torch
 
     torch.set_num_threads(max(1, threads))
@@ -98,37 +103,54 @@ class InferenceActor(_Staged):
     or on a cluster the copy of it that ``shipment`` carries). ``engine_process`` (``rft run
     --engine-process``): the engine runs in a child process of this actor, as ``rft serve`` runs it by
     default (:mod:`~rft_runtime.serve.procengine`: the HTTP side and the engine do not share a GIL);
-    else in a thread of this actor."""
+    else in a thread of this actor.
+
+    Created light: the constructor only binds the server's socket, so that :meth:`url` answers at once
+    and the trainer and the rollout workers can be configured while :meth:`start` loads the model and
+    starts serving on that socket (nothing else can take its port meanwhile)."""
 
     def __init__(self, model_dir: str, served_name: str, *, local: bool, threads: int = 1,
                  max_batch_size: int = 256, dtype: str = "auto", max_model_len: int | None = None,
                  log_file: str | None = None, shipment: Any = None, role: str = "inference",
                  engine_process: bool = False) -> None:
-        log_file = self._open_stage(shipment, role, log_file)
-        _setup_process(log_file, threads)
+        self.log_file = self._open_stage(shipment, role, log_file)
+        _setup_process(self.log_file, threads, computes=False)
+        from ..coordinator.server import bind_socket
+
+        self.host = node_host(local)
+        self.sock = bind_socket(self.host)
+        self.port = int(self.sock.getsockname()[1])
+        self.server: Any = None
+        self._serve = (model_dir, served_name, threads, max_batch_size, dtype, max_model_len, engine_process)
+
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> str:
+        """Load the model and serve it on the bound socket; returns :meth:`url`."""
+        model_dir, served_name, threads, max_batch_size, dtype, max_model_len, engine_process = self._serve
+        _setup_compute(threads)
         if self.stage is not None:
             model_dir = self.stage.get(model_dir)
         from .. import auth
         from ..coordinator.server import AppThread
         from ..serve.server import build_engine, create_app
 
-        self.engine = build_engine(model_dir, engine_process=engine_process, max_batch_size=max_batch_size,
-                                   threads=threads, log_file=log_file,
-                                   load_kwargs={"dtype": dtype, "max_model_len": max_model_len})
-        self.host = node_host(local)
+        engine = build_engine(model_dir, engine_process=engine_process, max_batch_size=max_batch_size,
+                              threads=threads, log_file=self.log_file,
+                              load_kwargs={"dtype": dtype, "max_model_len": max_model_len})
         token = auth.server_token("inference")  # the run's token (rft run puts it in every actor's env)
-        self.server = AppThread(create_app(self.engine, served_name, stop_engine_on_cleanup=True, token=token),
-                                self.host, 0).start()
+        self.server = AppThread(create_app(engine, served_name, stop_engine_on_cleanup=True, token=token),
+                                sock=self.sock).start()
         logging.getLogger(__name__).info("serving %s as %r at %s", model_dir, served_name, self.url())
-
-    def url(self) -> str:
-        return f"http://{self.host}:{self.server.port}"
+        return self.url()
 
     def shutdown(self) -> None:
-        self.server.stop()
+        if self.server is not None:
+            self.server.stop()
 
     def cleanup(self) -> None:
-        self.server.stop()
+        self.shutdown()
         super().cleanup()
 
 
@@ -153,8 +175,10 @@ class TrainerActor(_Staged):
         self._ranks: list[Any] = []
         self._stop = threading.Event()
 
-    def setup(self, config_doc: str, *, resume: bool, require_resume: bool, max_steps: int | None,
-              work_dir: str | None = None) -> dict[str, Any]:
+    def prepare(self, config_doc: str, *, resume: bool, require_resume: bool, max_steps: int | None,
+                work_dir: str | None = None) -> dict[str, Any]:
+        """Build the trainer up to its coordinator (:meth:`~rft_runtime.trainer.trainer.Trainer.prepare`:
+        it does not need inference yet); :meth:`publish_initial` then brings inference to its weights."""
         # The coordinator listens on this actor's node only (loopback locally, the node IP on a Ray
         # cluster, where this actor may run on another node than the driver) and advertises that host.
         host = node_host(self.local)
@@ -182,9 +206,13 @@ class TrainerActor(_Staged):
                                              threads=self.threads)
         self.trainer = Trainer(cfg, resume=resume, require_resume=require_resume, max_steps=max_steps,
                                should_stop=self._stop.is_set, dist=context_for(cfg, 0, 0))
-        tr = self.trainer.setup()
+        tr = self.trainer.prepare()
         return {"coordinator_url": tr.coordinator_url, "step": tr.step_count, "max_steps": tr.max_steps,
                 "resumed_from": tr.resumed_from, "policy_version": tr.policy_version}
+
+    def publish_initial(self) -> None:
+        """Every inference server serves the trainer's current weights (once they are all up)."""
+        self.trainer.publish_initial()
 
     def changed_outputs(self, known: dict[str, tuple[int, int]]) -> tuple[dict[str, bytes], list[str],
                                                                          dict[str, tuple[int, int]]]:

@@ -7,6 +7,22 @@ import os
 import sys
 
 
+def known_errors() -> tuple[type[BaseException], ...]:
+    """The errors ``rft run`` reports in one line (exit 2). Their modules import no torch: the driver
+    needs none (the roles import it in their own processes)."""
+    from rft_api.runtime import ConfigError
+
+    from ..coordinator import CollectTimeout
+    from ..data import DatasetError
+    from ..rewards.options import ConfigError as EvaluatorConfigError
+    from ..trainer.checkpoint import CheckpointError, ResumeError
+    from ..trainer.publisher import PublishError
+    from .runner import LocalRunError
+
+    return (LocalRunError, ResumeError, CheckpointError, ConfigError, DatasetError, PublishError, CollectTimeout,
+            EvaluatorConfigError, FileNotFoundError)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rft run", description="Run an RFTJob manifest on this machine: the roles "
                                 "start as Ray actors with the builtin inference server.")
@@ -32,18 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     from rft_api.job import InvalidSpec
-    from rft_api.runtime import ConfigError
 
-    from ..coordinator import CollectTimeout
-    from ..data import DatasetError
-    from ..rewards.options import ConfigError as EvaluatorConfigError
-    from ..trainer.checkpoint import CheckpointError
-    from ..trainer.publisher import PublishError
-    from ..trainer.state import ResumeError
-    from .runner import LocalRunError, RunOptions, run_local
+    from .runner import RunOptions, run_local
 
-    known = (LocalRunError, ResumeError, CheckpointError, ConfigError, DatasetError, PublishError, CollectTimeout,
-             EvaluatorConfigError, FileNotFoundError)
+    known = known_errors()
 
     try:
         result = run_local(RunOptions(args.manifest, args.out, args.resume, args.address, args.max_steps,

@@ -12,6 +12,7 @@ Output directory: ``metrics.jsonl``, ``tensorboard/``, ``checkpoints/`` (with ``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rft_api import runtime
 from rft_api.job import RFTJob
@@ -159,7 +160,28 @@ def _init_ray(address: str | None, token: str) -> None:
         print(f"attached to the Ray cluster at {address}: {len(nodes)} node(s), "
               f"{int(ray.cluster_resources().get('CPU', 0))} CPUs", flush=True)
     else:
-        ray.init(num_cpus=max(2, os.cpu_count() or 2), **kwargs)
+        # Ray of our own: the actors' environment is the one its processes start with (its raylet
+        # passes it to every worker), not a runtime_env, so that the workers Ray starts ahead are
+        # fit for the actors: each actor then starts in a worker already up (about 1 s sooner apiece
+        # on 2 cores). The driver's own environment is put back once Ray is up.
+        del kwargs["runtime_env"]
+        with _environ(env):
+            ray.init(num_cpus=max(2, os.cpu_count() or 2), **kwargs)
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``env`` added, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def run_local(opts: RunOptions) -> RunResult:
@@ -331,8 +353,9 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
         return cls if local else cls.options(**cluster_resources(spec, role, opts.threads))
 
     logs = out / "logs"
-    # Every role's process starts now, in parallel: the servers load the model while the trainer and
-    # the rollout workers import theirs; each gets its config once the role it names is up.
+    # Every role's process starts now, in parallel. The inference servers bind their sockets first and
+    # load the model while the trainer builds itself up to its coordinator and the rollout workers
+    # start; the trainer publishes its weights once the servers answer.
     infer = [placed(InferenceActor, "inference").remote(
                  str(model_dir), job.name, local=local, threads=opts.threads, dtype=spec.model.dtype,
                  max_model_len=spec.inference.max_model_len, log_file=str(logs / f"inference-{i}.log"),
@@ -347,7 +370,8 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
                 for i in range(max(1, spec.rollout.replicas))]
     actors += rollouts
     sync = None if local else OutputSync(out)
-    urls = ray.get([a.url.remote() for a in infer])
+    urls = ray.get([a.url.remote() for a in infer])  # each socket is bound: its URL is final
+    serving = [a.start.remote() for a in infer]
     host = node_host(local)
     cfg = runtime.build(
         job, endpoints=runtime.Endpoints(inference=urls, served_model_name=job.name,
@@ -356,13 +380,15 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
         paths=paths, scoring="rollout",
         progress=runtime.ProgressTarget(sink="file"),
         trainer=runtime.TrainerSettings(threads=opts.threads, weight_transfer="path" if local else "http"))
-    info = ray.get(trainer.setup.remote(cfg.to_json(), resume=opts.resume, require_resume=opts.resume,
-                                        max_steps=opts.max_steps, work_dir=str(out)))
+    info = ray.get(trainer.prepare.remote(cfg.to_json(), resume=opts.resume, require_resume=opts.resume,
+                                          max_steps=opts.max_steps, work_dir=str(out)))
     cfg = cfg.model_copy(update={"endpoints": cfg.endpoints.model_copy(
         update={"coordinator": info["coordinator_url"]})})
     doc = cfg.to_json()
     (out / "config.json").write_text(doc)
-    runs = [r.run.remote(doc) for r in rollouts]
+    runs = [r.run.remote(doc) for r in rollouts]  # they connect to the coordinator and wait for work
+    ray.get(serving)
+    ray.get(trainer.publish_initial.remote())
     steps_done, interrupted = _drive(trainer, info, opts, runs, after_step=(lambda: sync.pull(trainer)) if sync else None)
     if interrupted:
         steps_done = ray.get(trainer.stop.remote())

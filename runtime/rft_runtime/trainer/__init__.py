@@ -8,8 +8,7 @@
 * :mod:`.trainer` — :class:`Trainer`, one step at a time; :mod:`.main` — `rft trainer`.
 """
 
-from .checkpoint import CheckpointError, CheckpointManager
-from .state import ResumeError
+from .checkpoint import CheckpointError, CheckpointManager, ResumeError
 
 __all__ = [
     "CheckpointError",

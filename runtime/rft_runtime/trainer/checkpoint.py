@@ -46,6 +46,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or inconsistent; the message says which and why."""
 
 
+class ResumeError(RuntimeError):
+    """A checkpoint cannot be resumed by this run; the message says why and what to change (raised by
+    :mod:`.state`; defined here, with no torch to import, for the commands that only catch it)."""
+
+
 def step_dir_name(step: int) -> str:
     """``step-000010`` for step 10."""
     return f"step-{step:06d}"

@@ -28,12 +28,10 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from .checkpoint import ResumeError
+
 STATE_FILE = "trainer_state.json"
 WEIGHTS_FILE = "weights.safetensors"
-
-
-class ResumeError(RuntimeError):
-    """A checkpoint cannot be resumed by this run; the message says why and what to change."""
 
 
 @dataclass

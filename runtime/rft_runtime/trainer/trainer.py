@@ -324,7 +324,14 @@ class Trainer:
     # ---------------------------------------------------------------- setup
     def setup(self) -> "Trainer":
         """Load everything, restore the latest checkpoint when resuming, start the coordinator,
-        and make inference serve the current weights."""
+        and make inference serve the current weights: :meth:`prepare`, then :meth:`publish_initial`."""
+        return self.prepare().publish_initial()
+
+    def prepare(self) -> "Trainer":
+        """Everything :meth:`setup` does before it talks to inference: the policy, the data, the
+        checkpoint it resumes from, metrics, trackers and the coordinator (rollout workers can connect
+        from here on; they get work once steps run). ``rft run`` calls it while the inference servers
+        are still loading their models."""
         cfg, spec = self.cfg, self.spec
         self._load_learner()
         self._load_data()
@@ -338,6 +345,13 @@ class Trainer:
         self._curve_rows = read_metrics(self.metrics.jsonl_path) if self.metrics.jsonl_path is not None else []
         self.trackers = self._start_trackers()
         self._start_coordinator(next_seq)
+        return self
+
+    def publish_initial(self) -> "Trainer":
+        """Make every inference replica serve the current weights (the base model's, or the checkpoint's
+        when resuming; a replica that does not answer yet is retried as every publication is) and keep a
+        restarted one on them; after :meth:`prepare`."""
+        cfg, spec = self.cfg, self.spec
         inf = spec.inference
         replicas = InferenceReplicas(cfg.endpoints.inference, cfg.endpoints.inference_replicas)
         self.publisher = WeightPublisher(published_weights_dir(cfg.paths.checkpoints), replicas,
