@@ -309,8 +309,9 @@ async def test_engine_serves_bfloat16():
         engine.stop()
 
 
-def test_serve_enforce_eager_and_cuda_graphs_reach_the_runner():
-    """``rft serve --enforce-eager`` parses, and build_engine hands its graph setting to the runner."""
+def test_serve_enforce_eager_cuda_graphs_and_pacing_reach_the_engine():
+    """``rft serve --enforce-eager`` and ``--engine-pacing`` parse, and build_engine hands the graph
+    setting to the runner and the pacing to the engine."""
     from rft_runtime.serve.server import build_engine, build_parser
 
     assert build_parser().parse_args(["--model", "m", "--enforce-eager"]).enforce_eager
@@ -319,3 +320,7 @@ def test_serve_enforce_eager_and_cuda_graphs_reach_the_runner():
     fixed = build_engine(str(TINY), cuda_graphs="uncaptured", **kwargs)._batch.runner.graphs
     assert fixed is not None and not fixed.capture
     assert build_engine(str(TINY), cuda_graphs="never", **kwargs)._batch.runner.graphs is None
+    args = build_parser().parse_args(["--model", "m", "--engine-pacing", "never"])
+    assert args.engine_pacing == "never" and build_parser().parse_args(["--model", "m"]).engine_pacing is None
+    assert build_engine(str(TINY), pacing="never", **kwargs).pacing == "never"
+    assert build_engine(str(TINY), **kwargs).pacing == "auto"

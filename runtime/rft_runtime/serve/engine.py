@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from . import pacing as pacing_policy
 from .batch import DEFAULT_PREFILL_TOKENS, RunningBatch
 from .errors import EngineError
 from .model import LoadedModel
@@ -112,7 +113,7 @@ class Engine:
 
     def __init__(self, lm: LoadedModel, *, max_batch_size: int = 32, metrics: EngineMetrics | None = None,
                  policy_version: int = 0, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-                 kernels: str | None = None, cuda_graphs: str | None = None):
+                 kernels: str | None = None, cuda_graphs: str | None = None, pacing: str | None = None):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
@@ -131,6 +132,8 @@ class Engine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.num_aborted = 0  # sequences dropped because their client went away
+        self.pacing = pacing_policy.setting(pacing)
+        self.pacer: pacing_policy.ContentionPacer | None = None  # made in the engine thread (it measures it)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -262,6 +265,17 @@ class Engine:
         self._fail_all(EngineError("the engine stopped"))
 
     def _loop(self) -> None:
+        if self.pacing == "auto":
+            self.pacer = pacing_policy.ContentionPacer()
+        try:
+            self._iterate()
+        finally:
+            if self.pacer is not None:
+                if self.pacer.pauses:
+                    log.info("engine pacing: %d pauses, %.2f s in all", self.pacer.pauses, self.pacer.paused_s)
+                self.pacer.close()
+
+    def _iterate(self) -> None:
         while True:
             with self._cv:
                 while not self._stop and not self._waiting and not len(self._batch) and self._swap is None:
@@ -276,7 +290,16 @@ class Engine:
                 continue
             if not newcomers and not len(self._batch):
                 continue
+            started = time.perf_counter()
             self._step(newcomers)
+            if self.pacer is not None:
+                pause = self.pacer.after(running=len(self._batch), slots=self._batch.cache.slots,
+                                         waiting=len(self._waiting), iteration_s=time.perf_counter() - started,
+                                         admitted=len(newcomers))
+                if pause:
+                    with self._cv:  # a request arriving meanwhile ends the pause
+                        if not self._waiting and not self._stop:
+                            self._cv.wait(pause)
 
     def _admit(self, started_only: bool = False) -> list[Sequence]:
         """Pop waiting sequences (FIFO) into the free slots; with ``started_only`` only the rest of requests

@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "only the tokenizer) do not share a GIL (default); --no-engine-process: one process")
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode iterations from CUDA graphs (as vLLM's flag; on a GPU they are by default)")
+    p.add_argument("--engine-pacing", choices=["auto", "never"], default=None,
+                   help="auto: a small batch waits an iteration's time when the machine's CPUs are all taken, so "
+                        "that the processes feeding the engine run (the default, or $RFT_ENGINE_PACING); never")
     p.add_argument("--health-timeout", type=float, default=10.0, help="seconds /health waits for a token")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="accept chat templates supplied by requests (refused by default)")
@@ -162,9 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, load_kwargs: dict,
                  policy_version: int = 0, threads: int | None = None, log_file: str | None = None,
-                 log_level: str = "INFO", torch_free: bool = False, cuda_graphs: str | None = None) -> Any:
+                 log_level: str = "INFO", torch_free: bool = False, cuda_graphs: str | None = None,
+                 pacing: str | None = None) -> Any:
     """The engine serving ``model_dir`` (``load_kwargs``: :func:`~.model.load_model`'s; ``cuda_graphs``:
-    :class:`~.runner.SlotRunner`'s, None for its default): in a child
+    :class:`~.runner.SlotRunner`'s, ``pacing``: :class:`~.engine.Engine`'s, None for their defaults): in a child
     process (:mod:`.procengine`, launched now, so that the model loads there while this process loads
     the tokenizer; ``log_file``/``log_level``: its logging) or in this process. ``torch_free`` (with
     ``engine_process``): this process is only the front end and never imports torch
@@ -174,7 +178,7 @@ def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, l
 
         engine = ProcessEngine(None, model_dir, max_batch_size=max_batch_size, policy_version=policy_version,
                                threads=threads, load_kwargs=load_kwargs, log_file=log_file, log_level=log_level,
-                               cuda_graphs=cuda_graphs)
+                               cuda_graphs=cuda_graphs, pacing=pacing)
         engine.launch()
         engine.lm = served_model(model_dir, load_kwargs.get("max_model_len"), torch_free=torch_free)
         return engine
@@ -182,7 +186,7 @@ def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, l
     from .model import load_model
 
     return Engine(load_model(model_dir, **load_kwargs), max_batch_size=max_batch_size, policy_version=policy_version,
-                  cuda_graphs=cuda_graphs)
+                  cuda_graphs=cuda_graphs, pacing=pacing)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(args.model, engine_process=args.engine_process, max_batch_size=args.max_batch_size,
                           policy_version=initial_version, threads=args.threads, log_level=args.log_level,
                           torch_free=True, cuda_graphs="never" if args.enforce_eager else None,
+                          pacing=args.engine_pacing,
                           load_kwargs={"dtype": args.dtype, "device": args.device,
                                        "max_model_len": args.max_model_len})
     lm = engine.lm
