@@ -36,13 +36,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from .kv_cache import SlotKVCache
-    from .runner import SlotRunner
+from .kv_cache import SlotKVCache
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +81,19 @@ def width_bucket(width: int, capacity: int) -> int:
     return min(w, capacity)
 
 
+class FixedShapeRunner(Protocol):
+    """What the graphs need of :class:`~.runner.SlotRunner` (which holds them)."""
+
+    device: torch.device
+
+    def decode_fixed(self, cache: SlotKVCache, ids: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
+                     span: int, width: int) -> torch.Tensor: ...
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor: ...
+
+    def rope_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class _Replay:
     """A captured graph and the tensors it reads or writes (kept alive while the graph is)."""
 
@@ -107,7 +118,7 @@ class _Eager:
 class DecodeGraphs:
     """Decode-only iterations of ``runner``, each replayed from a graph of its ``(span, width)``."""
 
-    def __init__(self, runner: SlotRunner, *, capture: bool):
+    def __init__(self, runner: FixedShapeRunner, *, capture: bool):
         self.runner = runner
         self.capture = capture
         self.disabled: str | None = None  # why graphs were given up (the eager path runs instead)
