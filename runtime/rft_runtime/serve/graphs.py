@@ -34,12 +34,12 @@ eagerly on any device, which is how the tests check it on a CPU.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable, Protocol
 
 import torch
 
+from .choices import pick
 from .kv_cache import SlotKVCache
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,7 @@ MIN_WIDTH = 256
 
 def setting(value: str | None = None) -> str:
     """``value``, else ``$RFT_ENGINE_CUDA_GRAPHS``, else ``auto``; anything else is refused, naming it."""
-    chosen = value if value is not None else os.environ.get(ENV, "auto")
-    if chosen not in CHOICES:
-        source = "cuda_graphs" if value is not None else f"${ENV}"
-        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {chosen!r}")
-    return chosen
+    return pick(value, name="cuda_graphs", env=ENV, choices=CHOICES)
 
 
 def span_bucket(span: int, slots: int) -> int:

@@ -30,6 +30,8 @@ from __future__ import annotations
 import os
 import time
 
+from .choices import pick
+
 ENV = "RFT_ENGINE_PACING"
 CHOICES = ("auto", "never")
 CONTENDED = 0.1
@@ -46,11 +48,7 @@ grow; where it cannot, as with fewer clients than slots, this bounds what pausin
 
 def setting(value: str | None = None) -> str:
     """``value``, else ``$RFT_ENGINE_PACING``, else ``auto``; anything else is refused, naming it."""
-    chosen = value if value is not None else os.environ.get(ENV, "auto")
-    if chosen not in CHOICES:
-        source = "pacing" if value is not None else f"${ENV}"
-        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {chosen!r}")
-    return chosen
+    return pick(value, name="pacing", env=ENV, choices=CHOICES)
 
 
 PRESSURE_FILES = ("/sys/fs/cgroup/cpu.pressure", "/proc/pressure/cpu")

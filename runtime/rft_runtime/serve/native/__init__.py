@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from ..choices import pick
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -54,11 +56,7 @@ class NativeUnavailable(RuntimeError):
 
 def setting(value: str | None = None) -> str:
     """``value``, else ``$RFT_ENGINE_KERNELS``, else ``auto``; anything else is refused, naming it."""
-    chosen = value if value is not None else os.environ.get(ENV, "auto")
-    if chosen not in CHOICES:
-        source = "kernels" if value is not None else f"${ENV}"
-        raise ValueError(f"{source} must be one of {', '.join(CHOICES)}; got {chosen!r}")
-    return chosen
+    return pick(value, name="kernels", env=ENV, choices=CHOICES)
 
 
 def _cpu_signature() -> str:
