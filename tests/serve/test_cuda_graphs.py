@@ -220,3 +220,22 @@ def test_running_batch_on_gpu_same_tokens_captured_or_eager():
     for a, b in zip(eager, fixed):
         assert a.output == b.output
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def test_a_new_cache_drops_the_shapes_of_the_old():
+    """The fixed shapes belong to the cache they were built for: a runner given another cache builds
+    anew, and each cache's sequences decode correctly (uncaptured here; captured graphs read the tensors
+    they were captured with, so this is what keeps them from reading another cache's)."""
+    model = small_decoder()
+    runner = SlotRunner(model, cuda_graphs="uncaptured")
+    a, b = runner.make_cache(2, 256), runner.make_cache(2, 256)
+    with torch.no_grad():
+        runner.forward(a, [], [], [], [Chunk(0, [3, 4, 5], 0)], [0])
+        runner.forward(b, [], [], [], [Chunk(0, [7, 8], 0)], [0])
+        out_a = runner.forward(a, [0], [6], [3], [], [0])
+        out_b = runner.forward(b, [0], [9], [2], [], [0])
+        out_a2 = runner.forward(a, [0], [10], [4], [], [0])
+    assert runner.graphs.builds == 3
+    assert torch.allclose(out_a[0], reference(model, [3, 4, 5, 6]), atol=1e-5, rtol=0)
+    assert torch.allclose(out_b[0], reference(model, [7, 8, 9]), atol=1e-5, rtol=0)
+    assert torch.allclose(out_a2[0], reference(model, [3, 4, 5, 6, 10]), atol=1e-5, rtol=0)

@@ -121,7 +121,7 @@ class DecodeGraphs:
         self.builds = 0  # fixed shapes prepared: captured, or (uncaptured) first run
         self.replays = 0  # decode iterations run in a fixed shape
         self._graphs: dict[tuple[int, int], _Replay | _Eager] = {}
-        self._cache_key: tuple[int, int] | None = None
+        self._cache_key: tuple[int, int, int] | None = None
         self._inputs: torch.Tensor | None = None  # [4, slots]: token, position, write row, wanted slot
         self._pool: Any = None
 
@@ -130,8 +130,14 @@ class DecodeGraphs:
         # an assertion of torch's caching allocator (seen with torch 2.11 on an H200)
         self._graphs.clear()
         self._pool = None
-        self._cache_key = (id(cache), cache.capacity)
+        self._cache_key = self._key(cache)
         self._inputs = torch.zeros((4, cache.slots), dtype=torch.long, device=self.runner.device)
+
+    @staticmethod
+    def _key(cache: SlotKVCache) -> tuple[int, int, int]:
+        """What the graphs were captured against: the cache, its storage (the graphs keep theirs alive, so
+        another cache cannot take its address) and its capacity (a cache that grows reallocates)."""
+        return id(cache), cache.keys[0].data_ptr(), cache.capacity
 
     def decode(self, cache: SlotKVCache, slots: list[int], tokens: list[int], positions: list[int],
                logit_rows: list[int]) -> torch.Tensor | None:
@@ -141,7 +147,7 @@ class DecodeGraphs:
             return None
         width = max(positions) + 1
         cache.ensure(width)
-        if self._cache_key != (id(cache), cache.capacity):
+        if self._cache_key != self._key(cache):
             self._reset(cache)
         assert self._inputs is not None
         span = span_bucket(max(slots) + 1, cache.slots)
