@@ -12,7 +12,8 @@ advantages computed once) goes through
   (``ours``: no old-log-prob pass, the same work as TRL's step), once with ``recompute`` (the
   default: one extra no-gradient forward), and once running every row whole (``ours_whole_rows``:
   without :mod:`rft_runtime.trainer.prefix`, which runs a group's shared prompt once), once never
-  compiled (``ours_eager``: ``trainer.compile: never``), and once under
+  compiled (``ours_eager``: ``trainer.compile: never``), once always compiled (``ours_compiled``:
+  ``trainer.compile: always``, which on the CPU is not the default), and once under
   FSDP2 over a process group of one (``ours_fsdp``: how the trainer ran one GPU process before
   2026-11-25, with FSDP2's ``MixedPrecisionPolicy`` for bfloat16);
 - **trl**: TRL's ``GRPOTrainer`` (from PyPI, ``requirements/trl.txt``; run with ``--trl-python``,
@@ -24,7 +25,7 @@ advantages computed once) goes through
   accumulation, clipping and optimizer run unchanged.
 
 Each side runs in a fresh process, ``--rounds`` times, interleaved (ours, trl, ours-recompute,
-ours-whole-rows, ours-eager, ours-fsdp, then the reverse order; ``--sides`` runs fewer), each run one
+ours-whole-rows, ours-eager, ours-compiled, ours-fsdp, then the reverse order; ``--sides`` runs fewer), each run one
 warm-up step (step 1: its loss and gradient norm are compared; its time, compilation included, is
 reported) and ``--steps`` timed steps; medians are reported. Prompts all have the same length, so neither side pads a
 prompt and the two compute the same log-probabilities.
@@ -56,7 +57,7 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "api"), str(ROOT / "runtime")]  # the project without an install (a GPU machine)
-SIDES = ("ours", "trl", "ours_recompute", "ours_whole_rows", "ours_eager", "ours_fsdp")
+SIDES = ("ours", "trl", "ours_recompute", "ours_whole_rows", "ours_eager", "ours_compiled", "ours_fsdp")
 
 
 def sync(device: torch.device) -> None:
@@ -237,7 +238,7 @@ def child(args: argparse.Namespace) -> int:
             res = run_ours(Path(args.model), frozen, args.micro_batch, args.steps,
                            "recompute" if args.side == "ours_recompute" else "inference",
                            share=args.side != "ours_whole_rows", bf16=args.bf16, fsdp=args.side == "ours_fsdp",
-                           compile_setting="never" if args.side == "ours_eager" else "auto")
+                           compile_setting={"ours_eager": "never", "ours_compiled": "always"}.get(args.side, "auto"))
     print("RESULT " + json.dumps(res), flush=True)
     return 0
 
