@@ -19,9 +19,8 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A TCP socket bound to ``host:port`` (0 = a free port), not yet listening: its port is known, and
     held, before the server that will listen on it (:class:`AppThread`'s ``sock``) is ready."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM)  # no SO_REUSEADDR: no other socket may share the port
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
     except OSError:
         sock.close()

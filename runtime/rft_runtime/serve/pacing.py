@@ -8,7 +8,7 @@ the machine can settle in a state where every token costs the most CPU. Measured
 plain shape at concurrency 32 (``bench/inference.py``'s load generator on the same cores): without
 pacing the same run either kept 21-24 sequences per iteration (15-16k tokens/s) or 5-9 (10-16k
 tokens/s, p95 latency 0.35-0.5 s, the engine iterating about 2000 times a second on a full core); with
-it, 22-26 in every run (21-25k tokens/s, p95 0.12-0.16 s).
+it, most runs kept 21-26 (20-25k tokens/s, p95 0.12-0.17 s) and the others 10-13 (17-19k), none fewer.
 
 :class:`ContentionPacer` decides, after each iteration, whether the engine waits before the next one:
 only while its batch is below half its slots, sequences joined it in the last :data:`WINDOW_S` (it is
@@ -100,7 +100,6 @@ class ContentionPacer:
         self._now = now
         self.contention = 0.0  # the last window's fraction of time some task waited for a CPU
         self.pauses = 0
-
         self.paused_s = 0.0
         self._window_paused = 0.0
         self._last_admission = -float("inf")
