@@ -14,7 +14,8 @@ clients, each sending requests one after another, of T/2, 3T/4, T, 5T/4 and 3T/2
 state: tokens the engine generated from its iteration T to its iteration 4T, over that time.
 
 Per cell: generated tokens/s and the mean time of a decode iteration (all iterations after the first,
-which also prefills; the closed loop: those of its window, and its mean batch). `ratios`:
+which also prefills; the closed loop: those of its window, its mean batch, and the share of its
+iterations replayed from CUDA graphs, ``graph_share``: the others carried a prompt chunk). `ratios`:
 `engine_vs_hf_b<B>_t<T>` (tokens/s, ours over the HF loop: higher is better),
 `iteration_time_growth_16_to_256_b<B>` (ours: mean decode iteration time at 256 new tokens over that
 at 16; lower is better, the goal is <= 1.2), with the HF loop's growth beside it, and
@@ -123,6 +124,7 @@ class _Iterations:
         self.iterations = 0
         self.sequences = 0
         self.tokens = 0
+        self.graph_iterations = 0
 
     def observe_step(self, batch_size: int, new_tokens: int) -> None:
         self.sequences += batch_size
@@ -133,6 +135,12 @@ class _Iterations:
         pass
 
     def observe_aborted(self, sequences: int) -> None:
+        pass
+
+    def observe_graphs(self, replays: int, captures: int) -> None:
+        self.graph_iterations += replays
+
+    def observe_pause(self, seconds: float) -> None:
         pass
 
 
@@ -159,22 +167,23 @@ def run_closed_loop(lm, batch: int, new_tokens: int, kernels: str | None = None,
             await engine.generate([pool[k % len(pool)]], [params])
             k += batch
 
-    async def at_iteration(n: int) -> tuple[float, int, int, int]:
+    async def at_iteration(n: int) -> tuple[float, int, int, int, int]:
         while counted.iterations < n:
             await asyncio.sleep(0.0005)
-        return time.perf_counter(), counted.iterations, counted.tokens, counted.sequences
+        return time.perf_counter(), counted.iterations, counted.tokens, counted.sequences, counted.graph_iterations
 
     async def drive() -> dict:
         nonlocal stop
         clients = [asyncio.ensure_future(client(i)) for i in range(batch)]
-        t0, it0, tok0, seq0 = await at_iteration(window[0])
-        t1, it1, tok1, seq1 = await at_iteration(window[1])
+        t0, it0, tok0, seq0, g0 = await at_iteration(window[0])
+        t1, it1, tok1, seq1, g1 = await at_iteration(window[1])
         stop = True
         await asyncio.gather(*clients)
         its = it1 - it0
         return {"tokens_per_s": round((tok1 - tok0) / (t1 - t0), 2), "wall_s": round(t1 - t0, 4),
                 "iteration_s_mean": round((t1 - t0) / its, 6), "iterations": its,
-                "mean_batch": round((seq1 - seq0) / its, 2)}
+                "mean_batch": round((seq1 - seq0) / its, 2),
+                "graph_share": round((g1 - g0) / its, 3)}  # iterations replayed from CUDA graphs
 
     engine.start()
     try:

@@ -139,5 +139,6 @@ def test_every_dashboard_metric_is_exported_by_a_live_role(live_metrics) -> None
     titles = {p["title"] for p in json.loads(DASHBOARD.read_text())["panels"]}
     for needed in ("Reward mean by domain", "Reward spread by domain", "Step time split", "Tokens per second",
                    "KL and clip fraction", "Staleness (policy versions behind)", "Errors",
-                   "Inference batch size and queue", "Operator reconcile latency", "Operator reconcile errors"):
+                   "Inference batch size and queue", "Inference engine: CUDA graphs and pacing",
+                   "Operator reconcile latency", "Operator reconcile errors"):
         assert needed in titles

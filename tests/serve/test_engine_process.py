@@ -128,3 +128,22 @@ def test_a_dead_engine_process_fails_requests_and_health():
         assert r.status_code >= 500 and "engine" in r.json()["error"]["message"]
     finally:
         s.stop()
+
+
+def test_graph_iterations_reach_the_front_end():
+    """Decode iterations run in the CUDA graphs' fixed shape (uncaptured here, on the CPU) are counted in
+    the child and shown by the front end: every iteration but the one that prefilled."""
+    engine = ProcessEngine(served_model(str(TINY), None), str(TINY), max_batch_size=4, threads=1,
+                           load_kwargs={"device": "cpu"}, cuda_graphs="uncaptured", pacing="never")
+    s = ServerThread(engine, health_timeout=120).start()
+    try:
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": [269, 272], "max_tokens": 8, "ignore_eos": True},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+        text = httpx.get(s.url + "/metrics").text
+    finally:
+        s.stop()
+    assert metrics_text.value(text, "rft_serve_batch_size_count") == 8
+    assert metrics_text.value(text, "rft_serve_graph_iterations_total") == 7
+    assert metrics_text.value(text, "rft_serve_graph_captures_total") == 1
+    assert metrics_text.value(text, "rft_serve_engine_pauses_total") == 0

@@ -42,6 +42,10 @@ class EngineMetrics(Protocol):
 
     def observe_aborted(self, sequences: int) -> None: ...
 
+    def observe_graphs(self, replays: int, captures: int) -> None: ...
+
+    def observe_pause(self, seconds: float) -> None: ...
+
 
 Done = Callable[[GenerationResult | None, BaseException | None], None]
 Progress = Callable[[int, list[tuple[Sequence, int, str | None]]], None]
@@ -297,9 +301,14 @@ class Engine:
                                          waiting=len(self._waiting), iteration_s=time.perf_counter() - started,
                                          admitted=len(newcomers))
                 if pause:
+                    paused = 0.0
                     with self._cv:  # a request arriving meanwhile ends the pause
                         if not self._waiting and not self._stop:
+                            paused = time.perf_counter()
                             self._cv.wait(pause)
+                            paused = time.perf_counter() - paused
+                    if paused and self.metrics is not None:
+                        self.metrics.observe_pause(paused)
 
     def _admit(self, started_only: bool = False) -> list[Sequence]:
         """Pop waiting sequences (FIFO) into the free slots; with ``started_only`` only the rest of requests
@@ -352,6 +361,11 @@ class Engine:
             stepped = len(self._batch) + len(finished)
             self.metrics.observe_step(stepped, len(self._batch.last_sampled))
             self.metrics.set_queue(len(self._batch), len(self._waiting))
+            graphs = self._batch.runner.graphs
+            if graphs is not None:
+                replays, captures = graphs.take()
+                if replays or captures:
+                    self.metrics.observe_graphs(replays, captures)
         streams: dict[int, tuple[_Request, list[tuple[Sequence, int, str | None]]]] = {}
         for s in self._batch.last_sampled:
             if s.owner.on_progress is not None:

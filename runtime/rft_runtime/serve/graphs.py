@@ -124,6 +124,13 @@ class DecodeGraphs:
         self._cache_key: tuple[int, int, int] | None = None
         self._inputs: torch.Tensor | None = None  # [4, slots]: token, position, write row, wanted slot
         self._pool: Any = None
+        self._taken = (0, 0)
+
+    def take(self) -> tuple[int, int]:
+        """Decode iterations run in a fixed shape and shapes built since the last call (for metrics)."""
+        replays, builds = self.replays - self._taken[0], self.builds - self._taken[1]
+        self._taken = (self.replays, self.builds)
+        return replays, builds
 
     def _reset(self, cache: SlotKVCache) -> None:
         # a new memory pool with the new graphs: capturing into the pool of graphs already destroyed trips

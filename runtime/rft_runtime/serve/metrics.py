@@ -33,6 +33,16 @@ class ServeMetrics:
         self.aborted = Counter("rft_serve_aborted_sequences", "Sequences dropped because the client went away",
                                registry=r)
         self.weight_updates = Counter("rft_serve_weight_updates", "Weight updates by result", ["result"], registry=r)
+        self.graph_iterations = Counter(
+            "rft_serve_graph_iterations", "Decode iterations replayed from a CUDA graph (run in the graphs' fixed "
+            "shape where they are not captured); the rest of rft_serve_batch_size's count ran eagerly", registry=r)
+        self.graph_captures = Counter("rft_serve_graph_captures",
+                                      "CUDA graphs captured: one per decode shape, again after the KV cache grows",
+                                      registry=r)
+        self.pauses = Counter("rft_serve_engine_pauses",
+                              "Pauses of the engine between iterations under CPU pressure (engine pacing)", registry=r)
+        self.paused_seconds = Counter("rft_serve_engine_paused_seconds", "Seconds the engine spent in those pauses",
+                                      registry=r)
 
     # EngineMetrics protocol
     def observe_step(self, batch_size: int, new_tokens: int) -> None:
@@ -48,6 +58,20 @@ class ServeMetrics:
     def observe_aborted(self, sequences: int) -> None:
         """Sequences were dropped unfinished (client disconnect)."""
         self.aborted.inc(sequences)
+
+    def observe_graphs(self, replays: int, captures: int) -> None:
+        """Decode iterations ran from CUDA graphs; graphs were captured."""
+        self.graph_iterations.inc(replays)
+        self.graph_captures.inc(captures)
+
+    def observe_pause(self, seconds: float) -> None:
+        """The engine paused between iterations (pacing)."""
+        self.observe_pauses(1, seconds)
+
+    def observe_pauses(self, pauses: int, seconds: float) -> None:
+        """``pauses`` pauses of ``seconds`` in all (the engine process relays them summed)."""
+        self.pauses.inc(pauses)
+        self.paused_seconds.inc(seconds)
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         """One HTTP request finished."""

@@ -60,18 +60,16 @@ class PressureClock:
     waiting for a CPU: the ``some ... total=`` line of the kernel's pressure stall information (None
     where the kernel does not report it)."""
 
-    def __init__(self, paths: tuple[str, ...] = PRESSURE_FILES) -> None:
+    def __init__(self, paths: tuple[str, ...] | None = None) -> None:
         self._fd: int | None = None
         self.path: str | None = None
-        for path in paths:
+        for path in PRESSURE_FILES if paths is None else paths:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
                 continue
             self._fd, self.path = fd, path
-            try:
-                self.read()
-            except (OSError, ValueError, IndexError):
+            if self.read() is None:
                 self.close()
                 continue
             break
@@ -81,10 +79,15 @@ class PressureClock:
         return self._fd is not None
 
     def read(self) -> float | None:
+        """The stalled seconds so far; None where there is no file or its first line does not parse (the
+        engine never fails over it: that window then keeps the last reading)."""
         if self._fd is None:
             return None
-        line = os.pread(self._fd, 256, 0).split(b"\n", 1)[0]  # some avg10=.. avg60=.. avg300=.. total=<us>
-        return int(line.rsplit(b"total=", 1)[1]) / 1e6
+        try:
+            line = os.pread(self._fd, 256, 0).split(b"\n", 1)[0]  # some avg10=.. avg60=.. avg300=.. total=<us>
+            return int(line.rsplit(b"total=", 1)[1]) / 1e6
+        except (OSError, ValueError, IndexError):
+            return None
 
     def close(self) -> None:
         if self._fd is not None:

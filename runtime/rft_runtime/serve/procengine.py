@@ -75,6 +75,7 @@ class _MetricsRelay:
         self._lock = threading.Lock()  # observed by the engine thread, taken by the event loop
         self._steps: dict[int, list[int]] = {}  # batch size -> [steps, tokens they generated]
         self._aborted = 0
+        self._engine = [0, 0, 0, 0.0]  # graph replays, graph captures, pauses, seconds paused
         self._queue = (0, 0)
         self._dirty = False
 
@@ -95,13 +96,25 @@ class _MetricsRelay:
             self._aborted += sequences
             self._dirty = True
 
+    def observe_graphs(self, replays: int, captures: int) -> None:
+        with self._lock:
+            self._engine[0] += replays
+            self._engine[1] += captures
+            self._dirty = True
+
+    def observe_pause(self, seconds: float) -> None:
+        with self._lock:
+            self._engine[2] += 1
+            self._engine[3] += seconds
+            self._dirty = True
+
     def take(self) -> dict | None:
         """What was observed since the last call (None: nothing)."""
         with self._lock:
             if not self._dirty:
                 return None
-            out = {"steps": self._steps, "aborted": self._aborted, "queue": self._queue}
-            self._steps, self._aborted, self._dirty = {}, 0, False
+            out = {"steps": self._steps, "aborted": self._aborted, "queue": self._queue, "engine": self._engine}
+            self._steps, self._aborted, self._engine, self._dirty = {}, 0, [0, 0, 0, 0.0], False
             return out
 
 
@@ -409,6 +422,11 @@ class ProcessEngine:
                 m.observe_step(size, tokens if i == 0 else 0)
         if counts["aborted"]:
             m.observe_aborted(counts["aborted"])
+        replays, captures, pauses, paused_s = counts["engine"]
+        if replays or captures:
+            m.observe_graphs(replays, captures)
+        if pauses:
+            m.observe_pauses(pauses, paused_s)
         m.set_queue(*self._queue)
 
     # ------------------------------------------------------------------ API
