@@ -15,7 +15,8 @@ A cell starts once both servers are idle (their process trees together under 0.1
 of a second, waiting at most 10 s): a server whose background threads still work off its last cell
 would take CPU from the other's cell. Per cell: generated tokens/s, requests/s, p50/p95 latency, and
 server CPU-seconds per 1k generated tokens (user + system time of the server's process tree, from
-/proc). `ratios` holds, per shape and concurrency, `builtin_vs_vllm_<shape>_c<C>` (tokens/s, ours over vLLM's: higher is better) and
+/proc), and the CPUs the other server's process tree used meanwhile (`other_server_cpus`: an idle server
+should use almost none). `ratios` holds, per shape and concurrency, `builtin_vs_vllm_<shape>_c<C>` (tokens/s, ours over vLLM's: higher is better) and
 `cpu_per_1k_tokens_builtin_over_vllm_<shape>_c<C>` (lower is better).
 
     .venv/bin/python bench/inference.py [--vllm-python PATH | --vllm-url URL] [--quick]
@@ -137,14 +138,16 @@ def body_for(shape: str, counter: int, max_tokens: int) -> dict:
 
 
 async def run_cell(url: str, pid: int | None, shape: str, concurrency: int, max_tokens: int,
-                   min_seconds: float, min_rounds: int) -> dict:
-    """Closed-loop load at one concurrency; returns tokens/s, latencies and server CPU time."""
+                   min_seconds: float, min_rounds: int, others: tuple[int, ...] = ()) -> dict:
+    """Closed-loop load at one concurrency; returns tokens/s, latencies and server CPU time, and the CPUs
+    the ``others`` (the other server's process tree) used meanwhile, idle as they should be."""
     latencies: list[float] = []
     tokens = 0
     counter = 0
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         cpu0 = tree_cpu_seconds(pid)
+        other0 = [tree_cpu_seconds(o) for o in others]
         start = time.perf_counter()
 
         async def worker() -> None:
@@ -162,13 +165,15 @@ async def run_cell(url: str, pid: int | None, shape: str, concurrency: int, max_
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
         cpu1 = tree_cpu_seconds(pid)
+        other = sum((tree_cpu_seconds(o) or 0.0) - (b or 0.0) for o, b in zip(others, other0))
     lat = sorted(latencies)
     cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     return {"requests": len(lat), "completion_tokens": tokens, "wall_s": round(wall, 3),
             "tokens_per_s": round(tokens / wall, 2), "requests_per_s": round(len(lat) / wall, 3),
             "latency_p50_s": round(statistics.median(lat), 4),
             "latency_p95_s": round(lat[int(0.95 * (len(lat) - 1))], 4),
-            "server_cpu_s_per_1k_tokens": None if cpu is None else round(1000 * cpu / max(tokens, 1), 4)}
+            "server_cpu_s_per_1k_tokens": None if cpu is None else round(1000 * cpu / max(tokens, 1), 4),
+            "other_server_cpus": round(other / wall, 3) if others else None}
 
 
 async def settle(pids: list[int | None], idle_cores: float = 0.1, window_s: float = 0.25,
@@ -236,11 +241,13 @@ async def measure(servers: dict[str, tuple[str, int | None]], shapes: list[str],
                 for name in order:
                     url, pid = servers[name]
                     idle = await settle([p for _, p in servers.values()])
-                    res = await run_cell(url, pid, shape, c, max_tokens, min_seconds, min_rounds)
+                    others = tuple(p for n, (_, p) in servers.items() if n != name and p is not None)
+                    res = await run_cell(url, pid, shape, c, max_tokens, min_seconds, min_rounds, others)
                     res["servers_cpu_before"] = idle
                     runs[name].setdefault(cell, []).append(res)
                     print(f"round {r} {name:>7} {cell:>12}: {res['tokens_per_s']:>9.1f} tokens/s, "
-                          f"p50 {res['latency_p50_s']:.3f} s, cpu/1k {res['server_cpu_s_per_1k_tokens']}",
+                          f"p50 {res['latency_p50_s']:.3f} s, cpu/1k {res['server_cpu_s_per_1k_tokens']}, "
+                          f"other server {res['other_server_cpus']} CPUs",
                           flush=True)
     return runs
 
