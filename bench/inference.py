@@ -16,7 +16,9 @@ of a second, waiting at most 10 s): a server whose background threads still work
 would take CPU from the other's cell. Per cell: generated tokens/s, requests/s, p50/p95 latency, and
 server CPU-seconds per 1k generated tokens (user + system time of the server's process tree, from
 /proc), and the CPUs the other server's process tree used meanwhile (`other_server_cpus`: an idle server
-should use almost none). `ratios` holds, per shape and concurrency, `builtin_vs_vllm_<shape>_c<C>` (tokens/s, ours over vLLM's: higher is better) and
+should use almost none); for the builtin server, what its engine did (`engine`: iterations, mean batch,
+pacing's pauses and seconds, from its `/metrics`). `ratios` holds, per shape and concurrency,
+`builtin_vs_vllm_<shape>_c<C>` (tokens/s, ours over vLLM's: higher is better) and
 `cpu_per_1k_tokens_builtin_over_vllm_<shape>_c<C>` (lower is better).
 
     .venv/bin/python bench/inference.py [--vllm-python PATH | --vllm-url URL] [--quick]
@@ -146,6 +148,7 @@ async def run_cell(url: str, pid: int | None, shape: str, concurrency: int, max_
     counter = 0
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        engine0 = await engine_counts(client)
         cpu0 = tree_cpu_seconds(pid)
         other0 = [tree_cpu_seconds(o) for o in others]
         start = time.perf_counter()
@@ -166,6 +169,7 @@ async def run_cell(url: str, pid: int | None, shape: str, concurrency: int, max_
         wall = time.perf_counter() - start
         cpu1 = tree_cpu_seconds(pid)
         other = sum((tree_cpu_seconds(o) or 0.0) - (b or 0.0) for o, b in zip(others, other0))
+        engine1 = await engine_counts(client)
     lat = sorted(latencies)
     cpu = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
     return {"requests": len(lat), "completion_tokens": tokens, "wall_s": round(wall, 3),
@@ -173,7 +177,36 @@ async def run_cell(url: str, pid: int | None, shape: str, concurrency: int, max_
             "latency_p50_s": round(statistics.median(lat), 4),
             "latency_p95_s": round(lat[int(0.95 * (len(lat) - 1))], 4),
             "server_cpu_s_per_1k_tokens": None if cpu is None else round(1000 * cpu / max(tokens, 1), 4),
-            "other_server_cpus": round(other / wall, 3) if others else None}
+            "other_server_cpus": round(other / wall, 3) if others else None,
+            "engine": engine_delta(engine0, engine1)}
+
+
+ENGINE_COUNTS = ("rft_serve_batch_size_count", "rft_serve_batch_size_sum", "rft_serve_engine_pauses_total",
+                 "rft_serve_engine_paused_seconds_total")
+
+
+async def engine_counts(client: httpx.AsyncClient) -> dict[str, float] | None:
+    """The builtin engine's iteration, batch and pacing counters from its ``/metrics`` (None for a server
+    that does not export them, as vLLM)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = await client.get("/metrics")
+    if r.status_code != 200 or "rft_serve_batch_size_count" not in r.text:
+        return None
+    return {s.name: s.value for family in text_string_to_metric_families(r.text) for s in family.samples
+            if s.name in ENGINE_COUNTS}
+
+
+def engine_delta(a: dict[str, float] | None, b: dict[str, float] | None) -> dict | None:
+    """What the engine did during a cell: its iterations, their mean batch, its pauses and their share of
+    the cell's time."""
+    if a is None or b is None:
+        return None
+    d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ENGINE_COUNTS}
+    its = d["rft_serve_batch_size_count"]
+    return {"iterations": int(its), "mean_batch": round(d["rft_serve_batch_size_sum"] / its, 2) if its else None,
+            "pauses": int(d["rft_serve_engine_pauses_total"]),
+            "paused_s": round(d["rft_serve_engine_paused_seconds_total"], 4)}
 
 
 async def settle(pids: list[int | None], idle_cores: float = 0.1, window_s: float = 0.25,
@@ -247,7 +280,8 @@ async def measure(servers: dict[str, tuple[str, int | None]], shapes: list[str],
                     runs[name].setdefault(cell, []).append(res)
                     print(f"round {r} {name:>7} {cell:>12}: {res['tokens_per_s']:>9.1f} tokens/s, "
                           f"p50 {res['latency_p50_s']:.3f} s, cpu/1k {res['server_cpu_s_per_1k_tokens']}, "
-                          f"other server {res['other_server_cpus']} CPUs",
+                          f"other server {res['other_server_cpus']} CPUs"
+                          + (f", engine {res['engine']}" if res["engine"] else ""),
                           flush=True)
     return runs
 

@@ -45,39 +45,41 @@ def _window(f: Path, now: _Clock, stalled_share: float, total: list[float]) -> N
 def test_pauses_a_small_batch_only_under_cpu_pressure(tmp_path):
     p, f, now = _pacer(tmp_path)
     assert p.clock.path == str(f)  # the first file that exists
+    budget = pacing.PAUSE_SHARE * pacing.WINDOW_S  # the most a window spends paused
+    it = budget / 2  # an iteration's time
     total = [0.0]
     _window(f, now, 0.05, total)  # little pressure: never a pause
-    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=0.0005) == 0.0
+    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=it) == 0.0
     assert p.contention == pytest.approx(0.05, rel=1e-3)
     _window(f, now, 0.3, total)  # oversubscribed
-    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=0.0005) == pytest.approx(0.0005)
-    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=0.01) == pytest.approx(0.0005)  # the budget's rest
-    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=0.0005) == 0.0  # the window's budget is spent
+    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=it) == pytest.approx(it)
+    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=10 * it) == pytest.approx(budget - it)  # the budget's rest
+    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=it) == 0.0  # the window's budget is spent
     # a batch at half its slots or more, requests waiting for admission, an empty batch: no pause
     _window(f, now, 0.3, total)
-    assert p.after(admitted=1, running=16, slots=32, waiting=0, iteration_s=0.0005) == 0.0
-    assert p.after(admitted=1, running=2, slots=32, waiting=1, iteration_s=0.0005) == 0.0
-    assert p.after(admitted=1, running=0, slots=32, waiting=0, iteration_s=0.0005) == 0.0
+    assert p.after(admitted=1, running=16, slots=32, waiting=0, iteration_s=it) == 0.0
+    assert p.after(admitted=1, running=2, slots=32, waiting=1, iteration_s=it) == 0.0
+    assert p.after(admitted=1, running=0, slots=32, waiting=0, iteration_s=it) == 0.0
     # nothing joined for a window: the batch is not being fed, a pause would not fill it
     now.t += pacing.WINDOW_S * 0.6
-    assert p.after(admitted=0, running=3, slots=32, waiting=0, iteration_s=0.0005) == pytest.approx(0.0005)
+    assert p.after(admitted=0, running=3, slots=32, waiting=0, iteration_s=it) == pytest.approx(it)
     now.t += pacing.WINDOW_S * 0.6
     total[0] += 0.3 * pacing.WINDOW_S * 1.2  # still oversubscribed
     _write(f, total[0])
-    assert p.after(admitted=0, running=3, slots=32, waiting=0, iteration_s=0.0005) == 0.0
+    assert p.after(admitted=0, running=3, slots=32, waiting=0, iteration_s=it) == 0.0
     assert p.contention == pytest.approx(0.3, rel=0.01)  # the pressure was read: no admission is why
     _window(f, now, 0.3, total)
-    # a pause lasts the last iteration's time, at most what is left of the window's budget (5 % of 20 ms)
-    assert p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.0002) == pytest.approx(0.0002)
-    assert p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.0005) == pytest.approx(0.0005)
-    assert p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.0005) == pytest.approx(0.0003)
-    assert p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.0005) == 0.0
-    assert p.pauses == 6 and p.paused_s == pytest.approx(0.0025)
+    # a pause lasts the last iteration's time, at most what is left of the window's budget
+    assert p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.2 * budget) == pytest.approx(0.2 * budget)
+    assert p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.5 * budget) == pytest.approx(0.5 * budget)
+    assert p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.5 * budget) == pytest.approx(0.3 * budget)
+    assert p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.5 * budget) == 0.0
+    assert p.pauses == 6 and p.paused_s == pytest.approx(2.5 * budget)
     # within a window the pressure is not read again (reading it far more often corrupts its total)
     before = p.contention
     _write(f, total[0] + 1.0)
     now.t += pacing.WINDOW_S / 4
-    p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.0001)
+    p.after(admitted=1, running=3, slots=32, waiting=0, iteration_s=0.1 * budget)
     assert p.contention == before
 
 
@@ -96,11 +98,11 @@ def test_a_reading_that_does_not_parse_keeps_the_last(tmp_path):
     p, f, now = _pacer(tmp_path)
     total = [0.0]
     _window(f, now, 0.3, total)
-    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=0.0005) > 0
+    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=0.0001) > 0
     f.write_text("")
     now.t += pacing.WINDOW_S * 1.001
     assert p.clock.read() is None
-    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=0.0005) > 0
+    assert p.after(admitted=1, running=2, slots=32, waiting=0, iteration_s=0.0001) > 0
     assert p.contention == pytest.approx(0.3, rel=1e-3)
 
 
