@@ -33,6 +33,11 @@ def run_rank(rank: int, config_json: str, port: int, steps: list[int], out: str,
     log = os.open(Path(out) / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    import faulthandler
+
+    # a rank that dies of a signal (a gloo thread's std::terminate: SIGABRT, seen once in CI) leaves the
+    # Python stack of each of its threads in its log
+    faulthandler.enable(all_threads=True)
     torch.set_num_threads(1)
     import logging
 
