@@ -9,8 +9,8 @@ plain shape at concurrency 32 (``bench/inference.py``'s load generator on the sa
 pacing the same run either kept 21-24 sequences per iteration (15-16k tokens/s) or 5-9 (10-16k
 tokens/s, p95 latency 0.35-0.5 s, the engine iterating about 2000 times a second on a full core); with
 it and at most 5 % of the time paused, most rounds kept 19-25 and the others 7.7-13 (the budget was
-then spent: 5.5 % of the time paused); with at most 15 %, 14 rounds of three runs kept 15-26, none fewer
-(the engine's counts from ``/metrics``, which ``bench/inference.py`` records per cell).
+then spent: 5.5 % of the time paused); with at most 15 %, 17 of 18 rounds of four runs kept 15-26, one
+9.95 (the engine's counts from ``/metrics``, which ``bench/inference.py`` records per cell).
 
 :class:`ContentionPacer` decides, after each iteration, whether the engine waits before the next one:
 only while its batch is below half its slots, sequences joined it in the last :data:`WINDOW_S` (it is
@@ -47,7 +47,7 @@ PAUSE_SHARE = 0.15
 """At most this share of each window is spent paused (a pause is worth it only while it lets the batch
 grow; where it cannot, as with fewer clients than slots, this bounds what pausing costs). Measured on 2
 cores in alternating runs: 0.05 left 4 of 14 rounds of the plain shape at concurrency 32 in the small-batch
-state (mean batch 7.7-11.8); 0.15 none of 14 (15-26). At concurrency 8 (the batch cannot reach half the
+state (mean batch 7.7-11.8); 0.15 none of 14 (15-26), and one of 4 in a later run. At concurrency 8 (the batch cannot reach half the
 slots) it then pauses 8-10 % of the time against 3-4 %: ratios to vLLM of 3.45-3.70 against 3.48-3.81."""
 
 
