@@ -198,8 +198,7 @@ async def engine_counts(client: httpx.AsyncClient) -> dict[str, float] | None:
 
 
 def engine_delta(a: dict[str, float] | None, b: dict[str, float] | None) -> dict | None:
-    """What the engine did during a cell: its iterations, their mean batch, its pauses and their share of
-    the cell's time."""
+    """What the engine did during a cell: its iterations, their mean batch, its pauses and their seconds."""
     if a is None or b is None:
         return None
     d = {k: b.get(k, 0.0) - a.get(k, 0.0) for k in ENGINE_COUNTS}

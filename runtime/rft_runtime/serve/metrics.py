@@ -64,12 +64,9 @@ class ServeMetrics:
         self.graph_iterations.inc(replays)
         self.graph_captures.inc(captures)
 
-    def observe_pause(self, seconds: float) -> None:
-        """The engine paused between iterations (pacing)."""
-        self.observe_pauses(1, seconds)
-
-    def observe_pauses(self, pauses: int, seconds: float) -> None:
-        """``pauses`` pauses of ``seconds`` in all (the engine process relays them summed)."""
+    def observe_pause(self, seconds: float, pauses: int = 1) -> None:
+        """The engine paused between iterations (pacing): ``pauses`` pauses of ``seconds`` in all (the
+        engine process relays them summed)."""
         self.pauses.inc(pauses)
         self.paused_seconds.inc(seconds)
 

@@ -426,7 +426,7 @@ class ProcessEngine:
         if replays or captures:
             m.observe_graphs(replays, captures)
         if pauses:
-            m.observe_pauses(pauses, paused_s)
+            m.observe_pause(paused_s, pauses)
         m.set_queue(*self._queue)
 
     # ------------------------------------------------------------------ API
