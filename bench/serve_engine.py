@@ -18,7 +18,8 @@ which also prefills; the closed loop: those of its window, its mean batch, and t
 iterations replayed from CUDA graphs, ``graph_share``: the others carried a prompt chunk). `ratios`:
 `engine_vs_hf_b<B>_t<T>` (tokens/s, ours over the HF loop: higher is better),
 `iteration_time_growth_16_to_256_b<B>` (ours: mean decode iteration time at 256 new tokens over that
-at 16; lower is better, the goal is <= 1.2), with the HF loop's growth beside it, and
+at 16; lower is better, the goal is <= 1.2), with the HF loop's growth beside it and the least growth this
+machine's memory allows, `iteration_time_growth_floor_16_to_256_b<B>` (below), and
 `closed_loop_vs_lockstep_b<B>_t<T>` (tokens/s of the closed loop over the lockstep batch: what
 continuous batching -- admission, staggered positions, retirement, the hand-over to the event loop --
 costs or saves; 1.0 is free). Where the engine runs its native kernels (float32 on the CPU: varlen
@@ -28,6 +29,22 @@ tokens/s). On a CUDA device, where decode iterations replay CUDA graphs (:mod:`r
 the lockstep and closed loops also run with every iteration eager (``engine_eager``,
 ``closed_loop_eager``; ratios `cuda_graphs_vs_eager_b<B>_t<T>` and
 `closed_loop_cuda_graphs_vs_eager_b<B>_t<T>`, tokens/s). ``--loops`` picks the loops to run.
+
+Because a run of 16 tokens has only 15 decode iterations, which follow its prefill and the previous
+cell's work, its mean moves from run to run; so the longest run's own iterations are compared too: the
+median of its last 16 decode iterations over the median of its first 16
+(`iteration_time_late_over_early_b<B>_t<T>`, per round, the median over rounds; the HF loop's beside it,
+and its floor `iteration_time_late_over_early_floor_b<B>_t<T>` as below, with the bandwidth measured at
+the size of a late iteration's reads): the same batch, the same warm state, 25-40 positions against
+257-272 at T = 256.
+
+Decode attention reads every cached key and value of every row, so a decode iteration at 256 new tokens
+reads more than one at 16 however fast the kernel is. The floor is the time at 16 tokens plus the extra
+bytes (rows x mean cached length x layers x 2 x KV heads x head dim x element size, the mean taken over
+the lockstep run's decode iterations) read at the bandwidth measured in the same run (``memory``: the
+best of several ``sum`` passes over a buffer the size of one iteration's reads at 256 tokens, on the
+engine's device and threads), over the time at 16: a lower bound, as it assumes the kernel reads at the
+full bandwidth and that nothing else in the iteration grows with length.
 
 The tiny test model has 256 positions; a copy with ``max_position_embeddings`` enough for the longest
 request, 16 + 3T/2 tokens and a margin (same weights; the rotary embedding has no length-dependent
@@ -63,6 +80,7 @@ from rft_runtime.serve.protocol import SamplingParams  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = ROOT / "tests" / "contracts" / "vllm" / "tiny-qwen2"
 PROMPT_LEN = 16
+EDGE = 16  # decode iterations at each end of a lockstep run: iteration time early and late in the same run
 
 
 def long_context_copy(model_dir: Path, dst: Path, positions: int) -> Path:
@@ -218,12 +236,51 @@ def run_hf(lm, batch: int, new_tokens: int) -> dict:
     return _cell(times, batch * new_tokens)
 
 
+def kv_bytes(lm, batch: int, positions: float) -> float:
+    """The cached keys and values a decode iteration of ``batch`` rows of ``positions`` each reads."""
+    cfg = lm.model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    return batch * positions * cfg.num_hidden_layers * 2 * kv_heads * head_dim * lm.dtype.itemsize
+
+
+def mean_positions(first: int, last: int) -> float:
+    """The mean length a lockstep run's decode iterations ``first`` to ``last`` attend over (after the
+    prefill, iteration i attends over PROMPT_LEN + i + 1 positions)."""
+    return PROMPT_LEN + 1 + (first + last) / 2
+
+
+def kv_bytes_per_iteration(lm, batch: int, new_tokens: int) -> float:
+    """The cached keys and values a lockstep decode iteration reads, in the mean over the run's decode
+    iterations (1 to T - 1)."""
+    return kv_bytes(lm, batch, mean_positions(1, new_tokens - 1))
+
+
+def read_bandwidth(device: torch.device, nbytes: float, passes: int = 20) -> float:
+    """Bytes per second of ``sum`` over a float32 buffer of ``nbytes``: the best of ``passes`` (at least
+    1 MiB, so that a tiny buffer does not measure only the call)."""
+    x = torch.ones(max(int(nbytes), 1 << 20) // 4, device=device)
+    best = float("inf")
+    for _ in range(passes):
+        sync(device)
+        t0 = time.perf_counter()
+        x.sum()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
 def _cell(times: list[float], tokens: int) -> dict:
     total = sum(times)
     decode = times[1:] or times
-    return {"tokens_per_s": round(tokens / total, 2), "wall_s": round(total, 4),
+    cell = {"tokens_per_s": round(tokens / total, 2), "wall_s": round(total, 4),
             "iteration_s_mean": round(statistics.fmean(decode), 6), "first_iteration_s": round(times[0], 6),
             "iterations": len(times)}
+    if len(decode) >= 2 * EDGE:  # the median decode iteration of the run's first and last EDGE
+        cell["iteration_s_early"] = round(statistics.median(decode[:EDGE]), 6)
+        cell["iteration_s_late"] = round(statistics.median(decode[-EDGE:]), 6)
+    return cell
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,6 +338,17 @@ def main(argv: list[str] | None = None) -> int:
                         runs[name].setdefault(cell, []).append(res)
                         print(f"round {r} {name:>27} {cell:>10}: {res['tokens_per_s']:>9.1f} tokens/s, "
                               f"iteration {1000 * res['iteration_s_mean']:.3f} ms", flush=True)
+        # the read bandwidth at each batch's working set at the longest length (the floor of its growth)
+        # and at the longest run's last EDGE iterations (the floor of its late over early)
+        memory = {}
+        hi = max(lengths)
+        for b in batches:
+            late = kv_bytes(lm, b, mean_positions(hi - EDGE, hi - 1))
+            memory[f"b{b}"] = {"kv_bytes_per_iteration": {f"t{t}": round(kv_bytes_per_iteration(lm, b, t))
+                                                           for t in lengths},
+                               "read_bytes_per_s": round(read_bandwidth(lm.device, kv_bytes_per_iteration(lm, b, hi))),
+                               f"kv_bytes_per_iteration_late_t{hi}": round(late),
+                               "read_bytes_per_s_late": round(read_bandwidth(lm.device, late))}
     medians = {name: {cell: {k: round(statistics.median(x[k] for x in rs), 6) for k in rs[0]}
                       for cell, rs in cells.items()} for name, cells in runs.items()}
     ratios: dict[str, float] = {}
@@ -301,6 +369,23 @@ def main(argv: list[str] | None = None) -> int:
             if name in medians and lo != hi:
                 ratios[key] = round(medians[name][f"b{b}_t{hi}"]["iteration_s_mean"]
                                     / medians[name][f"b{b}_t{lo}"]["iteration_s_mean"], 3)
+        bandwidth = memory[f"b{b}"]["read_bytes_per_s"]
+        if lo != hi:
+            at_lo = medians["engine"][f"b{b}_t{lo}"]["iteration_s_mean"]
+            extra = kv_bytes_per_iteration(lm, b, hi) - kv_bytes_per_iteration(lm, b, lo)
+            ratios[f"iteration_time_growth_floor_{lo}_to_{hi}_b{b}"] = round((at_lo + extra / bandwidth) / at_lo, 3)
+        # within the longest run: its last EDGE decode iterations over its first EDGE, per round
+        cell = f"b{b}_t{hi}"
+        for name, key in (("engine", f"iteration_time_late_over_early_b{b}_t{hi}"),
+                          ("hf_loop", f"hf_iteration_time_late_over_early_b{b}_t{hi}")):
+            if name in runs and "iteration_s_early" in runs[name][cell][0]:
+                ratios[key] = round(statistics.median(x["iteration_s_late"] / x["iteration_s_early"]
+                                                      for x in runs[name][cell]), 3)
+        if "iteration_s_early" in medians["engine"][cell]:
+            early = medians["engine"][cell]["iteration_s_early"]
+            extra = kv_bytes(lm, b, mean_positions(hi - EDGE, hi - 1)) - kv_bytes(lm, b, mean_positions(1, EDGE))
+            ratios[f"iteration_time_late_over_early_floor_b{b}_t{hi}"] = round(
+                (early + extra / memory[f"b{b}"]["read_bytes_per_s_late"]) / early, 3)
     report = {"benchmark": "serve_engine", "model": args.model, "device": str(lm.device), "dtype": args.dtype,
               "threads": args.threads, "kernels": "native" if native_kernels else "torch",
               "cuda_graphs": graphs_on,
@@ -309,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
                           "python": platform.python_version(), "torch": torch.__version__,
                           "gpu": torch.cuda.get_device_name() if lm.device.type == "cuda" else None},
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": runs, "medians": medians, "ratios": ratios}
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "memory": memory, "runs": runs, "medians": medians, "ratios": ratios}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

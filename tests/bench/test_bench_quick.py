@@ -58,6 +58,21 @@ def test_serve_engine_quick(tmp_path):
     # iteration generates a token for every sequence that carried one, in a batch of at most 8
     assert closed["iterations"] >= 24 and closed["tokens_per_s"] > 0
     assert 1 <= closed["mean_batch"] <= 8
+    # the floor of the growth: the model's cached keys and values per iteration (2 layers, 1 KV head of 64
+    # floats, K and V: 1 KiB a position), a mean length of 16 + 1 + T/2 positions, read at the measured bandwidth
+    memory = report["memory"]["b8"]
+    assert memory["kv_bytes_per_iteration"] == {"t16": 8 * 25 * 1024, "t64": 8 * 49 * 1024}
+    assert memory["read_bytes_per_s"] > 1e8
+    floor = report["ratios"]["iteration_time_growth_floor_16_to_64_b8"]
+    at16 = report["medians"]["engine"]["b8_t16"]["iteration_s_mean"]
+    assert floor == pytest.approx((at16 + 8 * 24 * 1024 / memory["read_bytes_per_s"]) / at16, abs=2e-3)
+    assert floor > 1
+    # the same run's late iterations over its early ones (64 tokens: 16 decode iterations at each end), floored
+    # likewise at the size of a late iteration's reads (positions 65 to 80)
+    assert {"iteration_time_late_over_early_b8_t64", "hf_iteration_time_late_over_early_b8_t64"} <= set(report["ratios"])
+    assert memory["kv_bytes_per_iteration_late_t64"] == 8 * (16 + 1 + (48 + 63) / 2) * 1024
+    assert report["ratios"]["iteration_time_late_over_early_floor_b8_t64"] > 1
+    assert "iteration_s_early" not in report["medians"]["engine"]["b8_t16"]  # 15 decode iterations: too few
 
 
 def test_rollout_quick(tmp_path):
@@ -137,8 +152,16 @@ def test_e2e_step_quick(tmp_path):
     """`rft run` of the sample job synchronous and with maxStaleness 1: both finish their steps, the
     asynchronous one keeps the next step's tasks queued (prefetch) and stays within its staleness."""
     report = _run("e2e_step.py", tmp_path / "e2e_step.json")
-    assert {"speedup_staleness1", "achieved_over_bound_staleness1"} <= set(report["ratios"])
+    assert {"speedup_staleness1", "achieved_over_bound_staleness1",
+            "achieved_over_bound_pooled_staleness1"} <= set(report["ratios"])
     sync, async1 = report["runs"]["0"][0], report["runs"]["1"][0]
+    # one round: its own ratio is the median, and pooling one round's medians gives the same
+    (round1,) = report["rounds"]
+    assert round1["bound"] == pytest.approx(sync["phases"]["overlap/bound"], abs=1e-4)
+    assert round1["speedup_staleness1"] == pytest.approx(sync["steady_step_s"] / async1["steady_step_s"], rel=1e-3)
+    assert report["ratios"]["achieved_over_bound_staleness1"] == round1["achieved_over_bound_staleness1"]
+    assert report["ratios"]["achieved_over_bound_pooled_staleness1"] == pytest.approx(
+        round1["achieved_over_bound_staleness1"], rel=1e-3)
     assert sync["steady_steps"] == async1["steady_steps"] == 3
     assert sync["staleness_max"] == 0 and sync["prefetched_steps_max"] == 0
     assert async1["staleness_max"] <= 1 and async1["prefetched_steps_max"] == 1
