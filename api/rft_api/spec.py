@@ -136,7 +136,7 @@ class ModelSpec(ApiModel):
     warm_start_from: Optional[PathStr] = None
     """Start from these weights (a model directory, or one of our checkpoints) instead of the base weights; relative paths resolve against model.volume. Not with lora."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Training and inference dtype. auto: inference is bfloat16 on GPU, float32 on CPU; the trainer keeps float32 (master) weights and computes in bfloat16 on GPU, float32 on CPU."""
+    """Training and inference dtype. auto: inference is bfloat16 on GPU, float32 on CPU; the trainer keeps float32 (master) weights and computes in bfloat16 on GPU, float32 on CPU; computing in bfloat16 or float16 on the CPU, its attention stays float32 (faster there)."""
     lora: Optional[LoraSpec] = None
     """Train a LoRA adapter instead of all weights; inference then loads adapters only."""
 

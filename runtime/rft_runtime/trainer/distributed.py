@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import attention
+
 log = logging.getLogger(__name__)
 
 NODE_ENV = "JOB_COMPLETION_INDEX"
@@ -133,7 +135,10 @@ def shard(model: torch.nn.Module, ctx: DistContext, compute_dtype: torch.dtype |
     model of 24 small layers (``--bf16 --hidden 64 --layers 24``: bound by per-operation overhead, as a
     GPU is by launches) it takes 19 % less time than FSDP2's mixed precision (docs/trainer.md).
 
-    ``compile_layers``: each decoder layer's forward is compiled first (:mod:`.compiled`)."""
+    ``compile_layers``: each decoder layer's forward is compiled first (:mod:`.compiled`). On the CPU with a
+    lower-precision compute dtype, attention runs in float32 (:mod:`.attention`)."""
+    if attention.applies(ctx.device, compute_dtype):
+        attention.use_float32_attention(model)
     if compile_layers:
         from .compiled import compile_blocks
 
