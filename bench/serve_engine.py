@@ -35,7 +35,7 @@ cell's work, its mean moves from run to run; so the longest run's own iterations
 median of its last 16 decode iterations over the median of its first 16
 (`iteration_time_late_over_early_b<B>_t<T>`, per round, the median over rounds; the HF loop's beside it,
 and its floor `iteration_time_late_over_early_floor_b<B>_t<T>` as below, with the bandwidth measured at
-the size of a late iteration's reads): the same batch, the same warm state, 25-40 positions against
+the size of a late iteration's reads): the same batch, the same warm state, 18-33 positions against
 257-272 at T = 256.
 
 Decode attention reads every cached key and value of every row, so a decode iteration at 256 new tokens
