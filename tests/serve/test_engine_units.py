@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from rft_runtime.serve.batch import RunningBatch, Sequence
 from rft_runtime.serve.engine import Engine, EngineError
-from rft_runtime.serve.kv_cache import SlotKVCache
+from rft_runtime.serve.kv_cache import HUGE_PAGE, SlotKVCache, advise_huge_pages
 from rft_runtime.serve.model import load_model
 from rft_runtime.serve.protocol import SamplingParams
 from rft_runtime.serve.runner import Chunk, SlotRunner
@@ -36,6 +38,36 @@ def test_slot_cache_alloc_grow_copy():
     assert torch.equal(c.keys[1][2, 0, :5, 0], torch.arange(5.0)) and c.keys[1][2, 0, 5:].abs().sum() == 0
     with pytest.raises(ValueError):
         c.ensure(101)
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of this process's mapping that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")
+def test_slot_cache_asks_for_huge_pages():
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    offered = mode.exists() and "[never]" not in mode.read_text()
+    # 65 rows x 256 columns x 64 floats: 4.3 MB, two huge pages at least
+    c = SlotKVCache(layers=1, kv_heads=1, head_dim=64, slots=64, max_len=512, dtype=torch.float32,
+                    device=torch.device("cpu"))
+    k = c.keys[0]
+    assert k.numel() * 4 >= 2 * HUGE_PAGE and k.abs().sum() == 0  # zeroed after the advice
+    inner = -(-k.data_ptr() // HUGE_PAGE) * HUGE_PAGE  # the first 2 MiB boundary inside the tensor
+    assert ("hg" in _vm_flags(inner)) == offered  # madvise(MADV_HUGEPAGE) took
+    small = torch.empty(HUGE_PAGE // 4)  # one huge page's worth: nothing to gain, left alone
+    assert advise_huge_pages(small) is False
+    assert advise_huge_pages(torch.empty(4 * HUGE_PAGE // 4)) is offered
 
 
 def test_runner_refuses_other_architectures():

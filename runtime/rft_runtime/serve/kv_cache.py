@@ -7,13 +7,45 @@ stay dense and decode attention reads ``keys[:S]`` as a view). The column capaci
 doubles, up to the model's context length, when a sequence outgrows it: a copy every doubling, never
 per step. One row beyond the slots, :attr:`SlotKVCache.spare`, is held by no sequence: a fixed-shape
 decode iteration (:mod:`.graphs`) writes its padding rows' keys and values there.
+
+On a Linux CPU the tensors are backed by transparent huge pages where the kernel offers them
+(``/sys/kernel/mm/transparent_hugepage/enabled`` ``always`` or ``madvise``): a batch's caches run to tens of
+megabytes, beyond the last-level cache, and decode attention streams through them every iteration; with
+4 KiB pages every 4 KiB of a row costs a TLB miss and restarts the hardware prefetcher, which stops at
+page boundaries (batch 128 at 257-272 positions on a 2-core VM: decode attention 2.2 ms an iteration
+instead of 2.5).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import heapq
+import sys
 
 import torch
+
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+_libc: ctypes.CDLL | None = None
+
+
+def advise_huge_pages(t: torch.Tensor) -> bool:
+    """Ask Linux to back the 2 MiB-aligned part of CPU tensor ``t`` with transparent huge pages
+    (``madvise(MADV_HUGEPAGE)``); call it before the memory is first written, as faults then allocate huge
+    pages directly. Returns whether the advice was taken (False elsewhere than on Linux, for a tensor
+    smaller than two huge pages, or where the kernel refuses it: THP ``never``)."""
+    global _libc
+    size = t.numel() * t.element_size()
+    if t.device.type != "cpu" or not sys.platform.startswith("linux") or size < 2 * HUGE_PAGE:
+        return False
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    start = t.data_ptr()
+    first = -(-start // HUGE_PAGE) * HUGE_PAGE
+    length = (start + size - first) // HUGE_PAGE * HUGE_PAGE
+    return length > 0 and _libc.madvise(first, length, _MADV_HUGEPAGE) == 0
 
 
 class SlotKVCache:
@@ -33,7 +65,9 @@ class SlotKVCache:
         self._free = list(range(slots))  # a heap: the lowest free slot first
 
     def _empty(self, columns: int) -> torch.Tensor:
-        return torch.zeros((self.slots + 1, self.shape[0], columns, self.shape[1]), dtype=self.dtype, device=self.device)
+        t = torch.empty((self.slots + 1, self.shape[0], columns, self.shape[1]), dtype=self.dtype, device=self.device)
+        advise_huge_pages(t)
+        return t.zero_()
 
     @property
     def free_slots(self) -> int:
