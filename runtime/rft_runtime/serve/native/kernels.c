@@ -61,6 +61,7 @@ static inline float exp_clamped(float x)
 static float exp_shifted(float *restrict s, int64_t len)
 {
     float top = -INFINITY, total = 0.0f;
+#pragma omp simd reduction(max : top)
     for (int64_t t = 0; t < len; t++)
         top = s[t] > top ? s[t] : top;
 #pragma omp simd reduction(+ : total)
