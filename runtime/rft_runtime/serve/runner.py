@@ -305,8 +305,14 @@ class SlotRunner:
             pos.extend(range(c.start, c.start + len(c.tokens)))
         total = len(ids)
         cache.ensure(max(pos) + 1)
-        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)
-        pos_t = torch.tensor(pos, dtype=torch.long, device=dev)
+        # every index this iteration needs in one host-to-device tensor (each torch.tensor call costs
+        # microseconds, a batch-1 iteration a few hundred): ids, positions, the decode rows' slots and
+        # lengths, the rows whose logits are returned
+        lengths_l = [p + 1 for p in decode_pos]
+        packed = torch.tensor(ids + pos + decode_slots + lengths_l + logit_rows, dtype=torch.long, device=dev)
+        ids_t, pos_t = packed[:total], packed[total:2 * total]
+        idx = 2 * total + 2 * n_dec
+        rows = packed[idx:idx + len(logit_rows)]
         h = self.base.embed_tokens(ids_t)  # [T, hidden]: the packed tokens are one sequence
         kernel = self.kernels
         if kernel is not None:  # the native rotary embedding reads the tables at each token's position itself
@@ -315,10 +321,10 @@ class SlotRunner:
             cos, sin = self._rope(pos_t, max(pos) + 1)
             cos_h, sin_h = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, hd]: every head alike
         if n_dec:
-            dslots = torch.tensor(decode_slots, dtype=torch.long, device=dev)
+            dslots = packed[2 * total:2 * total + n_dec]
             dpos = pos_t[:n_dec]
             if kernel is not None:
-                lengths = dpos + 1
+                lengths = packed[2 * total + n_dec:idx]
                 buf = self._attn_out
                 if buf is None or buf.shape[0] < n_dec:
                     buf = self._attn_out = torch.empty((max(n_dec, 32), self.kv_heads, self.heads // self.kv_heads,
@@ -418,7 +424,6 @@ class SlotRunner:
                 gate, up = gate_up.split(L.intermediate, dim=-1)
                 act = L.act(gate) * up
             h = _plus_linear(h, act, L.down_w, L.down_b)
-        rows = torch.tensor(logit_rows, dtype=torch.long, device=dev)
         return self.logits(h.index_select(0, rows))
 
     def decode_fixed(self, cache: SlotKVCache, ids: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
