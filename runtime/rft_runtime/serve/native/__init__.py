@@ -287,22 +287,14 @@ class Kernels:
             raise ValueError(f"sample: one temperature, greedy flag, seed and step per row ({rows})")
         logits = logits.contiguous()
         # the per-row inputs and outputs as Python arrays: a tenth of what a torch tensor costs to make
-        temps = _address(array("f", temperatures))
-        flags = _address(array("B", greedy))
-        seeds_a = _address(array("q", seeds))
-        steps_a = _address(array("q", steps))
+        temps, flags = array("f", temperatures), array("B", greedy)
+        seeds_a, steps_a = array("q", seeds), array("q", steps)
         logprobs = torch.empty((rows, vocab), dtype=torch.float32)
-        tokens = array("q", bytes(8 * rows))
-        chosen = array("f", bytes(4 * rows))
-        if self._sample(logits.data_ptr(), rows, vocab, temps[1], flags[1], seeds_a[1], steps_a[1],
-                        logprobs.data_ptr(), _address(tokens)[1], _address(chosen)[1]) != 0:
+        tokens, chosen = array("q", bytes(8 * rows)), array("f", bytes(4 * rows))
+        if self._sample(logits.data_ptr(), rows, vocab, *(a.buffer_info()[0] for a in (temps, flags, seeds_a, steps_a)),
+                        logprobs.data_ptr(), tokens.buffer_info()[0], chosen.buffer_info()[0]) != 0:
             raise MemoryError("sample: could not allocate its scratch")
         return logprobs, tokens.tolist(), chosen.tolist()
-
-
-def _address(a: array) -> tuple[array, int]:
-    """``a`` and the address of its first element (``a`` must outlive the call that reads the address)."""
-    return a, a.buffer_info()[0]
 
 
 @functools.cache
