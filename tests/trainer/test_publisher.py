@@ -65,6 +65,27 @@ def test_lora_adapter_only_publication(server, tiny_model, groups, tmp_path):
     assert [p.name for p in sorted((tmp_path / "weights").iterdir())] == ["current.json", "v1", "v2"]
 
 
+def test_publications_and_version_checks_build_no_tls_context(server, tiny_model, tmp_path, monkeypatch):
+    """Each publication and each re-sync check opens a client; building httpx's default TLS context (the
+    whole CA bundle, ~20 ms of CPU) each time cost every step that much. They share one per process."""
+    import ssl
+
+    from rft_runtime.timeouts import tls_context
+
+    tls_context()  # built once, before counting
+    built = []
+    real = ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: built.append(1) or real(*a, **k))
+    with httpx.Client() as probe:  # the counter sees what a client built without the shared context does
+        probe.get(server + "/health")
+    assert built == [1]
+    pub = WeightPublisher(tmp_path / "weights", [server])
+    for v in (1, 2):
+        pub.publish(tiny_model, v)
+        assert pub.current_versions() == {server: v}
+    assert built == [1] and tls_context() is tls_context()
+
+
 def test_refused_weights_fail_with_the_servers_message(server, tmp_path):
     pub = WeightPublisher(tmp_path / "weights", [server], deadline_s=5)
     (tmp_path / "empty").mkdir()

@@ -32,7 +32,7 @@ import httpx
 from rft_api.layout import CURRENT_WEIGHTS_FILE
 
 from .. import auth
-from ..timeouts import client_timeout
+from ..timeouts import client_timeout, tls_context
 from .checkpoint import fsync_tree, write_text_atomic
 from .reload import DiskReload, PublishError, ReloadProtocol
 from .replicas import InferenceReplicas
@@ -132,7 +132,8 @@ class WeightPublisher:
         use); the one retired is older than every version a task may still be granted. :class:`ReplicaGone`
         when it stops answering and is no longer listed."""
         url = url.rstrip("/")
-        with httpx.Client(timeout=client_timeout(self.attempt_timeout_s), headers=auth.client_headers()) as http:
+        with httpx.Client(timeout=client_timeout(self.attempt_timeout_s), headers=auth.client_headers(),
+                          verify=tls_context()) as http:
             call = self._caller(http, present=lambda: self.replicas.present(url))
             retired = self.protocol.retire(call, url, self.kept_versions(version))
             if retired:
@@ -149,7 +150,8 @@ class WeightPublisher:
         older = []
         if self.protocol.serves_several:
             older = sorted(v for v in self.kept_versions(current) - {current} if self.weights_dir(v).is_dir())
-        with httpx.Client(timeout=client_timeout(self.attempt_timeout_s), headers=auth.client_headers()) as http:
+        with httpx.Client(timeout=client_timeout(self.attempt_timeout_s), headers=auth.client_headers(),
+                          verify=tls_context()) as http:
             for v in older:
                 self.protocol.load(self._caller(http), url.rstrip("/"), str(self.weights_dir(v)), v)
         self.load_endpoint(url, self.weights_dir(current), current)
@@ -163,7 +165,8 @@ class WeightPublisher:
         """The policy version each endpoint reports (None when unreachable; :data:`.reload.NO_VERSION`
         when it serves none)."""
         out: dict[str, int | None] = {}
-        with httpx.Client(timeout=client_timeout(10.0), headers=auth.client_headers()) as http:
+        with httpx.Client(timeout=client_timeout(10.0), headers=auth.client_headers(),
+                          verify=tls_context()) as http:
             call = self._caller(http, deadline_s=0.0)
             for url in self.endpoints:
                 try:
