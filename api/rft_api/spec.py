@@ -587,7 +587,7 @@ class TrainerSpec(ApiModel):
     advantage_whitening: Literal["token", "sequence"] = "token"
     """REINFORCE++-baseline's batch whitening: token (verl and OpenRLHF: each response token weighs once, so long responses weigh more) or sequence (each sample weighs once)."""
     old_logprobs: Literal["recompute", "inference"] = "recompute"
-    """Old-policy logprobs: recomputed by the trainer before the update, or the inference engine's."""
+    """Old-policy logprobs: recomputed by the trainer before the update, or the inference engine's. With one epoch per step, no importanceSampling, no KL in the reward and no dropout, the recomputed ones are taken from the update's own forward: the same numbers without a pass of their own."""
     epochs_per_step: int = Field(1, ge=1, le=64)
     """Passes over each step's batch."""
     micro_batch_size: int = Field(8, ge=1, le=4096)

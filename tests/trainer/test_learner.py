@@ -99,6 +99,50 @@ def test_epochs_make_several_optimizer_steps(tiny_model, groups):
     assert m["approx_kl"] != 0.0  # later epochs see a moved policy
 
 
+@pytest.mark.parametrize("loss,agg", [("ppo_clip", "token-mean"), ("gspo", "seq-mean-token-mean")])
+def test_old_logprobs_from_the_updates_forward_equal_a_recompute_pass_before_it(tiny_model_dir, groups, loss, agg):
+    """One pass (epochs 1): the update given no old log-probs takes them from its own forward. It must
+    move every parameter exactly as the update after a separate no-gradient pass, and keep the same
+    log-probs that pass computes (float64; temperature 0.7, micro-batches of 3 cut across groups)."""
+    from transformers import AutoModelForCausalLM
+
+    batch, adv = _inputs(groups, 2, 4)
+    deltas, kept = [], []
+    for separate in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
+        cfg = LearnerConfig(micro_batch_size=3, temperature=0.7, policy_loss=loss, loss_aggregation=agg,
+                            clip_low=0.2, clip_high=0.28, grad_clip=1e9)
+        learner = Learner(model, cfg, torch.optim.SGD(model.parameters(), lr=1.0))
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        old = learner.logprobs(batch).double() if separate else None
+        m = learner.update(batch, adv.advantages.double(), adv.valid, old)
+        deltas.append({n: p.detach() - before[n] for n, p in model.named_parameters()})
+        kept.append(old if separate else learner.update_logprobs)
+        assert m["clip_fraction"] == 0.0 and abs(m["approx_kl"]) < 1e-12
+        assert (learner.update_logprobs is None) == separate
+    assert all(bool(d.abs().sum() > 0) for d in deltas[0].values())
+    for n in deltas[0]:
+        torch.testing.assert_close(deltas[1][n], deltas[0][n], rtol=1e-9, atol=1e-12, msg=n)
+    torch.testing.assert_close(kept[1].double(), kept[0], rtol=0, atol=1e-6)  # float32 storage
+    assert bool((kept[1][~batch.loss_mask] == 0).all()) and bool((kept[1][batch.loss_mask] < 0).all())
+
+
+def test_old_logprobs_from_the_updates_forward_need_one_pass_and_no_dropout(tiny_model, groups):
+    from types import SimpleNamespace
+
+    from rft_runtime.trainer.learner import forward_is_deterministic
+    from rft_runtime.trainer.model_io import wrap_lora
+
+    batch, adv = _inputs(groups)
+    with pytest.raises(ValueError, match="epochsPerStep 1"):
+        _learner(tiny_model, epochs=2).update(batch, adv.advantages.float(), adv.valid, None)
+    assert forward_is_deterministic(tiny_model)
+    lora = SimpleNamespace(rank=4, alpha=8.0, dropout=0.1, target_modules=["q_proj", "v_proj"])
+    assert not forward_is_deterministic(wrap_lora(copy.deepcopy(tiny_model), lora))
+    tiny_model.config.attention_dropout = 0.1
+    assert not forward_is_deterministic(tiny_model)
+
+
 def test_lora_trains_only_the_adapter(tiny_model, groups):
     from types import SimpleNamespace
 

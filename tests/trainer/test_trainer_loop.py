@@ -81,7 +81,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_two_steps(tmp_path, tiny_model_dir, serve, case):
+def test_two_steps(tmp_path, tiny_model_dir, serve, case, monkeypatch):
+    from rft_runtime.trainer.learner import Learner
+
+    passes = []  # the trainer's no-gradient passes for old log-probs
+    monkeypatch.setattr(Learner, "logprobs", lambda self, batch, f=Learner.logprobs: passes.append(1) or f(self, batch))
     spec = _spec(tiny_model_dir, **CASES[case])
     trainer, rows, loop = _run(tmp_path, serve, spec)
     assert [r["step"] for r in rows] == [1, 2]
@@ -98,6 +102,11 @@ def test_two_steps(tmp_path, tiny_model_dir, serve, case):
     assert [c["step"] for c in progress["checkpoints"]] == [1, 2]
     assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")] == [1, 2]
     assert loop.stats.tasks_done >= 8 and loop.stats.tasks_failed == 0
+    # recomputed old log-probs: from the update's own forward where that gives the same numbers (one pass,
+    # neither TIS nor KL in the reward needs them first), else a pass of their own; the mismatch either way
+    assert len(passes) == (2 if case == "kl-loss-tis" else 0), passes
+    if case != "kl-reward-inference-logprobs":
+        assert all(r["logprob_diff_abs_max"] >= r["logprob_diff_abs_mean"] >= 0 for r in rows)
     if case == "dapo":
         assert all("ds_rounds" in r for r in rows)
     if case.startswith("kl"):

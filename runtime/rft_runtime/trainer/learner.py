@@ -153,6 +153,14 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
     return gather_rows(out, batch.size, dev)
 
 
+def forward_is_deterministic(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s training forward computes what its evaluation forward does: no dropout with
+    a positive rate (modules, LoRA's included, or the attention's ``config.attention_dropout``)."""
+    if float(getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0) > 0:
+        return False
+    return not any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
 class _Mean:
     """Token-weighted running means of metric tensors. The sums stay tensors on the metrics' device
     until :meth:`to_host` (one read for all of them): adding a micro-batch's metrics never waits for
@@ -203,6 +211,9 @@ class Learner:
         self.scheduler = scheduler
         self.shard = shard
         """This rank's part of every batch (None: the whole batch, no process group needed)."""
+        self.update_logprobs: torch.Tensor | None = None
+        """After an :meth:`update` given no old log-probs: the policy's log-probs [B, L-1] (float32, CPU, 0
+        off-mask; on every rank) from that update's own forward, before its optimiser step."""
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -216,7 +227,7 @@ class Learner:
         batch: TrainBatch,
         advantages: torch.Tensor,
         valid: torch.Tensor,
-        old_logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor | None,
         *,
         ref_logprobs: torch.Tensor | None = None,
         tis_weights: torch.Tensor | None = None,
@@ -228,6 +239,11 @@ class Learner:
         masked out of the loss and its normaliser). ``old_logprobs``, ``ref_logprobs`` and
         ``tis_weights`` are [B, L-1].
 
+        ``old_logprobs`` None: the old policy is the one being updated, its log-probs taken (detached)
+        from the update's own forward -- what a separate no-gradient pass before it would recompute, for
+        one pass (``cfg.epochs`` 1: the parameters change only after the last micro-batch) and a forward
+        with no dropout (:func:`forward_is_deterministic`). They are kept in :attr:`update_logprobs`.
+
         With a :attr:`shard` every rank gets the whole batch and trains on its rows: the normaliser
         is computed over the whole batch (so it is global across ranks), each rank's loss is
         multiplied by the world size to undo FSDP's mean over ranks (gradients are the sum over
@@ -237,6 +253,9 @@ class Learner:
         cfg = self.cfg
         if cfg.kl_in_loss and ref_logprobs is None:
             raise ValueError("kl.coef > 0 with placement 'loss' needs reference log-probs")
+        if old_logprobs is None and cfg.epochs != 1:
+            raise ValueError(f"old log-probs from the update's own forward need one pass (epochsPerStep 1), "
+                             f"not {cfg.epochs}: pass them recomputed")
         mask = batch.loss_mask & valid.to(torch.bool).unsqueeze(-1)
         norm = compute_global_normaliser(cfg.loss_aggregation, mask)
         pl_cfg = cfg.policy_loss_config()
@@ -249,6 +268,8 @@ class Learner:
 
             rows, live = row_shard(batch.size, self.shard.rank, world)
         dev = model_device(self.model)
+        own = (torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
+               if old_logprobs is None else None)
         stats = _Mean()
         grad_norms: list[float] = []
         losses: list[float] = []
@@ -272,8 +293,14 @@ class Learner:
                 # [B, w], 0 left of the response window (those columns are off every row's mask)
                 lp = torch.nn.functional.pad(logprobs_from_logits(logits, mb.targets[:, start:].to(dev),
                                                                   cfg.temperature), (start, 0))
-                per_tok, pm = compute_policy_loss(cfg.policy_loss, lp, old_logprobs[idx, :w].to(dev, lp.dtype),
-                                                  advantages[idx].to(dev, lp.dtype), m, pl_cfg)
+                if own is None:
+                    assert old_logprobs is not None
+                    old = old_logprobs[idx, :w].to(dev, lp.dtype)
+                else:
+                    old = lp.detach()
+                    keep = mb.loss_mask.to(dev) & live[pos].to(dev).unsqueeze(-1)
+                    own[pos.to(dev), :w] = torch.where(keep, old.float(), torch.zeros((), device=dev))
+                per_tok, pm = compute_policy_loss(cfg.policy_loss, lp, old, advantages[idx].to(dev, lp.dtype), m, pl_cfg)
                 if tis_weights is not None:
                     per_tok = per_tok * tis_weights[idx, :w].to(dev, per_tok.dtype)
                 if cfg.kl_in_loss:
@@ -300,6 +327,14 @@ class Learner:
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.update_logprobs = None
+        if own is not None:
+            if self.shard is None:
+                self.update_logprobs = own.cpu()
+            else:
+                from .distributed import gather_rows
+
+                self.update_logprobs = gather_rows(own, batch.size, dev)
         if self.shard is not None:
             from .distributed import gather_objects
 
