@@ -123,3 +123,57 @@ def test_a_stopping_coordinator_waits_until_active_workers_were_told_done():
     asked.join()
     svc.lease("gone", 1)
     assert svc.wait_workers_told_done(seen_within_s=30, timeout_s=1.0) == []
+
+
+async def test_a_long_polled_lease_is_answered_when_tasks_are_submitted_or_the_run_ends(served, tasks, monkeypatch):
+    """With nothing to grant, ``wait_s`` holds the answer until tasks are submitted (from the trainer's
+    thread) or the run is done. The periodic re-check is pushed past the wait, so only the wake-up can
+    answer these leases before ``wait_s`` ends (with no tasks)."""
+    from rft_runtime.coordinator import http as coord_http
+
+    monkeypatch.setattr(coord_http, "LEASE_RECHECK_S", 120.0)
+    svc, server = served
+    loop = asyncio.get_running_loop()
+    async with CoordinatorClient(server.url) as c:
+        t0 = loop.time()
+        out = await c.lease("w", 2, wait_s=0.3)  # nothing comes: an empty answer once the wait is over
+        assert out["tasks"] == [] and not out["done"] and loop.time() - t0 >= 0.3
+        waiting = asyncio.create_task(c.lease("w", 2, wait_s=60))
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        keys = await loop.run_in_executor(None, lambda: svc.submit(tasks(3), seeds=[1, 2, 3]))
+        out = await asyncio.wait_for(waiting, 30)
+        assert [t["task_key"] for t in out["tasks"]] == keys[:2]
+        out = await c.lease("w", 2, wait_s=60)  # one left: granted at once
+        assert [t["task_key"] for t in out["tasks"]] == keys[2:]
+        waiting = asyncio.create_task(c.lease("w", 1, wait_s=60))
+        await asyncio.sleep(0.3)
+        await loop.run_in_executor(None, lambda: svc.release([out["tasks"][0]["lease_id"]], "worker gone"))
+        out = await asyncio.wait_for(waiting, 30)  # a task given back is one to grant
+        assert [t["task_key"] for t in out["tasks"]] == keys[2:]
+        waiting = asyncio.create_task(c.lease("w", 1, wait_s=60))
+        await asyncio.sleep(0.3)
+        await loop.run_in_executor(None, svc.finish)
+        out = await asyncio.wait_for(waiting, 30)
+        assert out["done"] and out["tasks"] == []
+
+
+async def test_a_lease_long_polled_when_the_server_stops_does_not_hold_it_up(served):
+    svc, server = served
+    thread = server._thread
+    async with CoordinatorClient(server.url, deadline_s=1.0) as c:
+        waiting = asyncio.create_task(c.lease("w", 1, wait_s=60))
+        await asyncio.sleep(0.3)
+        await asyncio.get_running_loop().run_in_executor(None, server.stop)
+        assert thread is not None and not thread.is_alive()  # stop() gives up joining after 10 s
+        out = await asyncio.wait_for(waiting, 30)  # answered (empty) as the server shut down
+        assert out == {"done": False, "finished": False, "policy_version": 0, "lease_timeout_s": 0.5, "tasks": []}
+
+
+@pytest.mark.parametrize("wait_s", [-1, "5", True, 61])
+async def test_a_lease_refuses_a_bad_wait(served, wait_s):
+    _, server = served
+    async with httpx.AsyncClient() as h:
+        r = await h.post(server.url + "/v1/lease", json={"worker_id": "w", "max_tasks": 1, "wait_s": wait_s})
+    assert r.status_code == 400 and r.json()["error"]["field"] == "wait_s"
+    assert "0 to 60" in r.json()["error"]["message"]

@@ -2,9 +2,12 @@
 
 Routes (JSON in, JSON out; errors are ``{"error": {"message", "field"}}`` with status 400):
 
-* ``POST /v1/lease`` ``{"worker_id": str, "max_tasks": int}`` (capped at ``max_lease_tasks``) → ``{"done", "policy_version",
-  "lease_timeout_s", "tasks": [{"lease_id", "task_key", "task", "n", "seed", "sampling",
-  "policy_version", "purpose", "deadline_in_s"}]}``
+* ``POST /v1/lease`` ``{"worker_id": str, "max_tasks": int, "wait_s": number}`` (``max_tasks`` capped at
+  ``max_lease_tasks``) → ``{"done", "policy_version", "lease_timeout_s", "tasks": [{"lease_id", "task_key",
+  "task", "n", "seed", "sampling", "policy_version", "purpose", "deadline_in_s"}]}``. ``wait_s`` (default 0,
+  at most :data:`MAX_LEASE_WAIT_S`) long-polls: with no task to grant, the answer waits until one is (tasks
+  submitted, given back or re-queued), the run is done, or ``wait_s`` passed, whichever is first; a
+  worker then hears of new work at once instead of at its next poll.
 * ``POST /v1/episodes`` ``{"worker_id": str, "lease_ids": [str], "episodes": [episode...]}`` →
   ``{"accepted": [ids], "duplicate": [...], "stale": [...], "unknown": [...], "refused": [...],
   "invalid": [...], "errors": [str]}``; idempotent by episode id. ``lease_ids`` are the leases the
@@ -23,6 +26,7 @@ without it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -71,10 +75,58 @@ def _worker_id(body: dict[str, Any]) -> str | web.Response:
     return wid
 
 
+class _Changes:
+    """Wakes the leases long-polling in the server's event loop when the service changes (any thread)."""
+
+    def __init__(self, service: CoordinatorService) -> None:
+        self.service = service
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.event: asyncio.Event | None = None
+        self.closing = False
+
+    async def start(self, app: web.Application) -> None:
+        self.loop, self.event = asyncio.get_running_loop(), asyncio.Event()
+        self.service.add_listener(self.changed)
+
+    async def stop(self, app: web.Application) -> None:
+        self.service.remove_listener(self.changed)
+        self.closing = True
+        self._wake()
+
+    def changed(self) -> None:
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._wake)
+            except RuntimeError:  # the server's loop closed meanwhile: nobody waits any more
+                pass
+
+    def _wake(self) -> None:
+        # every waiter holds the event of its generation; a fresh one for those that start waiting now
+        if self.event is not None:
+            ev, self.event = self.event, asyncio.Event()
+            ev.set()
+
+    async def wait(self, event: asyncio.Event, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+MAX_LEASE_WAIT_S = 60.0
+"""The longest ``wait_s`` a lease may ask for."""
+LEASE_RECHECK_S = 1.0
+"""A waiting lease asks the coordinator again at least this often: leases that expired (the one change
+no call makes) are re-issued to a waiting worker within this time."""
+
+
 def create_app(service: CoordinatorService, metrics_registry: Any = None, *, token: str | None = None) -> web.Application:
     """The aiohttp application serving ``service`` (and ``/metrics`` from a prometheus registry);
     ``token``: the job token its data-plane routes require (None: open, see :mod:`rft_runtime.auth`)."""
     app = web.Application(client_max_size=max_body_bytes(service.config), middlewares=[auth.middleware(token)])
+    changes = _Changes(service)
+    app.on_startup.append(changes.start)
+    app.on_shutdown.append(changes.stop)
 
     async def lease(request: web.Request) -> web.Response:
         body = await _body(request)
@@ -84,7 +136,18 @@ def create_app(service: CoordinatorService, metrics_registry: Any = None, *, tok
         max_tasks = body.get("max_tasks", 1)
         if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
             return _error("max_tasks must be an integer >= 1", "max_tasks")
-        return web.json_response(service.lease(wid, max_tasks))
+        wait_s = body.get("wait_s", 0)
+        if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_LEASE_WAIT_S:
+            return _error(f"wait_s must be a number of seconds from 0 to {MAX_LEASE_WAIT_S:g}", "wait_s")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            event = changes.event  # before asking: a change from now on sets this one
+            out = service.lease(wid, max_tasks)
+            left = deadline - loop.time()
+            if out["tasks"] or out["done"] or left <= 0 or changes.closing or event is None:
+                return web.json_response(out)
+            await changes.wait(event, min(left, LEASE_RECHECK_S))
 
     async def episodes(request: web.Request) -> web.Response:
         body = await _body(request)

@@ -2,7 +2,9 @@
 
 The HTTP handlers (in the server thread) and the trainer (in its own thread) share one
 coordinator through this class: every call takes the lock, and the trainer can block until the
-groups it waits for are complete.
+groups it waits for are complete. Listeners (:meth:`CoordinatorService.add_listener`) hear of every
+change that can give a waiting lease something to answer (tasks submitted or given back, a new policy
+version, the run finishing): the HTTP layer's long-polled leases wait on them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,24 @@ class CoordinatorService:
         self._core = core
         self._cond = threading.Condition()
         self._last_progress = time.monotonic()
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """Call ``fn()`` (from whichever thread made it, holding the lock: it must only schedule work)
+        after each change that may let a lease that found nothing find something."""
+        with self._cond:
+            self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[], None]) -> None:
+        with self._cond:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+    def _changed(self) -> None:
+        """Under the lock: wake the trainer waiting in :meth:`collect` and the listeners."""
+        self._cond.notify_all()
+        for fn in self._listeners:
+            fn()
 
     @property
     def config(self) -> CoordinatorConfig:
@@ -44,13 +64,16 @@ class CoordinatorService:
             result = self._core.post_episodes(worker_id, episodes, lease_ids)
             if result["accepted"] or result["stale"]:
                 self._last_progress = time.monotonic()
-            self._cond.notify_all()
+            self._changed()
             return result
 
     def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
         """See :meth:`Coordinator.release`."""
         with self._cond:
-            return self._core.release(lease_ids, reason)
+            n = self._core.release(lease_ids, reason)
+            if n:
+                self._changed()
+            return n
 
     def status(self) -> dict[str, Any]:
         """See :meth:`Coordinator.status`."""
@@ -74,13 +97,15 @@ class CoordinatorService:
         """See :meth:`Coordinator.set_policy_version`."""
         with self._cond:
             self._core.set_policy_version(version)
-            self._cond.notify_all()
+            self._changed()
 
     def submit(self, tasks: Iterable[Mapping[str, Any]], **kw: Any) -> list[str]:
         """See :meth:`Coordinator.submit`."""
         with self._cond:
             self._last_progress = time.monotonic()
-            return self._core.submit(tasks, **kw)
+            keys = self._core.submit(tasks, **kw)
+            self._changed()
+            return keys
 
     def cancel(self, keys: Iterable[str]) -> list[dict[str, Any]]:
         """See :meth:`Coordinator.cancel`."""
@@ -91,7 +116,7 @@ class CoordinatorService:
         """See :meth:`Coordinator.finish`."""
         with self._cond:
             self._core.finish(complete)
-            self._cond.notify_all()
+            self._changed()
 
     def wait_workers_told_done(self, *, seen_within_s: float, timeout_s: float, poll_s: float = 0.05) -> list[str]:
         """After :meth:`finish`: wait up to ``timeout_s`` until every worker seen within the last
@@ -138,12 +163,15 @@ class CoordinatorService:
                 if not remaining:
                     return [got[k] for k in wanted]
                 if not self._core.pending(remaining):
-                    groups, _requeued = self._core.take(remaining)  # stale ones are re-queued
+                    groups, requeued = self._core.take(remaining)  # stale ones are re-queued
                     got.update((g.key, g) for g in groups)
+                    if requeued:
+                        self._changed()
                     continue
                 if should_stop():
                     return None
-                self._core.expire()
+                if self._core.expire():
+                    self._changed()
                 if time.monotonic() - self._last_progress > stall_timeout_s:
                     raise CollectTimeout(
                         f"no episode arrived for {stall_timeout_s:.0f}s while waiting for "

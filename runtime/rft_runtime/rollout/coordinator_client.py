@@ -58,13 +58,20 @@ class CoordinatorClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+                    wait_s: float = 0.0) -> dict[str, Any]:
+        """``wait_s``: how long the server may hold the answer (a long-polled lease), added to each
+        attempt's time limit."""
         deadline = time.monotonic() + self.deadline_s
+        timeout = client_timeout(self.attempt_timeout_s + wait_s) if wait_s else None
         attempt = 0
         while True:
             attempt += 1
             try:
-                resp = await self._http.request(method, self.base_url + path, json=body)
+                if timeout is None:
+                    resp = await self._http.request(method, self.base_url + path, json=body)
+                else:
+                    resp = await self._http.request(method, self.base_url + path, json=body, timeout=timeout)
                 if resp.status_code == 200:
                     return resp.json()
                 if resp.status_code < 500 and resp.status_code not in RETRYABLE:
@@ -83,9 +90,13 @@ class CoordinatorClient:
             log.debug("coordinator %s %s: %s; retrying in %.2fs", method, path, last, delay)
             await asyncio.sleep(delay)
 
-    async def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
-        """Lease up to ``max_tasks`` tasks."""
-        return await self._call("POST", "/v1/lease", {"worker_id": worker_id, "max_tasks": max_tasks})
+    async def lease(self, worker_id: str, max_tasks: int, wait_s: float = 0.0) -> dict[str, Any]:
+        """Lease up to ``max_tasks`` tasks; with none to grant, the coordinator holds the answer up to
+        ``wait_s`` seconds for one (a long poll; see :mod:`rft_runtime.coordinator.http`)."""
+        body: dict[str, Any] = {"worker_id": worker_id, "max_tasks": max_tasks}
+        if wait_s:
+            body["wait_s"] = wait_s
+        return await self._call("POST", "/v1/lease", body, wait_s=wait_s)
 
     async def post_episodes(self, worker_id: str, episodes: Iterable[dict[str, Any]],
                             lease_ids: Iterable[str]) -> dict[str, Any]:

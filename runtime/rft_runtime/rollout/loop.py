@@ -5,8 +5,9 @@ the inference endpoints (token contract kept), scored in process with the reward
 through the reward role when ``spec.evaluator.remote`` and ``endpoints.reward`` are set), and its
 episodes are posted to the coordinator (idempotent, so a retried post is harmless). A task whose
 inference fails is released for immediate re-issue. The loop leases at most
-``max(1, concurrency // n)`` tasks at a time (``spec.rollout.concurrency`` requests in flight) and
-stops when the coordinator answers ``done`` or ``should_stop()`` turns true; it gives up with an
+``max(1, concurrency // n)`` tasks at a time (``spec.rollout.concurrency`` requests in flight), with a
+long-polled lease open beside its rollouts whenever it has room (the coordinator answers it as soon as
+tasks are submitted), and stops when the coordinator answers ``done`` or ``should_stop()`` turns true; it gives up with an
 error after ``max_consecutive_failures`` failed tasks in a row (a misconfiguration, not bad luck).
 
 ``rft rollout`` stops gracefully on SIGTERM or SIGINT (tasks in flight are cancelled; their leases
@@ -87,11 +88,16 @@ class RolloutLoop:
     """One rollout worker process's loop (see the module docstring)."""
 
     def __init__(self, cfg: RuntimeConfig, *, worker_id: str | None = None, poll_s: float = 0.2,
-                 should_stop: Callable[[], bool] = lambda: False, max_consecutive_failures: int = 20) -> None:
+                 lease_wait_s: float = 5.0, should_stop: Callable[[], bool] = lambda: False,
+                 max_consecutive_failures: int = 20) -> None:
         self.cfg = cfg
         self.spec = cfg.spec
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.poll_s = poll_s
+        """How often the loop looks at ``should_stop``, and the least time between two leases that came
+        back empty at once."""
+        self.lease_wait_s = lease_wait_s
+        """How long the coordinator may hold a lease that finds no task (a long poll)."""
         self.should_stop = should_stop
         self.stats = LoopStats()
         self.max_consecutive_failures = max_consecutive_failures
@@ -139,13 +145,31 @@ class RolloutLoop:
         return self.stats
 
     async def _loop(self, coord: CoordinatorClient, worker: Any, scorer: Any, per_lease: int) -> None:
+        """Lease while there is room, with the lease long-polled (:attr:`lease_wait_s`) beside the tasks in
+        flight: new work is heard of when it is submitted, not at a poll."""
+        loop = asyncio.get_running_loop()
         inflight: set[asyncio.Task[None]] = set()
+        leasing: asyncio.Task[dict[str, Any]] | None = None
+        lease_at = 0.0  # no sooner: a lease that came back empty at once (a server that does not hold it)
         try:
             while not self.should_stop():
                 free = per_lease - len(inflight)
-                if free > 0:
+                if free > 0 and leasing is None and loop.time() >= lease_at:
+                    lease_at = loop.time() + self.poll_s
+                    leasing = asyncio.create_task(coord.lease(self.worker_id, free, wait_s=self.lease_wait_s))
+                waiting: set[asyncio.Task[Any]] = set(inflight)
+                if leasing is not None:
+                    waiting.add(leasing)
+                if waiting:
+                    done, _ = await asyncio.wait(waiting, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    done = set()
+                    await asyncio.sleep(max(0.0, min(self.poll_s, lease_at - loop.time())))
+                inflight -= done
+                if leasing is not None and leasing in done:
+                    answered, leasing = leasing, None
                     try:
-                        resp = await coord.lease(self.worker_id, free)
+                        resp = answered.result()
                     except CoordinatorUnavailable as e:
                         log.warning("coordinator unavailable: %s", e)
                         self.stats.ended = "stopped" if self.should_stop() else "coordinator unavailable"
@@ -154,23 +178,21 @@ class RolloutLoop:
                         # "finished": training completed; else the trainer is stopping and will resume
                         self.stats.ended = "done" if resp.get("finished", True) else "trainer stopped"
                         break
+                    if resp["tasks"]:
+                        lease_at = 0.0
                     for grant in resp["tasks"]:
                         inflight.add(asyncio.create_task(self._one(coord, worker, scorer, grant)))
                 if self._consecutive_failures >= self.max_consecutive_failures:
                     raise RuntimeError(f"rollout worker {self.worker_id}: {self._consecutive_failures} tasks failed in "
                                        f"a row; last error: {self._last_error}")
-                if inflight:
-                    _done, inflight = await asyncio.wait(inflight, timeout=self.poll_s,
-                                                         return_when=asyncio.FIRST_COMPLETED)
-                else:
-                    await asyncio.sleep(self.poll_s)
             else:
                 self.stats.ended = "stopped"
         finally:
-            for t in inflight:
+            pending = [t for t in (*inflight, leasing) if t is not None]
+            for t in pending:
                 t.cancel()
-            if inflight:
-                await asyncio.gather(*inflight, return_exceptions=True)
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
 
     async def _one(self, coord: CoordinatorClient, worker: Any, scorer: Any, grant: dict[str, Any]) -> None:
         """Roll out, score and post one leased task; on failure release the lease (re-issued)."""

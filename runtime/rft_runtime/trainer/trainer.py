@@ -87,8 +87,8 @@ log = logging.getLogger(__name__)
 SEED_MOD = 2**31 - 1
 ERROR_KINDS = ("timeout", "runtime_error", "parse_error")
 # When the trainer stops its coordinator: workers that leased or posted within this many seconds are
-# told "done" first, waiting at most TELL_DONE_TIMEOUT_S for them to ask (they ask every 0.2 s while
-# they have room for work, else when a rollout ends).
+# told "done" first, waiting at most TELL_DONE_TIMEOUT_S for them to ask (a worker with room for work
+# holds a long-polled lease, answered as soon as the run is done; else it asks when a rollout ends).
 WORKER_SEEN_WITHIN_S = 30.0
 TELL_DONE_TIMEOUT_S = 5.0
 
