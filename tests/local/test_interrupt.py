@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 
-STEPS = 5
-SPEC = {"trainer": {"maxSteps": STEPS}, "checkpoint": {"everySteps": 4}}
+# Steps take well under a second: enough of them that the signal lands before the last one, whatever
+# the host's speed (with 5, a fast run finished its last step before the 0.5 s poll saw step 2).
+STEPS = 30
+SPEC = {"trainer": {"maxSteps": STEPS}, "checkpoint": {"everySteps": 25}}
 
 
 def test_sigint_leaves_a_checkpoint_that_resume_continues(tmp_path, tiny_model, manifest, rft):
@@ -24,7 +26,7 @@ def test_sigint_leaves_a_checkpoint_that_resume_continues(tmp_path, tiny_model, 
     assert "continue with" in log and "interrupted" in log
     done = len(rft.rows(out))
     assert 2 <= done < STEPS
-    # The interrupted run checkpointed its last completed step (the periodic one would be step 4).
+    # The interrupted run checkpointed its last completed step (the periodic one would be step 25).
     assert (out / "checkpoints" / "latest").read_text().strip() == f"step-{done:06d}"
 
     code = rft.run(["run", str(job), "--out", str(out), "--resume", "--no-progress"], tmp_path / "resume.log")
