@@ -98,7 +98,7 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str, proc: subproce
             raise AssertionError(f"process exited ({proc.returncode}) before {what}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.5)
+        time.sleep(0.1)  # steps take a few tenths of a second: a slower poll can miss the one to act on
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import signal
 import torch
 from safetensors.torch import load_file
 
-STEPS = 6
+STEPS = 10  # enough that the kill after step 3 lands before the last step on a fast host
 SPEC = {"trainer": {"maxSteps": STEPS}, "checkpoint": {"everySteps": 2, "keepLast": 3}}
 
 

@@ -44,10 +44,11 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
 
 @pytest.mark.parametrize("remote", [False, True], ids=["in-process-scoring", "reward-role-rollout-waits-when-done"])
 def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
-    """The roles as separate processes train 3 steps. The reward-role variant's rollout worker runs as
+    """The roles as separate processes train 6 steps (the checks after the first run while the trainer
+    is still up). The reward-role variant's rollout worker runs as
     the operator's Deployment runs it (``--when-done wait``): told "done", it stays up idle (a
     Deployment would restart a worker that exits) and exits 0 on SIGTERM."""
-    job = yaml.safe_load(manifest("roles", trainer={"maxSteps": 3}, checkpoint={"everySteps": 2}).read_text())
+    job = yaml.safe_load(manifest("roles", trainer={"maxSteps": 6}, checkpoint={"everySteps": 4}).read_text())
     if remote:
         job["spec"]["evaluator"]["remote"] = True
     spec = validate_spec(job["spec"])
@@ -94,7 +95,7 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
             assert "rollout stopped by a signal" in (tmp_path / "rollout.log").read_text()
             scored = httpx.get(reward_url + "/metrics").text
             # every sample went through the reward role
-            assert metrics_text.value(scored, "rft_reward_samples_total", role="reward") >= 3 * 8 * 8
+            assert metrics_text.value(scored, "rft_reward_samples_total", role="reward") >= 6 * 8 * 8
     finally:
         for p in procs:
             if p.poll() is None:
@@ -102,10 +103,10 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         for p in procs:
             rft.kill(p)
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
-    assert progress["done"] and progress["step"] == 3 and progress["policyVersion"] == 3
-    assert [c["step"] for c in progress["checkpoints"]] == [2, 3]
+    assert progress["done"] and progress["step"] == 6 and progress["policyVersion"] == 6
+    assert [c["step"] for c in progress["checkpoints"]] == [4, 6]
     rows = rft.rows(tmp_path / "out")
-    assert [r["step"] for r in rows] == [1, 2, 3] and all("reward/math" in r for r in rows)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6] and all("reward/math" in r for r in rows)
     assert all(r["time/reward"] > 0 for r in rows)
 
 
