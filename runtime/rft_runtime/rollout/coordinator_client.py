@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -23,7 +24,13 @@ class CoordinatorUnavailable(ConnectionError):
 
 
 class CoordinatorRejected(RuntimeError):
-    """The coordinator answered 4xx: the request itself is wrong (message from the server)."""
+    """The coordinator answered 4xx: the request itself is wrong (message from the server). ``body``:
+    the answer's JSON object (an episode post refused in part carries every episode's outcome)."""
+
+    def __init__(self, message: str, status: int = 400, body: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
 
 
 class CoordinatorClient:
@@ -58,28 +65,30 @@ class CoordinatorClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+    async def _call(self, method: str, path: str, body: dict[str, Any] | bytes | None = None,
                     wait_s: float = 0.0) -> dict[str, Any]:
-        """``wait_s``: how long the server may hold the answer (a long-polled lease), added to each
-        attempt's time limit."""
+        """``body``: a JSON object, or one already encoded (bytes). ``wait_s``: how long the server may
+        hold the answer (a long-polled lease), added to each attempt's time limit."""
         deadline = time.monotonic() + self.deadline_s
-        timeout = client_timeout(self.attempt_timeout_s + wait_s) if wait_s else None
+        kw: dict[str, Any] = {"json": body} if not isinstance(body, bytes) else \
+            {"content": body, "headers": {"content-type": "application/json"}}
+        if wait_s:
+            kw["timeout"] = client_timeout(self.attempt_timeout_s + wait_s)
         attempt = 0
         while True:
             attempt += 1
             try:
-                if timeout is None:
-                    resp = await self._http.request(method, self.base_url + path, json=body)
-                else:
-                    resp = await self._http.request(method, self.base_url + path, json=body, timeout=timeout)
+                resp = await self._http.request(method, self.base_url + path, **kw)
                 if resp.status_code == 200:
                     return resp.json()
                 if resp.status_code < 500 and resp.status_code not in RETRYABLE:
                     try:
-                        msg = resp.json().get("error", {}).get("message", resp.text)
-                    except ValueError:
-                        msg = resp.text
-                    raise CoordinatorRejected(f"{method} {path}: HTTP {resp.status_code}: {msg}")
+                        answer = resp.json()
+                        msg = answer.get("error", {}).get("message", resp.text)
+                    except (ValueError, AttributeError):
+                        answer, msg = None, resp.text
+                    raise CoordinatorRejected(f"{method} {path}: HTTP {resp.status_code}: {msg}", resp.status_code,
+                                              answer if isinstance(answer, dict) else None)
                 last = f"HTTP {resp.status_code}"
             except httpx.TransportError as e:
                 last = f"{type(e).__name__}: {e}"
@@ -104,6 +113,12 @@ class CoordinatorClient:
         episode id."""
         return await self._call("POST", "/v1/episodes", {"worker_id": worker_id, "lease_ids": list(lease_ids),
                                                          "episodes": list(episodes)})
+
+    async def post_episodes_json(self, worker_id: str, lease_ids: Iterable[str], episodes: bytes) -> dict[str, Any]:
+        """:meth:`post_episodes` of episodes already encoded: ``episodes`` is their JSON objects joined by
+        commas (what :class:`~rft_runtime.rollout.posting.EpisodePoster` coalesces)."""
+        head = json.dumps({"worker_id": worker_id, "lease_ids": list(lease_ids)}, separators=(",", ":"))
+        return await self._call("POST", "/v1/episodes", head[:-1].encode() + b',"episodes":[' + episodes + b"]}")
 
     async def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
         """Give leases back for immediate re-issue."""

@@ -3,7 +3,8 @@
 Each leased task is rolled out ``n`` times by :class:`~rft_runtime.rollout.RolloutWorker` against
 the inference endpoints (token contract kept), scored in process with the rewards registry (or
 through the reward role when ``spec.evaluator.remote`` and ``endpoints.reward`` are set), and its
-episodes are posted to the coordinator (idempotent, so a retried post is harmless). A task whose
+episodes are posted to the coordinator (idempotent, so a retried post is harmless; the posts of tasks
+that finish while one is in flight go as one, :mod:`~rft_runtime.rollout.posting`). A task whose
 inference fails is released for immediate re-issue. The loop leases at most
 ``max(1, concurrency // n)`` tasks at a time (``spec.rollout.concurrency`` requests in flight), with a
 long-polled lease open beside its rollouts whenever it has room (the coordinator answers it as soon as
@@ -41,6 +42,7 @@ from .chat_template import ChatTokenizer
 from .client import InferenceClient
 from .coordinator_client import CoordinatorClient, CoordinatorUnavailable
 from .episodes import episode_json
+from .posting import EpisodePoster
 from .retry import RetryPolicy
 from .sampling import SamplingParams
 from .scoring import InProcessScorer, RemoteScorer
@@ -137,14 +139,17 @@ class RolloutLoop:
                                    rollout_timeout_s=spec.rollout.request_timeout_seconds,
                                    max_prompt_tokens=spec.rollout.max_prompt_tokens,
                                    max_turns=spec.rollout.max_turns, tokens=spec.rollout.tokens)
+            poster = EpisodePoster(coord, self.worker_id)
             try:
-                await self._loop(coord, worker, scorer, per_lease)
+                await self._loop(coord, poster, worker, scorer, per_lease)
             finally:
+                await poster.aclose()
                 worker.close()
                 await scorer.aclose()
         return self.stats
 
-    async def _loop(self, coord: CoordinatorClient, worker: Any, scorer: Any, per_lease: int) -> None:
+    async def _loop(self, coord: CoordinatorClient, poster: EpisodePoster, worker: Any, scorer: Any,
+                    per_lease: int) -> None:
         """Lease while there is room, with the lease long-polled (:attr:`lease_wait_s`) beside the tasks in
         flight: new work is heard of when it is submitted, not at a poll."""
         loop = asyncio.get_running_loop()
@@ -181,7 +186,7 @@ class RolloutLoop:
                     if resp["tasks"]:
                         lease_at = 0.0
                     for grant in resp["tasks"]:
-                        inflight.add(asyncio.create_task(self._one(coord, worker, scorer, grant)))
+                        inflight.add(asyncio.create_task(self._one(coord, poster, worker, scorer, grant)))
                 if self._consecutive_failures >= self.max_consecutive_failures:
                     raise RuntimeError(f"rollout worker {self.worker_id}: {self._consecutive_failures} tasks failed in "
                                        f"a row; last error: {self._last_error}")
@@ -194,7 +199,8 @@ class RolloutLoop:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _one(self, coord: CoordinatorClient, worker: Any, scorer: Any, grant: dict[str, Any]) -> None:
+    async def _one(self, coord: CoordinatorClient, poster: EpisodePoster, worker: Any, scorer: Any,
+                   grant: dict[str, Any]) -> None:
         """Roll out, score and post one leased task; on failure release the lease (re-issued)."""
         try:
             s = grant.get("sampling") or {}
@@ -210,7 +216,7 @@ class RolloutLoop:
                 d = episode_json(ep)
                 d["metrics"] = {**d.get("metrics", {}), "time/rollout": seconds}
                 dicts.append(d)
-            res = await coord.post_episodes(self.worker_id, dicts, [grant["lease_id"]])
+            res = await poster.post(dicts, grant["lease_id"])
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure: give the task back, keep the loop alive
