@@ -9,14 +9,19 @@ import random
 import time
 from typing import Any, Callable, Iterable
 
-import httpx
+import aiohttp
 
 from .. import auth
-from ..timeouts import client_timeout
+from ..timeouts import CONNECT_S, tls_context
 
 log = logging.getLogger(__name__)
 
 RETRYABLE = (425, 429)
+
+
+def _timeout(total_s: float) -> aiohttp.ClientTimeout:
+    """``total_s`` for a request, its connection at most :data:`~rft_runtime.timeouts.CONNECT_S`."""
+    return aiohttp.ClientTimeout(total=total_s, connect=min(CONNECT_S, total_s))
 
 
 class CoordinatorUnavailable(ConnectionError):
@@ -42,22 +47,32 @@ class CoordinatorClient:
     """
 
     def __init__(self, base_url: str, *, deadline_s: float = 300.0, attempt_timeout_s: float = 60.0,
-                 transport: httpx.AsyncBaseTransport | None = None,
                  should_stop: Callable[[], bool] = lambda: False, token: str | None = None) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"coordinator URL must be http(s)://..., got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.deadline_s = deadline_s
         self.attempt_timeout_s = attempt_timeout_s
-        # the job's token (``token``, else $RFT_JOB_TOKEN) on every call
-        self._http = httpx.AsyncClient(timeout=client_timeout(attempt_timeout_s), transport=transport,
-                                       headers=auth.client_headers(token))
+        self._headers = auth.client_headers(token)  # the job's token (``token``, else $RFT_JOB_TOKEN)
+        self._http: aiohttp.ClientSession | None = None  # opened in the event loop, at the first call
         self._rng = random.Random()
         self._should_stop = should_stop
 
+    def _session(self) -> aiohttp.ClientSession:
+        # aiohttp rather than httpx: a worker makes several coordinator calls per step beside the
+        # trainer's computation on the same cores, and aiohttp spends about a third of httpx's CPU
+        # on a call (0.38 ms against 1.05 ms for an episode post on the reference VM).
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                headers=self._headers, timeout=_timeout(self.attempt_timeout_s),
+                connector=aiohttp.TCPConnector(ssl=tls_context() if self.base_url.startswith("https") else False))
+        return self._http
+
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
     async def __aenter__(self) -> "CoordinatorClient":
         return self
@@ -70,27 +85,29 @@ class CoordinatorClient:
         """``body``: a JSON object, or one already encoded (bytes). ``wait_s``: how long the server may
         hold the answer (a long-polled lease), added to each attempt's time limit."""
         deadline = time.monotonic() + self.deadline_s
-        kw: dict[str, Any] = {"json": body} if not isinstance(body, bytes) else \
-            {"content": body, "headers": {"content-type": "application/json"}}
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body, separators=(",", ":")).encode()
+        kw: dict[str, Any] = {"data": data, "headers": {"content-type": "application/json"}} if data is not None else {}
         if wait_s:
-            kw["timeout"] = client_timeout(self.attempt_timeout_s + wait_s)
+            kw["timeout"] = _timeout(self.attempt_timeout_s + wait_s)
+        http = self._session()
         attempt = 0
         while True:
             attempt += 1
             try:
-                resp = await self._http.request(method, self.base_url + path, **kw)
-                if resp.status_code == 200:
-                    return resp.json()
-                if resp.status_code < 500 and resp.status_code not in RETRYABLE:
+                async with http.request(method, self.base_url + path, **kw) as resp:
+                    status, text = resp.status, (await resp.read()).decode("utf-8", "replace")
+                if status == 200:
+                    return json.loads(text)
+                if status < 500 and status not in RETRYABLE:
                     try:
-                        answer = resp.json()
-                        msg = answer.get("error", {}).get("message", resp.text)
+                        answer = json.loads(text)
+                        msg = answer.get("error", {}).get("message", text)
                     except (ValueError, AttributeError):
-                        answer, msg = None, resp.text
-                    raise CoordinatorRejected(f"{method} {path}: HTTP {resp.status_code}: {msg}", resp.status_code,
+                        answer, msg = None, text
+                    raise CoordinatorRejected(f"{method} {path}: HTTP {status}: {msg}", status,
                                               answer if isinstance(answer, dict) else None)
-                last = f"HTTP {resp.status_code}"
-            except httpx.TransportError as e:
+                last = f"HTTP {status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 last = f"{type(e).__name__}: {e}"
             delay = min(5.0, 0.2 * 2 ** (attempt - 1)) * (0.5 + 0.5 * self._rng.random())
             if time.monotonic() + delay > deadline or self._should_stop():
