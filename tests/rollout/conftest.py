@@ -319,3 +319,15 @@ async def real_server(request) -> AsyncIterator[str]:
     else:
         async with builtin_app_url(request.getfixturevalue("builtin_engine")) as url:
             yield url
+
+
+OPEN_CLIENTS: list[Any] = []
+"""Inference clients a test's helper opened without ``async with``: :func:`close_clients` closes them."""
+
+
+@pytest.fixture
+async def close_clients() -> AsyncIterator[None]:
+    """Closes the clients in :data:`OPEN_CLIENTS` after the test, in its event loop."""
+    yield
+    while OPEN_CLIENTS:
+        await OPEN_CLIENTS.pop().aclose()

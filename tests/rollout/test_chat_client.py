@@ -16,15 +16,19 @@ from rft_runtime.rollout import (
     SyncChatClient,
 )
 
-from .conftest import load_fixture
+from .conftest import OPEN_CLIENTS, load_fixture
 
 FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02)
 JOB = SamplingParams(max_tokens=12, temperature=0.7)
 USER = [{"role": "user", "content": "what is 2 + 3?"}]
 
 
+pytestmark = pytest.mark.usefixtures("close_clients")
+
+
 def make_client(url, chat_tokenizer, **kw) -> ChatClient:
     inference = InferenceClient(url, "tiny", retry=FAST, rng=random.Random(1))
+    OPEN_CLIENTS.append(inference)
     return ChatClient(inference, chat_tokenizer, sampling=kw.pop("sampling", JOB), policy_version=kw.pop("policy_version", 2), **kw)
 
 

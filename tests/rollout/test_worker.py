@@ -22,13 +22,19 @@ from rft_runtime.rollout import (
 )
 from rft_runtime.types import Episode
 
+from .conftest import OPEN_CLIENTS
+
 FAST = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02)
 TASK = Task(task_id="t7", prompt="what is 2 + 3?", ground_truth="5", domain="math")
 SAMPLING = SamplingParams(max_tokens=8, temperature=0.7, seed=3)
 
 
+pytestmark = pytest.mark.usefixtures("close_clients")
+
+
 def worker(url, chat_tokenizer, **kw):
     inference = InferenceClient(url, "tiny", retry=FAST, rng=random.Random(0))
+    OPEN_CLIENTS.append(inference)
     return RolloutWorker(inference, chat_tokenizer, **kw)
 
 

@@ -80,7 +80,7 @@ class RFTRolloutProcessor(RolloutProcessor):
         self._clients: dict[tuple[int, str], InferenceClient] = {}
 
     def _client(self, model: str) -> InferenceClient:
-        key = (id(asyncio.get_running_loop()), model)  # an httpx client belongs to one event loop
+        key = (id(asyncio.get_running_loop()), model)  # an HTTP client belongs to one event loop
         if key not in self._clients:
             self._clients[key] = InferenceClient(self.base_url, model, api_key=self.api_key,
                                                  max_concurrency=self.max_concurrency)
@@ -129,9 +129,13 @@ class RFTRolloutProcessor(RolloutProcessor):
         return [asyncio.create_task(one(r)) for r in rows]
 
     async def acleanup(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
-            await c.aclose()
+        """Close the clients of the running event loop (a client of another loop, one that ran earlier
+        rows, cannot be closed from this one: its connections went with that loop)."""
+        here = id(asyncio.get_running_loop())
+        clients, self._clients = self._clients, {}
+        for (loop_id, _), c in clients.items():
+            if loop_id == here:
+                await c.aclose()
 
 
 def split_row(row: EvaluationRow) -> list[EvaluationRow]:

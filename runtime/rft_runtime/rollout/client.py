@@ -36,11 +36,11 @@ import random
 import time
 from typing import Any, AsyncIterator, Mapping, Sequence
 
-import httpx
+import aiohttp
 
 from .. import auth
 from ..adapters import adapter_name
-from ..timeouts import client_timeout
+from ..timeouts import CONNECT_S, tls_context
 from ..types import Sample
 from .concurrency import run_all
 from .errors import InferenceHTTPError, InferenceUnavailableError, ReplicaBehind, SampleAborted, TokenContractError
@@ -51,6 +51,7 @@ from .sampling import SamplingParams, check_ids
 log = logging.getLogger(__name__)
 
 SEED_RANGE = 2**31 - 1
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 class InferenceClient:
@@ -69,7 +70,6 @@ class InferenceClient:
         api_key: str | None = None,
         require_prompt_echo: bool = True,
         rng: random.Random | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
         adapter_versions: bool = False,
         n_per_request: bool = False,
     ) -> None:
@@ -89,9 +89,9 @@ class InferenceClient:
         self._rr = itertools.cycle(range(len(self.base_urls)))
         self._slots = _Slots(max_concurrency)
         self._rng = rng or random.Random()
-        headers = auth.client_headers(api_key)  # api_key, else the job's token ($RFT_JOB_TOKEN)
-        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-        self._http = httpx.AsyncClient(headers=headers, limits=limits, transport=transport, timeout=None)
+        self._headers = auth.client_headers(api_key)  # api_key, else the job's token ($RFT_JOB_TOKEN)
+        self._max_connections = max_concurrency
+        self._http: aiohttp.ClientSession | None = None  # opened in the event loop, at the first request
         self.stats = {"requests": 0, "retries": 0, "failures": 0, "replica_behind": 0}
 
     async def __aenter__(self) -> "InferenceClient":
@@ -102,7 +102,19 @@ class InferenceClient:
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        # aiohttp rather than httpx: the rollout worker's requests share the cores with the trainer's
+        # computation, and aiohttp spends about a third of httpx's CPU on an exchange.
+        if self._http is None:
+            tls = tls_context() if any(u.startswith("https") for u in self.base_urls) else False
+            self._http = aiohttp.ClientSession(
+                headers=self._headers, timeout=aiohttp.ClientTimeout(total=None),
+                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=tls))
+        return self._http
 
     def new_seed(self) -> int:
         """A fresh random seed for one sample."""
@@ -197,6 +209,8 @@ class InferenceClient:
         A `SampleAborted` raised by `parse` is retried like a 5xx.
         """
         deadline = time.monotonic() + self.retry.deadline_s
+        data = json.dumps(body, separators=(",", ":")).encode()
+        http = self._session()
         last_error = "no attempt made"
         attempt = 0
         while attempt < self.retry.max_attempts:
@@ -209,17 +223,18 @@ class InferenceClient:
             try:
                 async with self._slots.hold(weight):
                     self.stats["requests"] += 1
-                    resp = await self._http.post(url, json=body,
-                                                 timeout=client_timeout(min(remaining, self.retry.attempt_timeout_s)))
-                if resp.status_code == 200:
-                    return parse(_json(resp, url), resp.headers, url.removesuffix(path))
-                message, param = _error_message(resp)
-                if not self._retryable(resp.status_code, param):
+                    async with http.post(url, data=data, headers=JSON_HEADERS,
+                                         timeout=_timeout(min(remaining, self.retry.attempt_timeout_s))) as resp:
+                        status, headers, reason, raw = resp.status, resp.headers, resp.reason, await resp.read()
+                if status == 200:
+                    return parse(_json(raw, url), headers, url.removesuffix(path))
+                message, param = _error_message(raw, reason)
+                if not self._retryable(status, param):
                     self.stats["failures"] += 1
-                    raise InferenceHTTPError(resp.status_code, message, url=url, param=param)
-                last_error = f"HTTP {resp.status_code} from {url}: {message}"
-                retry_after = parse_retry_after(resp.headers.get("retry-after"))
-            except (httpx.TransportError, SampleAborted) as e:
+                    raise InferenceHTTPError(status, message, url=url, param=param)
+                last_error = f"HTTP {status} from {url}: {message}"
+                retry_after = parse_retry_after(headers.get("retry-after"))
+            except (aiohttp.ClientError, asyncio.TimeoutError, SampleAborted) as e:
                 last_error = f"{type(e).__name__} from {url}: {e}"
             if attempt >= self.retry.max_attempts:
                 break
@@ -258,19 +273,24 @@ class _Slots:
             self._released.set()
 
 
-def _json(resp: httpx.Response, url: str) -> Any:
+def _timeout(total_s: float) -> aiohttp.ClientTimeout:
+    """``total_s`` for a request, its connection at most :data:`~rft_runtime.timeouts.CONNECT_S`."""
+    return aiohttp.ClientTimeout(total=total_s, connect=min(CONNECT_S, total_s))
+
+
+def _json(raw: bytes, url: str) -> Any:
     try:
-        return resp.json()
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TokenContractError(f"{url}: 200 response is not JSON: {e}") from None
 
 
-def _error_message(resp: httpx.Response) -> tuple[str, str | None]:
+def _error_message(raw: bytes, reason: str | None) -> tuple[str, str | None]:
     """The server's error message and parameter from an OpenAI/vLLM error body, else the raw text."""
     try:
-        data = resp.json()
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return resp.text[:500] or resp.reason_phrase, None
+        return raw.decode("utf-8", "replace")[:500] or (reason or ""), None
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, dict):
         return str(err.get("message", err)), err.get("param")
