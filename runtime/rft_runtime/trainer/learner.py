@@ -146,11 +146,17 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
         from .distributed import reshard
 
         reshard(model)  # a training forward must not start from parameters gathered without gradient
+    return whole_batch(out, batch.size, shard, dev)
+
+
+def whole_batch(rows: torch.Tensor, size: int, shard: Shard | None, device: torch.device) -> torch.Tensor:
+    """This rank's ``rows`` (per row of a batch of ``size``) as the whole batch's on the CPU: the rows
+    themselves without a shard, else gathered from every rank (collective)."""
     if shard is None:
-        return out.cpu()
+        return rows.cpu()
     from .distributed import gather_rows
 
-    return gather_rows(out, batch.size, dev)
+    return gather_rows(rows, size, device)
 
 
 def forward_is_deterministic(model: torch.nn.Module) -> bool:
@@ -327,14 +333,7 @@ class Learner:
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.update_logprobs = None
-        if own is not None:
-            if self.shard is None:
-                self.update_logprobs = own.cpu()
-            else:
-                from .distributed import gather_rows
-
-                self.update_logprobs = gather_rows(own, batch.size, dev)
+        self.update_logprobs = None if own is None else whole_batch(own, batch.size, self.shard, dev)
         if self.shard is not None:
             from .distributed import gather_objects
 

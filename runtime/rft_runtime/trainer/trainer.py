@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -228,25 +229,27 @@ class Worker:
             metrics.update(mismatch_metrics(old, batch.inference_logprobs, batch.loss_mask))
         return StepResult(old, ref, adv, tis, metrics, upd)
 
+    @functools.cached_property
     def old_from_update(self) -> bool:
         """Whether the recomputed old log-probs come from the update's own forward rather than a pass of
         their own before it. They are the same numbers where the update makes one pass
         (``epochsPerStep`` 1: the parameters change only after its last micro-batch), nothing needs them
         before it (KL in the reward, TIS) and the training forward has no dropout; the pass they save
         is a no-gradient forward of the whole batch, a fifth of a step of the sample job on the CPU.
-        TRL takes its old log-probs the same way when it makes one iteration a batch."""
+        TRL takes its old log-probs the same way when it makes one iteration a batch. Decided once: the
+        model and the algorithm's settings do not change during a run."""
         a = self.alg
         return (a.old_logprobs == "recompute" and self.learner.cfg.epochs == 1 and not a.importance_sampling
                 and not (a.kl_coef > 0 and a.kl_placement == "reward") and forward_is_deterministic(self.model))
 
     def _learning_signals(self, seqs: list[TrainSequence], batch: Any, times: "_Phases") -> tuple[Any, ...]:
-        """(old log-probs (None: from the update's forward, :meth:`old_from_update`), reference log-probs
+        """(old log-probs (None: from the update's forward, :attr:`old_from_update`), reference log-probs
         or None, advantages, TIS weights or None, metrics)."""
         lcfg = self.learner.cfg
         metrics: dict[str, Any] = {}
         old: torch.Tensor | None
         with times("time/old_logprob"):
-            if self.alg.old_logprobs == "recompute" and self.old_from_update():
+            if self.alg.old_logprobs == "recompute" and self.old_from_update:
                 old = None  # from the update's forward (:meth:`train`)
             elif self.alg.old_logprobs == "recompute":
                 old = self.learner.logprobs(batch)
