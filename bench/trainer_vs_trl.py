@@ -8,9 +8,11 @@ advantages computed once) goes through
   with ``--bf16``, float32 master weights and bfloat16 compute under ``torch.autocast``;
   :class:`rft_runtime.trainer.learner.Learner`: micro-batches of ``--micro-batch``, the token-mean
   loss over the whole batch, gradient clipping, AdamW; its decoder layers compiled where
-  ``trainer.compile: auto`` compiles them, on a GPU), once with ``trainer.oldLogprobs: inference``
-  (``ours``: no old-log-prob pass, the same work as TRL's step), once with ``recompute`` (the
-  default: one extra no-gradient forward), and once running every row whole (``ours_whole_rows``:
+  ``trainer.compile: auto`` compiles them, on a GPU), once as the trainer's default step takes its old
+  log-probs (``ours``: ``trainer.oldLogprobs: recompute`` with one epoch, no TIS and no dropout, so they
+  come from the update's own forward, as TRL takes them with one iteration a batch: the same work as
+  TRL's step), once with the separate no-gradient pass that ``recompute`` makes where the update cannot
+  supply them (``ours_recompute``: several epochs, TIS, KL in the reward, dropout), and once running every row whole (``ours_whole_rows``:
   without :mod:`rft_runtime.trainer.prefix`, which runs a group's shared prompt once), once never
   compiled (``ours_eager``: ``trainer.compile: never``), once always compiled (``ours_compiled``:
   ``trainer.compile: always``, which on the CPU is not the default), and once under
@@ -139,7 +141,8 @@ def run_ours(model_dir: Path, frozen: dict, micro: int, steps: int, old_logprobs
         sync(dev)
         t0 = time.perf_counter()
         batch = collate(seqs)  # part of the trainer's step
-        old = learner.logprobs(batch) if old_logprobs == "recompute" else batch.inference_logprobs
+        # "update": None, the update's own forward gives them (Learner.update)
+        old = learner.logprobs(batch) if old_logprobs == "recompute" else None
         m = learner.update(batch, adv, valid, old)
         sync(dev)
         if s == 0:
@@ -236,7 +239,7 @@ def child(args: argparse.Namespace) -> int:
             res = run_trl(Path(args.model), frozen, args.micro_batch, args.steps, Path(tmp), args.bf16)
         else:
             res = run_ours(Path(args.model), frozen, args.micro_batch, args.steps,
-                           "recompute" if args.side == "ours_recompute" else "inference",
+                           "recompute" if args.side == "ours_recompute" else "update",
                            share=args.side != "ours_whole_rows", bf16=args.bf16, fsdp=args.side == "ours_fsdp",
                            compile_setting={"ours_eager": "never", "ours_compiled": "always"}.get(args.side, "auto"))
     print("RESULT " + json.dumps(res), flush=True)
