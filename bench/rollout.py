@@ -1,4 +1,4 @@
-"""The rollout client (`rft_runtime.rollout.client.InferenceClient`) against raw httpx requests.
+"""The rollout client (`rft_runtime.rollout.client.InferenceClient`, on aiohttp) against raw httpx requests.
 
 Both sides send identical request bodies -- the client's own as the rollout role uses it
 (`n_per_request`: one request per prompt, a token-id prompt, `n` and the base of its consecutive
