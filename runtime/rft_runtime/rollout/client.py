@@ -40,7 +40,7 @@ import aiohttp
 
 from .. import auth
 from ..adapters import adapter_name
-from ..timeouts import CONNECT_S, tls_context
+from ..timeouts import client_session, session_timeout
 from ..types import Sample
 from .concurrency import run_all
 from .errors import InferenceHTTPError, InferenceUnavailableError, ReplicaBehind, SampleAborted, TokenContractError
@@ -107,13 +107,8 @@ class InferenceClient:
             self._http = None
 
     def _session(self) -> aiohttp.ClientSession:
-        # aiohttp rather than httpx: the rollout worker's requests share the cores with the trainer's
-        # computation, and aiohttp spends about a third of httpx's CPU on an exchange.
         if self._http is None:
-            tls = tls_context() if any(u.startswith("https") for u in self.base_urls) else False
-            self._http = aiohttp.ClientSession(
-                headers=self._headers, timeout=aiohttp.ClientTimeout(total=None),
-                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=tls))
+            self._http = client_session(self.base_urls, self._headers, connections=self._max_connections)
         return self._http
 
     def new_seed(self) -> int:
@@ -224,7 +219,7 @@ class InferenceClient:
                 async with self._slots.hold(weight):
                     self.stats["requests"] += 1
                     async with http.post(url, data=data, headers=JSON_HEADERS,
-                                         timeout=_timeout(min(remaining, self.retry.attempt_timeout_s))) as resp:
+                                         timeout=session_timeout(min(remaining, self.retry.attempt_timeout_s))) as resp:
                         status, headers, reason, raw = resp.status, resp.headers, resp.reason, await resp.read()
                 if status == 200:
                     return parse(_json(raw, url), headers, url.removesuffix(path))
@@ -271,11 +266,6 @@ class _Slots:
         finally:
             self.free += units
             self._released.set()
-
-
-def _timeout(total_s: float) -> aiohttp.ClientTimeout:
-    """``total_s`` for a request, its connection at most :data:`~rft_runtime.timeouts.CONNECT_S`."""
-    return aiohttp.ClientTimeout(total=total_s, connect=min(CONNECT_S, total_s))
 
 
 def _json(raw: bytes, url: str) -> Any:

@@ -8,16 +8,18 @@ episode (reward, reason, error flags, metrics — the composite puts each evalua
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 
 from rft_api.runtime import RuntimeConfig
 
 from .. import auth
 from ..rewards.service import RewardService
 from ..rewards.types import Item, Sample, ScoreResult
+from ..timeouts import client_session
 
 
 def _task_dict(task: Any) -> dict[str, Any]:
@@ -52,8 +54,9 @@ class RemoteScorer:
 
     def __init__(self, url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
-        # the job's token (``token``, else $RFT_JOB_TOKEN) on every call
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers=auth.client_headers(token))
+        self.timeout_s = timeout_s
+        self._headers = auth.client_headers(token)  # the job's token (``token``, else $RFT_JOB_TOKEN)
+        self._http: aiohttp.ClientSession | None = None  # opened in the event loop, at the first call
 
     async def __call__(self, sample: Any, task: Any) -> Any:
         return (await self._post([sample], task, group=False))[0]
@@ -70,10 +73,14 @@ class RemoteScorer:
                                             for s in map(Sample.from_any, samples)]}
         if group:
             body["group"] = True
-        resp = await self._http.post(self.url + "/v1/score", json=body)
-        if resp.status_code != 200:
-            raise RuntimeError(f"reward service {self.url}: HTTP {resp.status_code}: {resp.text[:300]}")
-        results = resp.json()["results"]
+        if self._http is None:
+            self._http = client_session([self.url], self._headers, total_s=self.timeout_s)
+        async with self._http.post(self.url + "/v1/score", data=json.dumps(body).encode(),
+                                   headers={"content-type": "application/json"}) as resp:
+            status, raw = resp.status, await resp.read()
+        if status != 200:
+            raise RuntimeError(f"reward service {self.url}: HTTP {status}: {raw[:300].decode('utf-8', 'replace')}")
+        results = json.loads(raw)["results"]
         if len(results) != len(samples):
             raise RuntimeError(f"reward service {self.url}: {len(results)} results for {len(samples)} samples")
         out = []
@@ -85,4 +92,6 @@ class RemoteScorer:
         return out
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
