@@ -38,6 +38,7 @@ def client_session(urls: Iterable[str], headers: dict[str, str], *, total_s: flo
     """An aiohttp session of a rollout worker's client (inference, coordinator, reward role): ``headers``
     on every request, ``total_s`` per request by default, at most ``connections`` open, and
     :func:`tls_context` where one of ``urls`` is ``https``. Open it in the event loop that uses it.
+    Proxy variables (``$HTTP_PROXY`` ...) are not read: the job's own servers are reached directly.
 
     The rollout worker's clients speak aiohttp rather than httpx: its requests share the cores with
     the trainer's computation, and an aiohttp exchange costs about a third of httpx's CPU (an episode
