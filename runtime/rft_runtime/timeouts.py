@@ -1,7 +1,7 @@
 """Time limits of the runtime's HTTP clients inside a job that retry a failed attempt: the trainer's
 weight publication, the rollout workers' inference client and coordinator client; the one TLS
 context (:func:`tls_context`) that clients opened again and again share; and the rollout worker's
-aiohttp sessions (:func:`client_session`).
+aiohttp sessions (:func:`client_session`, opened when first used by :class:`LazySession`).
 
 A connection attempt gets at most :data:`CONNECT_S` seconds, whatever the request's own limit. A lost
 SYN then costs one short retry instead of the kernel's two minutes of SYN retransmissions before
@@ -46,6 +46,32 @@ def client_session(urls: Iterable[str], headers: dict[str, str], *, total_s: flo
     tls = tls_context() if any(u.startswith("https") for u in urls) else False
     return aiohttp.ClientSession(headers=headers, timeout=session_timeout(total_s),
                                  connector=aiohttp.TCPConnector(limit=connections, ssl=tls))
+
+
+class LazySession:
+    """The :func:`client_session` of one client, opened at its first request and closed by :meth:`aclose`.
+
+    A session belongs to the event loop it was opened in, and a client is built before any loop runs
+    (a rollout worker's clients are configured, then used inside ``asyncio.run``), so it is opened by
+    :meth:`get`, inside the loop, not by the client's constructor."""
+
+    def __init__(self, urls: Iterable[str], headers: dict[str, str], *, total_s: float | None = None,
+                 connections: int = 100) -> None:
+        self._args = (list(urls), headers, total_s, connections)
+        self._session: aiohttp.ClientSession | None = None
+
+    def get(self) -> aiohttp.ClientSession:
+        """The session (opened now in the running loop when it is not open)."""
+        if self._session is None:
+            urls, headers, total_s, connections = self._args
+            self._session = client_session(urls, headers, total_s=total_s, connections=connections)
+        return self._session
+
+    async def aclose(self) -> None:
+        """Close the session's connections, if it was opened (a later :meth:`get` opens a new one)."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
 
 @functools.lru_cache(maxsize=None)

@@ -46,8 +46,10 @@ def _start_head(log: Path, temp_dir: str, *, num_cpus: int, client_port: int | N
     if client_port is not None:
         args += ["--ray-client-server-port", str(client_port)]
     # The Ray Client server starts a server process per client and gives it 30 s to answer by default:
-    # too little for a 2-core machine running a test suite (a CI run saw it give up).
-    env = {**rft_env(), "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "300"}
+    # too little for a 2-core machine running a test suite (a CI run saw it give up). Not much more:
+    # when that process dies at birth (ray-project/ray#63202) the proxier waits all of it out before
+    # `rft run` connects again (a CI run spent 300 s there).
+    env = {**rft_env(), "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "120"}
     with log.open("wb") as f:
         p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     address = f"127.0.0.1:{port}"

@@ -246,3 +246,36 @@ async def test_seeds_that_are_not_consecutive_go_one_request_each(replay):
         out = await c.complete(PROMPT, 3, SamplingParams(max_tokens=2), seeds=[5, 50, 500])
     assert sorted(r["seed"] for r in server.requests) == [5, 50, 500] and [s.seed for s in out] == [5, 50, 500]
     assert all(r["n"] == 1 for r in server.requests)
+
+
+async def test_a_lazy_session_opens_in_the_loop_at_first_use_and_opens_again_after_closing():
+    """The rollout worker's clients are built before their event loop runs: `LazySession` opens the
+    aiohttp session at the first request (with the client's headers and connection limit) and closes
+    it in `aclose`; a later request opens a new one."""
+    from aiohttp import web
+
+    from rft_runtime.timeouts import LazySession
+
+    seen: list[str | None] = []
+
+    async def echo(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/x", echo)
+    lazy = LazySession(["http://127.0.0.1"], {"Authorization": "Bearer t0k"}, total_s=5.0, connections=3)
+    await lazy.aclose()  # never opened: nothing to close
+    async with serve_app(app) as url:
+        first = lazy.get()
+        assert lazy.get() is first and first.connector.limit == 3 and first.timeout.total == 5.0
+        async with first.get(url + "/x") as resp:
+            assert resp.status == 200
+        await lazy.aclose()
+        assert first.closed
+        second = lazy.get()
+        assert second is not first and not second.closed
+        async with second.get(url + "/x") as resp:
+            assert resp.status == 200
+        await lazy.aclose()
+    assert seen == ["Bearer t0k", "Bearer t0k"] and second.closed

@@ -40,7 +40,7 @@ import aiohttp
 
 from .. import auth
 from ..adapters import adapter_name
-from ..timeouts import client_session, session_timeout
+from ..timeouts import LazySession, session_timeout
 from ..types import Sample
 from .concurrency import run_all
 from .errors import InferenceHTTPError, InferenceUnavailableError, ReplicaBehind, SampleAborted, TokenContractError
@@ -89,9 +89,8 @@ class InferenceClient:
         self._rr = itertools.cycle(range(len(self.base_urls)))
         self._slots = _Slots(max_concurrency)
         self._rng = rng or random.Random()
-        self._headers = auth.client_headers(api_key)  # api_key, else the job's token ($RFT_JOB_TOKEN)
-        self._max_connections = max_concurrency
-        self._http: aiohttp.ClientSession | None = None  # opened in the event loop, at the first request
+        # api_key, else the job's token ($RFT_JOB_TOKEN); at most one connection per request in flight
+        self._http = LazySession(self.base_urls, auth.client_headers(api_key), connections=max_concurrency)
         self.stats = {"requests": 0, "retries": 0, "failures": 0, "replica_behind": 0}
 
     async def __aenter__(self) -> "InferenceClient":
@@ -102,14 +101,7 @@ class InferenceClient:
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
-
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None:
-            self._http = client_session(self.base_urls, self._headers, connections=self._max_connections)
-        return self._http
+        await self._http.aclose()
 
     def new_seed(self) -> int:
         """A fresh random seed for one sample."""
@@ -205,7 +197,7 @@ class InferenceClient:
         """
         deadline = time.monotonic() + self.retry.deadline_s
         data = json.dumps(body, separators=(",", ":")).encode()
-        http = self._session()
+        http = self._http.get()
         last_error = "no attempt made"
         attempt = 0
         while attempt < self.retry.max_attempts:

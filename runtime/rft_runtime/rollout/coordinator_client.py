@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 import aiohttp
 
 from .. import auth
-from ..timeouts import client_session, session_timeout
+from ..timeouts import LazySession, session_timeout
 
 log = logging.getLogger(__name__)
 
@@ -48,21 +48,14 @@ class CoordinatorClient:
         self.base_url = base_url.rstrip("/")
         self.deadline_s = deadline_s
         self.attempt_timeout_s = attempt_timeout_s
-        self._headers = auth.client_headers(token)  # the job's token (``token``, else $RFT_JOB_TOKEN)
-        self._http: aiohttp.ClientSession | None = None  # opened in the event loop, at the first call
+        # the job's token (``token``, else $RFT_JOB_TOKEN)
+        self._http = LazySession([self.base_url], auth.client_headers(token), total_s=attempt_timeout_s)
         self._rng = random.Random()
         self._should_stop = should_stop
 
-    def _session(self) -> aiohttp.ClientSession:
-        if self._http is None:
-            self._http = client_session([self.base_url], self._headers, total_s=self.attempt_timeout_s)
-        return self._http
-
     async def aclose(self) -> None:
         """Close the connection pool."""
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self._http.aclose()
 
     async def __aenter__(self) -> "CoordinatorClient":
         return self
@@ -79,7 +72,7 @@ class CoordinatorClient:
         kw: dict[str, Any] = {"data": data, "headers": {"content-type": "application/json"}} if data is not None else {}
         if wait_s:
             kw["timeout"] = session_timeout(self.attempt_timeout_s + wait_s)
-        http = self._session()
+        http = self._http.get()
         attempt = 0
         while True:
             attempt += 1

@@ -12,14 +12,12 @@ import json
 import time
 from typing import Any
 
-import aiohttp
-
 from rft_api.runtime import RuntimeConfig
 
 from .. import auth
 from ..rewards.service import RewardService
 from ..rewards.types import Item, Sample, ScoreResult
-from ..timeouts import client_session
+from ..timeouts import LazySession
 
 
 def _task_dict(task: Any) -> dict[str, Any]:
@@ -55,8 +53,8 @@ class RemoteScorer:
     def __init__(self, url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._headers = auth.client_headers(token)  # the job's token (``token``, else $RFT_JOB_TOKEN)
-        self._http: aiohttp.ClientSession | None = None  # opened in the event loop, at the first call
+        # the job's token (``token``, else $RFT_JOB_TOKEN)
+        self._http = LazySession([self.url], auth.client_headers(token), total_s=timeout_s)
 
     async def __call__(self, sample: Any, task: Any) -> Any:
         return (await self._post([sample], task, group=False))[0]
@@ -73,9 +71,7 @@ class RemoteScorer:
                                             for s in map(Sample.from_any, samples)]}
         if group:
             body["group"] = True
-        if self._http is None:
-            self._http = client_session([self.url], self._headers, total_s=self.timeout_s)
-        async with self._http.post(self.url + "/v1/score", data=json.dumps(body).encode(),
+        async with self._http.get().post(self.url + "/v1/score", data=json.dumps(body).encode(),
                                    headers={"content-type": "application/json"}) as resp:
             status, raw = resp.status, await resp.read()
         if status != 200:
@@ -92,6 +88,4 @@ class RemoteScorer:
         return out
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self._http.aclose()
