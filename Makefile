@@ -101,6 +101,7 @@ bench: venv vllm
 	$(PY) bench/rollout_tokens.py
 	$(PY) bench/trainer.py
 	$(PY) bench/prefix_costs.py
+	$(PY) bench/coordinator.py
 	$(PY) bench/e2e_step.py
 	$(PY) bench/trainer_vs_trl.py --trl-python $$(bash hack/trl-venv.sh)
 	if $(PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then $(PY) bench/gpu.py; \

@@ -136,11 +136,25 @@ def test_prefix_costs_quick(tmp_path):
 
 @pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py",
                                     "rollout_tokens.py", "gpu.py", "trainer_vs_trl.py", "e2e_step.py",
-                                    "prefix_costs.py"])
+                                    "prefix_costs.py", "coordinator.py"])
 def test_bench_scripts_document_themselves(script):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0 and "--quick" in out.stdout
+
+
+def test_coordinator_quick(tmp_path):
+    """The coordinator's intake against the HTTP floor, and a computation in its process alone and under
+    intake: every window took episodes, and the trainer thread collected whole steps."""
+    report = _run("coordinator.py", tmp_path / "coordinator.json")
+    assert {"intake_coordinator_vs_floor", "compute_speed_under_intake"} <= set(report["ratios"])
+    med = report["medians"]
+    for side in ("coordinator", "floor", "compute_loaded"):
+        assert med[side]["episodes"] > 0 and med[side]["episodes"] % 8 == 0  # whole tasks of 8 episodes
+    assert med["coordinator"]["server_cpu_s_per_1k_episodes"] > 0
+    assert med["compute_idle"]["compute_iteration_s"] > 0 and med["compute_loaded"]["compute_iteration_s"] > 0
+    # the loaded window's intake is held near --rate (470 episodes/s), well below the unthrottled one's
+    assert med["compute_loaded"]["episodes_per_s"] < 700
 
 
 def test_engine_process_quick(tmp_path):
