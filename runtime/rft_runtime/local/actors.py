@@ -21,6 +21,8 @@ import ray
 from rft_api import runtime
 from rft_api.runtime import BIND_HOST_ENV
 
+from .cores import pin_process
+
 ACTOR_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -30,11 +32,13 @@ ACTOR_ENV = {
 }
 
 
-def _setup_process(log_file: str | None, threads: int, *, computes: bool = True) -> None:
-    """Environment, torch's threads and logging of an actor's process. ``computes``: whether the role
-    computes with torch (inference, trainer; :func:`_setup_compute`); a rollout worker only tokenizes,
-    and does not import torch unless the job's own code does
-    (:func:`~rft_runtime.rollout.loop.runs_user_code`)."""
+def _setup_process(log_file: str | None, threads: int, *, computes: bool = True,
+                   cpus: tuple[int, ...] | None = None) -> None:
+    """Environment, torch's threads, logging and cores of an actor's process. ``computes``: whether the
+    role computes with torch (inference, trainer; :func:`_setup_compute`); a rollout worker only
+    tokenizes, and does not import torch unless the job's own code does
+    (:func:`~rft_runtime.rollout.loop.runs_user_code`). ``cpus``: the cores the process (and the
+    processes it starts) keeps to (:mod:`.cores`; None: wherever the system runs it)."""
     for k, v in ACTOR_ENV.items():
         os.environ.setdefault(k, v)
     root = logging.getLogger()
@@ -44,6 +48,8 @@ def _setup_process(log_file: str | None, threads: int, *, computes: bool = True)
         h = logging.FileHandler(log_file)
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(h)
+    if cpus and pin_process(cpus):
+        logging.getLogger(__name__).info("running on cores %s", ",".join(map(str, cpus)))
     if computes:  # else nor transformers, which would decide now that torch is there to import
         _setup_compute(threads)
 
@@ -112,9 +118,9 @@ class InferenceActor(_Staged):
     def __init__(self, model_dir: str, served_name: str, *, local: bool, threads: int = 1,
                  max_batch_size: int = 256, dtype: str = "auto", max_model_len: int | None = None,
                  log_file: str | None = None, shipment: Any = None, role: str = "inference",
-                 engine_process: bool = False) -> None:
+                 engine_process: bool = False, cpus: tuple[int, ...] | None = None) -> None:
         self.log_file = self._open_stage(shipment, role, log_file)
-        _setup_process(self.log_file, threads, computes=False)
+        _setup_process(self.log_file, threads, computes=False, cpus=cpus)
         from ..coordinator.server import bind_socket
 
         self.host = node_host(local)
@@ -166,9 +172,9 @@ class TrainerActor(_Staged):
     :meth:`setup` then builds the trainer."""
 
     def __init__(self, *, threads: int = 1, local: bool = True, log_file: str | None = None,
-                 shipment: Any = None) -> None:
+                 shipment: Any = None, cpus: tuple[int, ...] | None = None) -> None:
         log_file = self._open_stage(shipment, "trainer", log_file)
-        _setup_process(log_file, threads)
+        _setup_process(log_file, threads, cpus=cpus)
         from ..trainer import trainer  # noqa: F401 - imported now, in parallel with the other roles
 
         self.threads, self.local, self.log_file = threads, local, log_file
@@ -257,9 +263,9 @@ class RolloutActor(_Staged):
     process starts and imports the rollout loop meanwhile; :meth:`run` gets the config."""
 
     def __init__(self, worker_id: str, *, threads: int = 1, log_file: str | None = None,
-                 shipment: Any = None) -> None:
+                 shipment: Any = None, cpus: tuple[int, ...] | None = None) -> None:
         log_file = self._open_stage(shipment, worker_id, log_file)
-        _setup_process(log_file, threads, computes=False)
+        _setup_process(log_file, threads, computes=False, cpus=cpus)
         from ..rollout import loop  # noqa: F401 - imported now, in parallel with the other roles
 
         self.worker_id = worker_id

@@ -1,4 +1,5 @@
-"""``rft run JOB.yaml [--out DIR] [--resume] [--address RAY_ADDRESS] [--max-steps N] [--threads N] [--engine-process]``."""
+"""``rft run JOB.yaml [--out DIR] [--resume] [--address RAY_ADDRESS] [--max-steps N] [--threads N] [--engine-process]
+[--no-pin-cores]``."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="each inference server runs its engine in a child process, as rft serve does (default: "
                         "in a thread of the server's actor; on 2 cores the sample job's steps are no faster in "
                         "a process, and it costs a second interpreter of about 0.8 GB)")
+    p.add_argument("--no-pin-cores", action="store_true",
+                   help="let the system place every role's process (default: with rollout.maxStaleness above 0 "
+                        "and a core to spare, the trainer keeps to cores of its own and the other roles to the rest)")
     args = p.parse_args(argv)
     if args.address == "local":  # Ray's own spelling of "start one here"
         args.address = None
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_local(RunOptions(args.manifest, args.out, args.resume, args.address, args.max_steps,
                                       progress_bar=not args.no_progress, threads=args.threads,
-                                      engine_process=args.engine_process))
+                                      engine_process=args.engine_process, pin_cores=not args.no_pin_cores))
     except InvalidSpec as e:
         print(f"rft run: {args.manifest}: invalid RFTJob", file=sys.stderr)
         for problem in e.problems:

@@ -27,6 +27,7 @@ from rft_api import runtime
 from rft_api.job import RFTJob
 
 from ..metrics_sink import read_metrics
+from .cores import available_cores, role_cores
 from .report import format_summary, plot_reward_curve, reward_summary
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ class RunOptions:
     threads: int = 1
     engine_process: bool = False
     """Each inference actor runs its engine in a child process (False: in a thread of the actor)."""
+    pin_cores: bool = True
+    """On one machine with training and generation overlapping, the trainer's processes keep to cores of
+    their own (:mod:`.cores`; False: the system places every process)."""
 
 
 @dataclass
@@ -353,20 +357,30 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
         return cls if local else cls.options(**cluster_resources(spec, role, opts.threads))
 
     logs = out / "logs"
+    cores = role_cores(available_cores(), max_staleness=spec.rollout.max_staleness,
+                       trainer_processes=spec.trainer.world_size(), threads=opts.threads) \
+        if local and opts.pin_cores else None
+    if cores:
+        log.info("cores: trainer %s, inference and rollout %s", ",".join(map(str, cores["trainer"])),
+                 ",".join(map(str, cores["inference"])))
+    cpus = cores or {}
     # Every role's process starts now, in parallel. The inference servers bind their sockets first and
     # load the model while the trainer builds itself up to its coordinator and the rollout workers
     # start; the trainer publishes its weights once the servers answer.
     infer = [placed(InferenceActor, "inference").remote(
                  str(model_dir), job.name, local=local, threads=opts.threads, dtype=spec.model.dtype,
                  max_model_len=spec.inference.max_model_len, log_file=str(logs / f"inference-{i}.log"),
-                 shipment=shipment, role=f"inference-{i}", engine_process=opts.engine_process)
+                 shipment=shipment, role=f"inference-{i}", engine_process=opts.engine_process,
+                 cpus=cpus.get("inference"))
              for i in range(max(1, spec.inference.replicas))]
     actors += infer
     trainer = placed(TrainerActor, "trainer").remote(threads=opts.threads, local=local,
-                                                     log_file=str(logs / "trainer.log"), shipment=shipment)
+                                                     log_file=str(logs / "trainer.log"), shipment=shipment,
+                                                     cpus=cpus.get("trainer"))
     actors.append(trainer)
     rollouts = [placed(RolloutActor, "rollout").remote(f"local-rollout-{i}", threads=opts.threads,
-                                                       log_file=str(logs / f"rollout-{i}.log"), shipment=shipment)
+                                                       log_file=str(logs / f"rollout-{i}.log"), shipment=shipment,
+                                                       cpus=cpus.get("rollout"))
                 for i in range(max(1, spec.rollout.replicas))]
     actors += rollouts
     sync = None if local else OutputSync(out)
