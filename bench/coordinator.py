@@ -9,8 +9,10 @@ submitted and collects each step's groups in order (as ``rft run`` does), and dr
 process of ``--workers`` rollout workers built from the product's own clients
 (:class:`~rft_runtime.rollout.coordinator_client.CoordinatorClient`, long-polled leases of
 ``--per-lease`` tasks, :class:`~rft_runtime.rollout.posting.EpisodePoster`), which post ``--n``
-episodes per task shaped like the sample job's (a 34-token prompt, 2-16 response tokens with their
-log-probs, the chat message and metadata) without generating anything. Per round, interleaved:
+episodes per task shaped like the sample job's by default (a 34-token prompt, 2-16 response tokens
+with their log-probs, the chat message and metadata; ``--prompt-len``, ``--response-len`` and
+``--vocab`` for longer ones) without generating anything. The coordinator checks token ids against
+``--vocab``, as the trainer's does against the model's vocabulary. Per round, interleaved:
 
 - ``coordinator``: intake as fast as the workers go (episodes accepted per second, leases per second,
   the coordinator process's CPU-seconds per 1000 episodes);
@@ -50,30 +52,40 @@ sys.path[:0] = [str(ROOT / "api"), str(ROOT / "runtime")]
 
 # ---------------------------------------------------------------------------------------- the workers
 
-def episode(task_key: str, idx: int, version: int, rng: Any) -> dict[str, Any]:
-    """An episode of the sample job's shape (what its rollout worker posts for a 1-turn arithmetic task)."""
+def episode(task_key: str, idx: int, version: int, rng: Any, prompt_len: int = 34, response_len: int = 16,
+            vocab: int = 259) -> dict[str, Any]:
+    """An episode of the sample job's shape: what its rollout worker posts for a 1-turn arithmetic task,
+    every field of :class:`rft_runtime.types.Episode` written out as the worker writes them."""
     import random
 
-    k = rng.randint(2, 16)
+    k = rng.randint(min(2, response_len), response_len)
     prompt = random.Random(task_key)  # the task's samples share their prompt (the coordinator checks)
     return {
         "id": f"{task_key}:{idx}", "task_id": task_key, "rollout_idx": idx,
         "trajectories": [{"name": "default", "reward": float(idx % 2), "metadata": {}, "info": {}, "steps": [{
-            "prompt_ids": [prompt.randrange(3, 259) for _ in range(34)],
-            "response_ids": [rng.randrange(3, 259) for _ in range(k)],
+            "prompt_ids": [prompt.randrange(3, vocab) for _ in range(prompt_len)],
+            "response_ids": [rng.randrange(3, vocab) for _ in range(k)],
             "logprobs": [-rng.random() * 3 for _ in range(k)], "response_mask": [1] * k,
             "policy_version": version, "reward": float(idx % 2), "done": True, "finish_reason": "stop",
             "truncated": False, "messages": [{"role": "user", "content": "What is 10 - 5?"}],
-            "response_text": "5", "metadata": {"seed": rng.randrange(1 << 30), "server": "http://127.0.0.1:1"}}]}],
-        "reward_reason": "math: '5' (last_number) equals '5'",
+            "response_text": "5", "metadata": {"seed": rng.randrange(1 << 30), "server": "http://127.0.0.1:1"},
+            # the rest of the fields the worker's episodes carry (rLLM's, at their defaults)
+            "weight_version": version, "chat_completions": [], "observation": None, "thought": "", "action": None,
+            "model_response": "", "model_output": None, "info": {}, "mc_return": 0.0, "advantage": None}],
+            "uid": f"{task_key}:{idx}:u", "task": None}],
+        "task": None, "info": {}, "is_correct": None, "reward_reason": "math: '5' (last_number) equals '5'",
         "metrics": {"num_samples": 1.0, "response_tokens": float(k), "math": float(idx % 2), "time/reward": 0.005},
         "termination_reason": "stop", "metadata": {"domain": "math", "policy_version": version},
+        "errors": {"timeout": False, "runtime_error": False, "parse_error": False, "rollout_error": False,
+                   "message": None},
     }
 
 
-async def workers(url: str, n_workers: int, per_lease: int, n: int, seconds: float, rate: float) -> dict:
-    """``n_workers`` rollout workers for ``seconds``: lease, post ``n`` episodes per task (at most
-    ``rate`` episodes per second in all; 0: as fast as they go)."""
+async def workers(url: str, n_workers: int, per_lease: int, n: int, seconds: float, rate: float,
+                  shape: dict[str, int]) -> dict:
+    """``n_workers`` rollout workers for ``seconds``: lease, post ``n`` episodes per task of ``shape``
+    (:func:`episode`'s lengths and vocabulary; at most ``rate`` episodes per second in all; 0: as fast
+    as they go)."""
     import random
 
     from rft_runtime.rollout.coordinator_client import CoordinatorClient
@@ -88,7 +100,7 @@ async def workers(url: str, n_workers: int, per_lease: int, n: int, seconds: flo
         if interval:
             at = next_at[0] = max(next_at[0] + interval, time.monotonic())
             await asyncio.sleep(max(0.0, at - time.monotonic()))
-        eps = [episode(grant["task_key"], i, grant["policy_version"], rng) for i in range(grant["n"])]
+        eps = [episode(grant["task_key"], i, grant["policy_version"], rng, **shape) for i in range(grant["n"])]
         res = await poster.post(eps, grant["lease_id"])
         counts["episodes"] += len(res["accepted"])
         counts["tasks"] += 1
@@ -168,11 +180,13 @@ class Served:
     """The real coordinator on loopback with a trainer thread keeping ``ahead`` steps of ``prompts``
     tasks submitted and collecting each step's groups in order."""
 
-    def __init__(self, n: int, prompts: int, ahead: int) -> None:
-        from rft_runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorService
+    def __init__(self, n: int, prompts: int, ahead: int, vocab: int) -> None:
+        from rft_runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorService, EpisodeLimits
         from rft_runtime.coordinator.server import CoordinatorServer
 
-        self.svc = CoordinatorService(Coordinator(CoordinatorConfig(n=n, lease_timeout_s=60.0, max_staleness=ahead)))
+        # as the trainer configures it: token ids checked against the model's vocabulary
+        self.svc = CoordinatorService(Coordinator(CoordinatorConfig(
+            n=n, lease_timeout_s=60.0, max_staleness=ahead, limits=EpisodeLimits(vocab_size=vocab))))
         self.server = CoordinatorServer(self.svc, "127.0.0.1", 0)
         self.prompts, self.ahead, self.stopping = prompts, ahead, False
         self.thread = threading.Thread(target=self._trainer, name="trainer", daemon=True)
@@ -230,7 +244,8 @@ def compute_loop(seconds: float, out: dict[str, float]) -> None:
 
 def run_client(url: str, args: argparse.Namespace, seconds: float, rate: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--client", url, "--workers", str(args.workers),
-           "--per-lease", str(args.per_lease), "--n", str(args.n), "--seconds", str(seconds), "--rate", str(rate)]
+           "--per-lease", str(args.per_lease), "--n", str(args.n), "--seconds", str(seconds), "--rate", str(rate),
+           "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len), "--vocab", str(args.vocab)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                 [str(ROOT / "api"), str(ROOT / "runtime"), os.environ.get("PYTHONPATH", "")])})
@@ -246,7 +261,7 @@ def finish_client(proc: subprocess.Popen) -> dict:
 
 def intake(side: str, args: argparse.Namespace, *, rate: float = 0.0, compute: bool = False) -> dict:
     """One window of the workers against ``side`` (``coordinator`` or ``floor``)."""
-    server = Served(args.n, args.prompts, args.ahead) if side == "coordinator" else Floor(args.n)
+    server = Served(args.n, args.prompts, args.ahead, args.vocab) if side == "coordinator" else Floor(args.n)
     url = server.start()
     try:
         cpu0 = time.process_time()
@@ -276,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=8, help="episodes per task")
     p.add_argument("--prompts", type=int, default=16, help="tasks per step")
     p.add_argument("--ahead", type=int, default=1, help="steps submitted ahead of the one collected")
+    p.add_argument("--prompt-len", type=int, default=34, help="prompt tokens per episode (the sample job's: 34)")
+    p.add_argument("--response-len", type=int, default=16, help="at most this many response tokens (at least 2)")
+    p.add_argument("--vocab", type=int, default=259, help="the vocabulary the coordinator checks token ids against")
     p.add_argument("--rate", type=float, default=470.0,
                    help="episodes/s during the compute window (default: the sample job's at maxStaleness 1)")
     p.add_argument("--quick", action="store_true", help="one short round (a smoke test)")
@@ -283,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
-        res = asyncio.run(workers(args.client, args.workers, args.per_lease, args.n, args.seconds, args.rate))
+        shape = {"prompt_len": args.prompt_len, "response_len": args.response_len, "vocab": args.vocab}
+        res = asyncio.run(workers(args.client, args.workers, args.per_lease, args.n, args.seconds, args.rate, shape))
         print("RESULT " + json.dumps(res), flush=True)
         return 0
     if args.quick:
@@ -297,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                     "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "shape": {k: getattr(args, k) for k in ("rounds", "seconds", "workers", "per_lease", "n", "prompts", "ahead",
-                                                 "rate")}}
+                                                 "rate", "prompt_len", "response_len", "vocab")}}
     runs: dict[str, list[dict]] = {"coordinator": [], "floor": [], "compute_idle": [], "compute_loaded": []}
     for r in range(args.rounds):
         order = list(runs) if r % 2 == 0 else list(runs)[::-1]

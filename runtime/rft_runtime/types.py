@@ -237,29 +237,34 @@ class Step(_JsonModel):
 
     @model_validator(mode="after")
     def _check_lengths(self) -> "Step":
+        # Every episode a coordinator takes passes here: each check is one pass in C (min, set, sum), and
+        # only a list that fails one is walked in Python to name its first bad entry.
         n = len(self.response_ids)
         if not self.prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        if any(t < 0 for t in self.prompt_ids):
+        if min(self.prompt_ids) < 0:
             raise ValueError("prompt_ids must be non-negative token ids")
-        if any(t < 0 for t in self.response_ids):
+        if self.response_ids and min(self.response_ids) < 0:
             raise ValueError("response_ids must be non-negative token ids")
         if len(self.response_mask) != n:
             raise ValueError(f"response_mask has {len(self.response_mask)} entries but response_ids has {n} tokens")
-        bad = [v for v in self.response_mask if v not in (0, 1)]
-        if bad:
-            raise ValueError(f"response_mask values must be 0 or 1, got {bad[0]!r}")
+        if not set(self.response_mask) <= {0, 1}:
+            bad = next(v for v in self.response_mask if v not in (0, 1))
+            raise ValueError(f"response_mask values must be 0 or 1, got {bad!r}")
         if len(self.logprobs) != n:
             raise ValueError(
                 f"logprobs has {len(self.logprobs)} entries but response_ids has {n} tokens "
                 f"({sum(self.response_mask)} sampled): one logprob per response token, 0.0 where response_mask is 0"
             )
-        for i, (lp, m) in enumerate(zip(self.logprobs, self.response_mask)):
-            if not math.isfinite(lp) or lp > LOGPROB_TOLERANCE:
-                raise ValueError(f"logprobs[{i}] = {lp!r}: logprobs must be finite and <= 0")
-            if m == 0 and lp != 0.0:
-                raise ValueError(f"logprobs[{i}] = {lp!r} but response_mask[{i}] is 0: "
-                                 "non-sampled tokens carry logprob 0.0")
+        # a finite sum has no infinite or NaN term; only a list that may hold a bad one is walked
+        if self.logprobs and (not math.isfinite(sum(self.logprobs)) or max(self.logprobs) > LOGPROB_TOLERANCE
+                              or 0 in self.response_mask):
+            for i, (lp, m) in enumerate(zip(self.logprobs, self.response_mask)):
+                if not math.isfinite(lp) or lp > LOGPROB_TOLERANCE:
+                    raise ValueError(f"logprobs[{i}] = {lp!r}: logprobs must be finite and <= 0")
+                if m == 0 and lp != 0.0:
+                    raise ValueError(f"logprobs[{i}] = {lp!r} but response_mask[{i}] is 0: "
+                                     "non-sampled tokens carry logprob 0.0")
         if self.policy_version is None:
             self.policy_version = self.weight_version
         elif self.weight_version is None:

@@ -82,10 +82,13 @@ def test_episode_json_round_trip_with_everything_set():
         ({"logprobs": [-0.5] * 5}, "logprobs has 5 entries but response_ids has 4 tokens"),
         ({"response_mask": [1, 1, 1]}, "response_mask has 3 entries but response_ids has 4 tokens"),
         ({"response_mask": [1, 2, 1, 1]}, "response_mask values must be 0 or 1"),
+        ({"response_mask": [1, 0, 3, 2]}, "must be 0 or 1, got 3"),  # the first bad value named
         ({"response_mask": [1, 0, 1, 1]}, "logprobs[1] = "),  # mask-0 token with a non-zero logprob
         ({"logprobs": [-0.1, 0.3, -0.1, -0.1]}, "logprobs must be finite and <= 0"),
         ({"logprobs": [-0.1, float("nan"), -0.1, -0.1]}, "logprobs must be finite and <= 0"),
         ({"logprobs": [-0.1, float("-inf"), -0.1, -0.1]}, "logprobs must be finite and <= 0"),
+        ({"logprobs": [-0.1, float("inf"), -0.1, float("-inf")]}, "logprobs[1] = inf"),  # a NaN sum
+        ({"logprobs": [-0.1, -0.1, float("nan"), 0.5]}, "logprobs[2] = nan"),
         ({"prompt_ids": []}, "prompt_ids must not be empty"),
         ({"prompt_ids": [1, -3]}, "prompt_ids must be non-negative"),
         ({"response_ids": [5, 6, -1, 7]}, "response_ids must be non-negative"),
@@ -103,6 +106,13 @@ def test_step_rejects_non_integer_token_ids():
         make_step(2, response_ids=[5, "6"])
     with pytest.raises(ValidationError, match="response_mask"):
         make_step(2, response_mask=[True, 1])
+
+
+def test_finite_logprobs_whose_sum_overflows_are_accepted():
+    """The check adds the log-probs up to find a bad one at C speed; a sum that overflows while every
+    term is finite sends it to the term-by-term walk, which finds none."""
+    step = make_step(4, logprobs=[-1e308, -1e308, -0.1, -0.1])
+    assert step.logprobs[0] == -1e308
 
 
 def test_mask_zero_tokens_carry_zero_logprob_and_count_as_not_sampled():

@@ -145,9 +145,10 @@ def test_out_of_vocabulary_token_ids_are_refused(served):
     svc, h = served
     (key,) = svc.submit(tasks(1), seeds=[0])
     (g,) = _lease(h, "w1")
-    for ep in (episode(key, 0, response=[10**9]), episode(key, 0, prompt=[1, 100])):
+    for ep, bad in ((episode(key, 0, response=[10**9]), 10**9), (episode(key, 0, prompt=[1, 100]), 100)):
         r = _post(h, "w1", [g["lease_id"]], [ep])
         assert r.status_code == 422 and "outside the vocabulary" in r.json()["error"]["message"]
+        assert f"holds token id {bad}," in r.json()["error"]["message"]  # the first id outside, named
     assert _accepted(svc) == 0 and svc.counters()["episodes_dropped_invalid"] == 2
 
 

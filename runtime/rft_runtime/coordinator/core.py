@@ -129,8 +129,8 @@ class EpisodeLimits:
                     return f"{where}.reward is {step.reward!r}: rewards must be finite"
                 if self.vocab_size is not None:
                     for name, ids in (("prompt_ids", step.prompt_ids), ("response_ids", step.response_ids)):
-                        bad = next((x for x in ids if x >= self.vocab_size), None)
-                        if bad is not None:
+                        if ids and max(ids) >= self.vocab_size:  # one pass in C; the first bad id named
+                            bad = next(x for x in ids if x >= self.vocab_size)
                             return f"{where}.{name} holds token id {bad}, outside the vocabulary (size {self.vocab_size})"
                 if i == 0 and self.max_prompt_tokens is not None and len(step.prompt_ids) > self.max_prompt_tokens:
                     return (f"{where}.prompt_ids has {len(step.prompt_ids)} tokens, more than maxPromptTokens "
