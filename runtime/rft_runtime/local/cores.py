@@ -24,8 +24,6 @@ from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
-ROLES = ("trainer", "inference", "rollout")
-
 
 def available_cores() -> frozenset[int]:
     """The cores this process may run on (its affinity: a container's or ``taskset``'s limit)."""

@@ -72,7 +72,7 @@ class RemoteScorer:
         if group:
             body["group"] = True
         async with self._http.get().post(self.url + "/v1/score", data=json.dumps(body).encode(),
-                                   headers={"content-type": "application/json"}) as resp:
+                                         headers={"content-type": "application/json"}) as resp:
             status, raw = resp.status, await resp.read()
         if status != 200:
             raise RuntimeError(f"reward service {self.url}: HTTP {status}: {raw[:300].decode('utf-8', 'replace')}")
