@@ -92,18 +92,17 @@ async def workers(url: str, n_workers: int, per_lease: int, n: int, seconds: flo
     from rft_runtime.rollout.posting import EpisodePoster
 
     stop = time.monotonic() + seconds
-    counts = {"episodes": 0, "leases": 0, "tasks": 0}
+    counts = {"episodes": 0, "leases": 0}
     interval = n / rate if rate > 0 else 0.0  # seconds between two tasks' posts, over all workers
     next_at = [time.monotonic()]
 
-    async def one(coord: CoordinatorClient, poster: EpisodePoster, wid: str, grant: dict, rng: random.Random) -> None:
+    async def one(poster: EpisodePoster, grant: dict, rng: random.Random) -> None:
         if interval:
             at = next_at[0] = max(next_at[0] + interval, time.monotonic())
             await asyncio.sleep(max(0.0, at - time.monotonic()))
         eps = [episode(grant["task_key"], i, grant["policy_version"], rng, **shape) for i in range(grant["n"])]
         res = await poster.post(eps, grant["lease_id"])
         counts["episodes"] += len(res["accepted"])
-        counts["tasks"] += 1
 
     async def worker(i: int) -> None:
         rng = random.Random(i)
@@ -117,7 +116,7 @@ async def workers(url: str, n_workers: int, per_lease: int, n: int, seconds: flo
                     counts["leases"] += 1
                     if resp.get("done"):
                         break
-                    inflight |= {asyncio.create_task(one(coord, poster, f"w{i}", g, rng)) for g in resp["tasks"]}
+                    inflight |= {asyncio.create_task(one(poster, g, rng)) for g in resp["tasks"]}
                 if inflight:
                     done, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                     for t in done:
@@ -143,7 +142,7 @@ class Floor:
 
         from rft_runtime.coordinator.server import AppThread
 
-        self.n, self.seq, self.episodes = n, 0, 0
+        self.n, self.seq = n, 0
 
         async def lease(request: web.Request) -> web.Response:
             body = await request.json()
@@ -159,7 +158,6 @@ class Floor:
         async def episodes(request: web.Request) -> web.Response:
             body = await request.json()
             ids = [e["id"] for e in body["episodes"]]
-            self.episodes += len(ids)
             return web.json_response({"accepted": ids, "duplicate": [], "stale": [], "unknown": [], "refused": [],
                                       "invalid": [], "errors": []})
 
@@ -190,7 +188,6 @@ class Served:
         self.server = CoordinatorServer(self.svc, "127.0.0.1", 0)
         self.prompts, self.ahead, self.stopping = prompts, ahead, False
         self.thread = threading.Thread(target=self._trainer, name="trainer", daemon=True)
-        self.collected = 0
 
     def _trainer(self) -> None:
         steps: list[list[str]] = []
@@ -200,11 +197,9 @@ class Served:
                 tasks = [{"task_id": f"s{seq}-{i}", "prompt": "q", "ground_truth": "5"} for i in range(self.prompts)]
                 steps.append(self.svc.submit(tasks, seeds=list(range(seq * self.prompts, (seq + 1) * self.prompts))))
                 seq += 1
-            groups = self.svc.collect(steps.pop(0), stall_timeout_s=120.0, should_stop=lambda: self.stopping,
-                                      poll_s=0.05)
-            if groups is None:
+            if self.svc.collect(steps.pop(0), stall_timeout_s=120.0, should_stop=lambda: self.stopping,
+                                poll_s=0.05) is None:
                 return
-            self.collected += sum(len(g.episodes) for g in groups)
 
     def start(self) -> str:
         self.server.start()
@@ -218,9 +213,10 @@ class Served:
         self.server.stop()
 
 
-def compute_loop(seconds: float, out: dict[str, float]) -> None:
+def compute_loop(seconds: float) -> float:
     """A single-threaded torch computation in small operations (each releases the interpreter lock, as
-    the trainer's do): a 4-layer MLP forward and backward on 64 rows; the median iteration time."""
+    the trainer's do) for ``seconds``: a 4-layer MLP forward and backward on 64 rows; returns the median
+    iteration time."""
     import torch
 
     g = torch.Generator().manual_seed(0)
@@ -238,11 +234,10 @@ def compute_loop(seconds: float, out: dict[str, float]) -> None:
             lin.weight.grad = None
             lin.bias.grad = None
         times.append(time.perf_counter() - t0)
-    out["iteration_s"] = statistics.median(times)
-    out["iterations"] = len(times)
+    return statistics.median(times)
 
 
-def run_client(url: str, args: argparse.Namespace, seconds: float, rate: float) -> dict:
+def run_client(url: str, args: argparse.Namespace, seconds: float, rate: float) -> subprocess.Popen:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--client", url, "--workers", str(args.workers),
            "--per-lease", str(args.per_lease), "--n", str(args.n), "--seconds", str(seconds), "--rate", str(rate),
            "--prompt-len", str(args.prompt_len), "--response-len", str(args.response_len), "--vocab", str(args.vocab)]
@@ -266,10 +261,9 @@ def intake(side: str, args: argparse.Namespace, *, rate: float = 0.0, compute: b
     try:
         cpu0 = time.process_time()
         proc = run_client(url, args, args.seconds, rate)
-        loop: dict[str, float] = {}
         if compute:
             time.sleep(0.5)  # the workers' start-up (imports) outside the loop's window
-            compute_loop(args.seconds - 1.0, loop)
+            iteration_s = compute_loop(args.seconds - 1.0)
         res = finish_client(proc)
         cpu = time.process_time() - cpu0
     finally:
@@ -278,7 +272,7 @@ def intake(side: str, args: argparse.Namespace, *, rate: float = 0.0, compute: b
     out = {"episodes_per_s": res["episodes"] / res["seconds"], "leases_per_s": res["leases"] / res["seconds"],
            "episodes": res["episodes"], "server_cpu_s_per_1k_episodes": None if compute else 1000 * cpu / eps}
     if compute:
-        out["compute_iteration_s"] = loop["iteration_s"]
+        out["compute_iteration_s"] = iteration_s
     return out
 
 
@@ -322,9 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         order = list(runs) if r % 2 == 0 else list(runs)[::-1]
         for name in order:
             if name == "compute_idle":
-                loop: dict[str, float] = {}
-                compute_loop(args.seconds - 1.0, loop)
-                runs[name].append({"compute_iteration_s": loop["iteration_s"]})
+                runs[name].append({"compute_iteration_s": compute_loop(args.seconds - 1.0)})
             elif name == "compute_loaded":
                 runs[name].append(intake("coordinator", args, rate=args.rate, compute=True))
             else:
