@@ -207,6 +207,38 @@ def example_job(path: Path, name: str | None = None, **spec_overrides: Any) -> l
     return docs
 
 
+PACED_EVALUATOR = '''\
+"""Exact-answer reward that takes a quarter of a second a sample, as a real slow evaluator does (a
+compiler, a test suite): a step lasts at least that long however fast the machine is."""
+import asyncio
+import re
+
+
+async def score(sample, item):
+    await asyncio.sleep(0.25)
+    numbers = re.findall(r"-?\\d+", sample.text)
+    return 1.0 if numbers and int(numbers[-1]) == int(str(item.ground_truth).strip()) else 0.0
+'''
+"""For a test whose fault must land while the job still trains (an operator restarted twice, a pod
+deleted and replaced, intruder pods that must find the servers up): a number of steps is no clock, a
+faster machine finishes them sooner (300 steps of the scaled-down job once took 30 s, and the run
+ended before the second of two operator restarts), but ``steps × 0.25 s`` is a floor on any machine.
+The rollout pod keeps ``rollout.concurrency`` (32) samples in flight: a step of 4 prompts × 4 samples
+waits at least 0.25 s, one of 32 prompts × 4 at least 1 s."""
+
+
+def with_file_evaluator(docs: list[Obj], configmap: str, source: str, timeout_s: float = 2) -> list[Obj]:
+    """``docs`` with the RFTJob's evaluator replaced by ``source``'s ``score``, shipped in a new
+    ConfigMap ``configmap`` (applied first)."""
+    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": configmap}, "data": {"evaluator.py": source}}
+    evaluator = {"file": {"configMapKeyRef": {"name": configmap, "key": "evaluator.py"}}, "timeoutSeconds": timeout_s}
+    docs = copy.deepcopy(docs)
+    for d in docs:
+        if d.get("kind") == "RFTJob":
+            d["spec"]["evaluator"] = evaluator
+    return [cm, *docs]
+
+
 def deep_merge(base: dict, patch: dict) -> None:
     """Merge ``patch`` into ``base`` in place: dicts merge key by key, anything else replaces."""
     for k, v in patch.items():

@@ -24,7 +24,17 @@ import time
 import pytest
 
 from rft_operator import names
-from tests.e2e.stack import EXAMPLES, JobDriver, LogKeeper, deep_merge, example_job, kill_pod_processes, wait_for
+from tests.e2e.stack import (
+    EXAMPLES,
+    PACED_EVALUATOR,
+    JobDriver,
+    LogKeeper,
+    deep_merge,
+    example_job,
+    kill_pod_processes,
+    wait_for,
+    with_file_evaluator,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -37,11 +47,13 @@ STEP_LINE = re.compile(r"rft_runtime\.trainer\.main: step (\d+)/(\d+)")
 RESUMED_LINE = re.compile(r"resumed from \S+ \(step (\d+), policy version (\d+)\)")
 
 
-def small_job(name: str, **spec: object) -> list[dict]:
-    """The tiny-arith example renamed and scaled down (``spec`` deep-merges over :data:`SMALL`)."""
+def small_job(name: str, paced: bool = False, **spec: object) -> list[dict]:
+    """The tiny-arith example renamed and scaled down (``spec`` deep-merges over :data:`SMALL`);
+    ``paced``: scored by :data:`~tests.e2e.stack.PACED_EVALUATOR`, for a fault that must land mid-run."""
     overrides = copy.deepcopy(SMALL)
     deep_merge(overrides, spec)
-    return example_job(EXAMPLES / "01-tiny-arith.yaml", name, **overrides)
+    docs = example_job(EXAMPLES / "01-tiny-arith.yaml", name, **overrides)
+    return with_file_evaluator(docs, "paced-evaluator", PACED_EVALUATOR) if paced else docs
 
 
 def trainer_attempt_logs(keeper: LogKeeper) -> list[str]:
@@ -87,7 +99,7 @@ def test_trainer_pod_deleted_resumes_from_latest_checkpoint(driver: JobDriver) -
     one restart, the next attempt resumes from the latest checkpoint, and every step is trained once."""
     name, steps = "trainer-kill", 16
     trainer_logs = driver.keep_logs(name, "trainer")
-    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}))
+    driver.apply_docs(small_job(name, paced=True, trainer={"maxSteps": steps}))
     driver.wait_job(name, "a checkpoint and a step after it",
                     lambda st: (st.get("lastCheckpoint") or {}).get("step", 0) >= 2 and st.get("step", 0) >= 3,
                     START_S, interval=0.5)
@@ -123,9 +135,9 @@ def test_trainer_rank_1_killed_the_whole_group_restarts_from_the_last_checkpoint
     checkpoint. Rank 0 cannot go on alone: the Indexed Job fails, the operator spends one restart and
     starts both ranks again; they resume together from the latest complete checkpoint, and every step
     is trained exactly once into the final weights."""
-    name, steps = "rank-kill", 40  # enough that the kill lands mid-run on a fast machine
+    name, steps = "rank-kill", 40  # at least 10 s paced: the kill lands mid-run on a fast machine
     trainer_logs = driver.keep_logs(name, "trainer")
-    driver.apply_docs(small_job(name, trainer={"maxSteps": steps, "nodes": 2}, checkpoint={"everySteps": 5}))
+    driver.apply_docs(small_job(name, paced=True, trainer={"maxSteps": steps, "nodes": 2}, checkpoint={"everySteps": 5}))
     driver.wait_job(name, "a checkpoint and a step after it",
                     lambda st: (st.get("lastCheckpoint") or {}).get("step", 0) >= 5 and st.get("step", 0) >= 6,
                     START_S, interval=0.5)
@@ -166,11 +178,12 @@ def test_operator_killed_and_restarted_keeps_one_of_each_child(driver: JobDriver
     """SIGKILL the operator process (its container restarts), then delete its pod (the chart's
     Deployment makes a new one), both while the job trains: no child is duplicated or re-created, the
     trainer is untouched, and the status never goes backwards."""
-    name, steps = "operator-kill", 300  # long enough to outlast two operator restarts (~30 s); 120 steps
-    # took 50 s once the engine got faster, and the run ended before the second restart
+    # 300 steps of at least 0.25 s (a paced evaluator): 75 s or more, however fast the machine, against
+    # about 30 s for the two operator restarts
+    name, steps = "operator-kill", 300
     plat = driver.platform
     trainer_logs = driver.keep_logs(name, "trainer")
-    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, checkpoint={"everySteps": 50}))
+    driver.apply_docs(small_job(name, paced=True, trainer={"maxSteps": steps}, checkpoint={"everySteps": 50}))
     rec = driver.record(name)
     driver.wait_step(name, 1, START_S)
     before = {k: o["metadata"]["uid"] for k, o in driver.children(name).items()}
@@ -242,15 +255,15 @@ def test_inference_pod_deleted_new_pod_serves_current_weights(driver: JobDriver)
     """Delete the inference pod while rollouts are in flight: they retry until the new pod serves,
     the new pod is brought to the trainer's current weights (the policy version it reports equals the
     trainer's), and the job completes on-policy (no stale sample trained on)."""
-    # A step takes about a quarter of a second here, and the kubelet stops a deleted pod's container a
-    # few seconds after the deletion on a busy node: enough steps that the outage lands mid-run.
+    # The kubelet stops a deleted pod's container a few seconds after the deletion on a busy node: 60
+    # paced steps (15 s or more) so that the outage lands mid-run on a fast machine too.
     name, steps = "inference-kill", 60
     # kept as they run: the rollout pod's first container ends with the run, and the operator deletes
     # the pods of a finished job (their logs with them)
     # (with the kubelet's timestamps: what counts is what happened once the pod was deleted)
     rollout_logs, trainer_logs, inference_logs = (driver.keep_logs(name, role, timestamps=True)
                                                   for role in ("rollout", "trainer", "inference"))
-    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, rollout={"promptsPerStep": 8}))
+    driver.apply_docs(small_job(name, paced=True, trainer={"maxSteps": steps}, rollout={"promptsPerStep": 8}))
     driver.wait_step(name, 2, START_S)
     old = wait_for("the inference pod", lambda: driver.ready_pod(name, "inference"), 30)
     # Right after a step is reported the trainer has published and the next step's rollouts run.
@@ -339,9 +352,10 @@ def test_one_of_three_inference_replicas_deleted_every_replica_serves_each_versi
     replacement loads the current version (``current.json``) before it turns Ready, and the job
     Succeeds on-policy with every step trained once."""
     # Long enough that the fault lands mid-run with all three Ready, and the job still trains while the
-    # replacement starts (a new pod takes about a minute on 2 cores; a step of 32 prompts about a second).
-    name, steps = "replicas", 150
-    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}, inference={"replicas": 3},
+    # replacement starts (a new pod takes about a minute on 2 cores): 80 paced steps of 32 prompts, a
+    # second or more each however fast the machine.
+    name, steps = "replicas", 80
+    driver.apply_docs(small_job(name, paced=True, trainer={"maxSteps": steps}, inference={"replicas": 3},
                                 rollout={"promptsPerStep": 32}, checkpoint={"everySteps": 25}))
     trainer_logs = driver.keep_logs(name, "trainer")
     driver.wait_step(name, 2, START_S)
@@ -458,13 +472,7 @@ def score(sample, item):
 
 
 def _file_evaluator_job(name: str, configmap: str, source: str, **spec: object) -> list[dict]:
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": configmap}, "data": {"evaluator.py": source}}
-    evaluator = {"file": {"configMapKeyRef": {"name": configmap, "key": "evaluator.py"}}, "timeoutSeconds": 2}
-    docs = small_job(name, **spec)
-    for d in docs:
-        if d["kind"] == "RFTJob":
-            d["spec"]["evaluator"] = evaluator
-    return [cm, *docs]
+    return with_file_evaluator(small_job(name, **spec), configmap, source)
 
 
 def test_hanging_evaluator_times_out_per_sample_and_job_completes(driver: JobDriver) -> None:
@@ -514,7 +522,7 @@ def test_suspend_removes_pods_keeps_volume_and_resume_continues(driver: JobDrive
     starts a trainer that continues from the latest checkpoint, and the job completes."""
     name, steps = "suspend", 30
     trainer_logs = driver.keep_logs(name, "trainer")
-    driver.apply_docs(small_job(name, trainer={"maxSteps": steps}))
+    driver.apply_docs(small_job(name, paced=True, trainer={"maxSteps": steps}))
     driver.wait_job(name, "a checkpoint", lambda st: (st.get("lastCheckpoint") or {}).get("step", 0) >= 2,
                     START_S, interval=0.5)
     pvc = driver.api.get("PersistentVolumeClaim", driver.namespace, names.checkpoints(name))
