@@ -14,15 +14,30 @@ A synchronous run (``maxStaleness`` 0) is not pinned: its roles take turns, and 
 free to use every core. Nor is a machine where the trainer could not have a core to itself with one
 left for the others, nor a Ray cluster (Ray places the actors; ``rft run --address``), nor a run with
 ``rft run --no-pin-cores``.
+
+Several ``rft run`` processes on one machine: each claims its trainer's cores in a registry,
+:func:`claimed_role_cores` (a directory of one file per live claim, ``$RFT_CORE_REGISTRY`` or
+``<tmp>/rft-cores-<uid>``, read and written under a lock). A run plans on the cores that no other live
+run's trainer holds, so two trainers never share a core and no run's other roles sit on another's
+trainer cores; where too few are left it is not pinned (and says so). A claim goes with its run, or
+with its process when that is killed (a claim whose process is gone, or whose pid now names another
+process, counts for nothing and is removed).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
-from collections.abc import Iterable
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+REGISTRY_ENV = "RFT_CORE_REGISTRY"
 
 
 def available_cores() -> frozenset[int]:
@@ -66,3 +81,83 @@ def pin_process(cpus: Iterable[int]) -> bool:
         log.warning("could not keep this process on cores %s: %s", sorted(cpus), e)
         return False
     return True
+
+
+def registry_dir() -> Path:
+    """Where the ``rft run`` processes of this machine (of this user) claim their trainer cores."""
+    return Path(os.environ.get(REGISTRY_ENV) or Path(tempfile.gettempdir()) / f"rft-cores-{os.getuid()}")
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (in clock ticks since boot, /proc/<pid>/stat), None where it is gone:
+    with the pid it names one process, even after the pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _live_claims(registry: Path) -> set[int]:
+    """The cores claimed by runs whose process lives; the files of the others are removed."""
+    taken: set[int] = set()
+    for f in registry.glob("*.json"):
+        try:
+            claim = json.loads(f.read_text())
+            alive = claim["start"] is not None and _start_time(int(claim["pid"])) == claim["start"]
+            cores = {int(c) for c in claim["cores"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            alive, cores = False, set()
+        if alive:
+            taken |= cores
+        else:
+            f.unlink(missing_ok=True)
+    return taken
+
+
+@contextlib.contextmanager
+def _locked(registry: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(registry / "lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def claimed_role_cores(available: Iterable[int], *, max_staleness: int, trainer_processes: int, threads: int,
+                       registry: Path | None = None) -> Iterator[dict[str, tuple[int, ...]] | None]:
+    """:func:`role_cores` on the cores that no other live run's trainer holds, the plan's trainer cores
+    claimed for as long as the block runs (see the module). Yields None where nothing is pinned."""
+    cpus = set(available)
+    if max_staleness <= 0 or not cpus:
+        yield None
+        return
+    registry = registry or registry_dir()
+    try:
+        if _start_time(os.getpid()) is None:
+            raise OSError("no /proc to tell a live claim from a dead one")
+        registry.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with _locked(registry):
+            taken = _live_claims(registry)
+            plan = role_cores(cpus - taken, max_staleness=max_staleness, trainer_processes=trainer_processes,
+                              threads=threads)
+            claim = registry / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+            if plan:
+                claim.write_text(json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid()),
+                                             "cores": list(plan["trainer"])}))
+    except OSError as e:  # a registry this process cannot use: plan alone
+        log.warning("core registry %s unusable (%s): planning without the other runs' claims", registry, e)
+        taken, claim = set(), None
+        plan = role_cores(cpus, max_staleness=max_staleness, trainer_processes=trainer_processes, threads=threads)
+    if plan is None and taken & cpus:
+        log.warning("cores not pinned: %s hold the trainers of other runs on this machine, too few are left",
+                 ",".join(map(str, sorted(taken & cpus))))
+    try:
+        yield plan
+    finally:
+        if plan and claim is not None:
+            claim.unlink(missing_ok=True)

@@ -27,7 +27,7 @@ from rft_api import runtime
 from rft_api.job import RFTJob
 
 from ..metrics_sink import read_metrics
-from .cores import available_cores, role_cores
+from .cores import available_cores, claimed_role_cores
 from .report import format_summary, plot_reward_curve, reward_summary
 
 log = logging.getLogger(__name__)
@@ -344,7 +344,18 @@ def _collect_and_clean(actors: list[Any], out: Path, timeout_s: float = 30.0) ->
 def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Paths, out: Path, shipment: Any,
                actors: list[Any]) -> tuple[int, bool]:
     """Start the role actors, drive the trainer, and shut the roles down; returns (steps, interrupted).
-    ``shipment``: the run's files in the object store (a Ray cluster), None on one machine."""
+    ``shipment``: the run's files in the object store (a Ray cluster), None on one machine. On one
+    machine the roles are kept to the cores this run claims (cores.py) while it trains."""
+    pinned = shipment is None and opts.pin_cores
+    plan = claimed_role_cores(available_cores(), max_staleness=job.spec.rollout.max_staleness,
+                              trainer_processes=job.spec.trainer.world_size(), threads=opts.threads) \
+        if pinned else contextlib.nullcontext()
+    with plan as cores:
+        return _start_and_drive(opts, job, model_dir, paths, out, shipment, actors, cores)
+
+
+def _start_and_drive(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Paths, out: Path, shipment: Any,
+                     actors: list[Any], cores: dict[str, tuple[int, ...]] | None) -> tuple[int, bool]:
     import ray
 
     spec = job.spec
@@ -357,9 +368,6 @@ def _run_roles(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runtime.Pa
         return cls if local else cls.options(**cluster_resources(spec, role, opts.threads))
 
     logs = out / "logs"
-    cores = role_cores(available_cores(), max_staleness=spec.rollout.max_staleness,
-                       trainer_processes=spec.trainer.world_size(), threads=opts.threads) \
-        if local and opts.pin_cores else None
     if cores:
         log.info("cores: trainer %s, inference and rollout %s", ",".join(map(str, cores["trainer"])),
                  ",".join(map(str, cores["inference"])))
