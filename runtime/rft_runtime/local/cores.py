@@ -155,7 +155,7 @@ def claimed_role_cores(available: Iterable[int], *, max_staleness: int, trainer_
         plan = role_cores(cpus, max_staleness=max_staleness, trainer_processes=trainer_processes, threads=threads)
     if plan is None and taken & cpus:
         log.warning("cores not pinned: %s hold the trainers of other runs on this machine, too few are left",
-                 ",".join(map(str, sorted(taken & cpus))))
+                    ",".join(map(str, sorted(taken & cpus))))
     try:
         yield plan
     finally:
