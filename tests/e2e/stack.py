@@ -239,6 +239,11 @@ def with_file_evaluator(docs: list[Obj], configmap: str, source: str, timeout_s:
     return [cm, *docs]
 
 
+def paced_docs(docs: list[Obj]) -> list[Obj]:
+    """``docs`` scored by :data:`PACED_EVALUATOR` (its ConfigMap ``paced-evaluator`` applied first)."""
+    return with_file_evaluator(docs, "paced-evaluator", PACED_EVALUATOR)
+
+
 def deep_merge(base: dict, patch: dict) -> None:
     """Merge ``patch`` into ``base`` in place: dicts merge key by key, anything else replaces."""
     for k, v in patch.items():

@@ -26,12 +26,12 @@ import pytest
 from rft_operator import names
 from tests.e2e.stack import (
     EXAMPLES,
-    PACED_EVALUATOR,
     JobDriver,
     LogKeeper,
     deep_merge,
     example_job,
     kill_pod_processes,
+    paced_docs,
     wait_for,
     with_file_evaluator,
 )
@@ -53,7 +53,7 @@ def small_job(name: str, paced: bool = False, **spec: object) -> list[dict]:
     overrides = copy.deepcopy(SMALL)
     deep_merge(overrides, spec)
     docs = example_job(EXAMPLES / "01-tiny-arith.yaml", name, **overrides)
-    return with_file_evaluator(docs, "paced-evaluator", PACED_EVALUATOR) if paced else docs
+    return paced_docs(docs) if paced else docs
 
 
 def trainer_attempt_logs(keeper: LogKeeper) -> list[str]:

@@ -23,7 +23,7 @@ import pytest
 from rft_api.constants import DEFAULT_RUNTIME_IMAGE
 from rft_operator import names
 from rft_operator.builders.common import RUN_AS
-from tests.e2e.stack import EXAMPLES, PACED_EVALUATOR, JobDriver, example_job, wait_for, with_file_evaluator
+from tests.e2e.stack import EXAMPLES, JobDriver, example_job, paced_docs, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -91,10 +91,9 @@ def test_pods_that_are_not_the_jobs_are_stopped_by_the_network_or_refused_by_the
     # long enough that the servers are still up when the intruder pods run (they start in ~30 s): 200
     # steps of at least 0.25 s each (a paced evaluator), 50 s or more however fast the machine
     job, steps = "intruded", 200
-    driver.apply_docs(with_file_evaluator(
-        example_job(EXAMPLES / "01-tiny-arith.yaml", job, trainer={"maxSteps": steps},
-                    rollout={"promptsPerStep": 4, "samplesPerPrompt": 4}, checkpoint={"everySteps": 50}),
-        "paced-evaluator", PACED_EVALUATOR))
+    driver.apply_docs(paced_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", job, trainer={"maxSteps": steps},
+                                             rollout={"promptsPerStep": 4, "samplesPerPrompt": 4},
+                                             checkpoint={"everySteps": 50})))
     driver.wait_step(job, 1, 600)
     # the Service URLs the job's own pods use, from the runtime config the operator wrote
     config = driver.api.get("ConfigMap", driver.namespace, names.config(job))

@@ -137,21 +137,22 @@ def claimed_role_cores(available: Iterable[int], *, max_staleness: int, trainer_
         yield None
         return
     registry = registry or registry_dir()
+    pid, claim = os.getpid(), None
     try:
-        if _start_time(os.getpid()) is None:
+        start = _start_time(pid)
+        if start is None:
             raise OSError("no /proc to tell a live claim from a dead one")
         registry.mkdir(mode=0o700, parents=True, exist_ok=True)
         with _locked(registry):
             taken = _live_claims(registry)
             plan = role_cores(cpus - taken, max_staleness=max_staleness, trainer_processes=trainer_processes,
                               threads=threads)
-            claim = registry / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
             if plan:
-                claim.write_text(json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid()),
-                                             "cores": list(plan["trainer"])}))
+                claim = registry / f"{pid}-{uuid.uuid4().hex[:8]}.json"
+                claim.write_text(json.dumps({"pid": pid, "start": start, "cores": list(plan["trainer"])}))
     except OSError as e:  # a registry this process cannot use: plan alone
         log.warning("core registry %s unusable (%s): planning without the other runs' claims", registry, e)
-        taken, claim = set(), None
+        taken = set()
         plan = role_cores(cpus, max_staleness=max_staleness, trainer_processes=trainer_processes, threads=threads)
     if plan is None and taken & cpus:
         log.warning("cores not pinned: %s hold the trainers of other runs on this machine, too few are left",
@@ -159,5 +160,5 @@ def claimed_role_cores(available: Iterable[int], *, max_staleness: int, trainer_
     try:
         yield plan
     finally:
-        if plan and claim is not None:
+        if claim is not None:
             claim.unlink(missing_ok=True)
