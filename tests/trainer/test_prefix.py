@@ -226,3 +226,94 @@ def test_split_continuations_equal_whole_rows(tiny_model_dir, share, monkeypatch
     # forward differs from whole rows by as much)
     tol = (1e-10, 0.0) if not grad else (1e-7 * float(got[False].abs().max()), 0.0)
     assert torch.allclose(got[True], got[False], atol=tol[0], rtol=tol[1]), float((got[True] - got[False]).abs().max())
+
+
+@pytest.mark.parametrize("micro,prompt_runs", [(4, 1), (2, 2)])
+def test_a_pass_runs_its_prompts_in_few_forwards_and_equals_whole_rows(tiny_model_dir, share, micro, prompt_runs):
+    """Rows of 3 prompts (7, 4 and 9 tokens) in micro-batches of one prompt each: an update's pass runs the
+    distinct prompts of consecutive micro-batches together, at most ``micro`` of them a forward (micro 4:
+    the three in one; micro 2: two and one), each run's backward after its last micro-batch's; the step is
+    that of whole rows, and so are the recomputed log-probs."""
+    seqs = _seqs(resp=(2, 8))
+    batch = collate(seqs)
+    adv = compute_advantages("grpo", torch.tensor([s.reward for s in seqs], dtype=torch.float64),
+                             [s.group for s in seqs])
+    results = []
+    for on in (False, True):
+        share(on)
+        model = _model(tiny_model_dir)
+        calls: list[bool] = []  # per forward: whether it was a prompt run (no cache given)
+
+        def hook(m, a, kw, calls=calls):
+            calls.append(kw.get("past_key_values") is None)
+        model.register_forward_pre_hook(hook, with_kwargs=True)
+        learner = Learner(model, LearnerConfig(micro_batch_size=micro, grad_clip=1e9),
+                          torch.optim.SGD(model.parameters(), lr=1.0))
+        lp = learner.logprobs(batch)
+        if on:  # prompt runs (no cache given) and continuation forwards
+            assert calls.count(True) == prompt_runs and calls.count(False) >= 3, calls
+        calls.clear()
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        m = learner.update(batch, adv.advantages.double(), adv.valid, lp + 0.05 * batch.loss_mask)
+        if on:
+            assert calls.count(True) == prompt_runs, calls
+        else:
+            assert all(calls) and len(calls) == -(-batch.size // micro)
+        results.append((lp, m, {n: p.detach() - before[n] for n, p in model.named_parameters()}))
+    (lp0, m0, d0), (lp1, m1, d1) = results
+    assert torch.allclose(lp1, lp0, atol=1e-10, rtol=0)
+    assert m0["grad_norm"] > 0
+    assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-6, abs=1e-9)
+    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-6)
+    for n in d0:
+        assert torch.allclose(d1[n], d0[n], atol=1e-8, rtol=1e-5), n
+
+
+def test_step_prompts_group_consecutive_micro_batches_by_size():
+    """A micro-batch's prompts all sit in one run; a run holds at most ``size`` distinct prompts (or one
+    micro-batch's, when that has more), and a prompt seen in an earlier run is run again in a later one
+    rather than splitting a micro-batch over two runs."""
+    seqs = _seqs(prompt_lens=(5, 5, 5, 5), n=4, resp=(2, 4), seed=1)
+    batch = collate(seqs)
+    keys = prefix._prompt_keys(batch)
+    by_prompt = sorted(range(batch.size), key=lambda i: keys[i])
+    pick = [by_prompt[0:2], by_prompt[2:4], by_prompt[4:8], by_prompt[8:16], by_prompt[14:16] + by_prompt[0:1]]
+    parts = [batch.select(p) for p in pick]
+    sp = prefix.StepPrompts(batch, parts, 2, TOKENS)
+    assert all(p is not None for p in sp.plans)
+    # prompts: A | A | B | C, D (two in one micro-batch) | D, A
+    assert sp.group_of == [0, 0, 0, 1, 2]
+    assert [len(g) for g in sp.groups] == [2, 2, 2] and sp.last_use == [2, 3, 4]
+    assert set(sp.groups[2]) == set(prefix._row_prompts(parts[4], sp.plans[4].leaders))
+
+
+def test_a_pass_of_prompt_runs_trains_a_lora_adapter_as_whole_rows_do(tiny_model_dir, share):
+    """Under a LoRA adapter on the value projections the prompt run's keys need no gradient (the
+    base model is frozen): their leaves get none, and the adapter's update equals that of whole rows."""
+    from types import SimpleNamespace
+
+    from rft_runtime.trainer.model_io import wrap_lora
+
+    seqs = _seqs(resp=(2, 8))
+    batch = collate(seqs)
+    adv = compute_advantages("grpo", torch.tensor([s.reward for s in seqs], dtype=torch.float64),
+                             [s.group for s in seqs])
+    deltas = []
+    for on in (False, True):
+        share(on)
+        torch.manual_seed(0)  # the same adapter initialisation
+        model = wrap_lora(_model(tiny_model_dir), SimpleNamespace(rank=4, alpha=8.0, dropout=0.0,
+                                                                  target_modules=["v_proj"]))
+        for n, p in model.named_parameters():  # lora_B starts at zero: move it, so lora_A gets a gradient too
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.02)
+        start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        learner = Learner(model, LearnerConfig(micro_batch_size=4, grad_clip=1e9),
+                          torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0))
+        m = learner.update(batch, adv.advantages.double(), adv.valid, None)
+        assert m["grad_norm"] > 0
+        deltas.append({n: p.detach() - start[n] for n, p in model.named_parameters() if n in start})
+    assert deltas[0].keys() == deltas[1].keys() and any("lora_A" in n for n in deltas[0])
+    for n in deltas[0]:
+        assert deltas[0][n].abs().max() > 0, n
+        assert torch.allclose(deltas[1][n], deltas[0][n], atol=1e-8, rtol=1e-5), n

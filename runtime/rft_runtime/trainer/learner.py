@@ -27,7 +27,7 @@ from ..algos import (
     logprobs_from_logits,
 )
 from .batch import TrainBatch
-from .prefix import model_costs, order_rows, prompt_owners, shared_logits, shares
+from .prefix import StepPrompts, model_costs, order_rows, prompt_owners, shared_logits, shares, step_prompts
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ def response_start(loss_mask: torch.Tensor) -> int:
     return int(cols[0]) if len(cols) else max(loss_mask.shape[1] - 1, 0)
 
 
-def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool = False) -> tuple[torch.Tensor, int]:
+def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool = False,
+                   step: tuple[StepPrompts, int] | None = None) -> tuple[torch.Tensor, int]:
     """``(logits, start)``: the logits [B, W - start] predicting ``batch.targets[:, start:]``, where
     ``start`` is :func:`response_start` of the batch's loss mask, in float32 whatever the compute dtype
     (log-probs and the loss are float32 math), on the model's device.
@@ -84,7 +85,8 @@ def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool =
     ``logits_to_keep``): no logits, float32 copies, log-softmax or entropy for the prompt positions
     before it, which no loss reads. With a real vocabulary (150k) the prompt's logits would be most
     of the step's memory. Rows that share a prompt run it once (:mod:`.prefix`; ``collective``: the
-    model is sharded over several ranks, which must run the same number of forward passes).
+    model is sharded over several ranks, which must run the same number of forward passes; ``step``:
+    the batch is micro-batch ``k`` of a pass whose prompts :class:`~.prefix.StepPrompts` runs).
 
     Whole rows run without an attention mask: :func:`~.batch.collate` pads every row on the right and
     the model is causal, so a real position never sees a padding one, and its logits are those the
@@ -93,9 +95,14 @@ def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool =
     read."""
     dev = model_device(model)
     start = response_start(batch.loss_mask)
-    plan = prompt_owners(batch, collective, model_costs(model)) if shares(dev) else None
+    if step is not None:
+        prompts, k = step
+        plan, run = prompts.plans[k], prompts.run(k, model, dev)
+    else:
+        plan = prompt_owners(batch, collective, model_costs(model)) if shares(dev) else None
+        run = None
     if plan is not None:
-        return shared_logits(model, batch, start, plan, dev, collective), start
+        return shared_logits(model, batch, start, plan, dev, collective, run), start
     keep = batch.input_ids.shape[1] - start
     out = model(input_ids=batch.input_ids.to(dev), attention_mask=None, use_cache=False, logits_to_keep=keep)
     return out.logits[:, :-1].float(), start
@@ -133,14 +140,19 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
     dev = model_device(model)
     out = torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
     try:
+        collective = shard is not None and shard.world_size > 1
         order = order_rows(batch, rows, micro_batch_size, shares(dev), model_costs(model))
-        for pos in micro_batches(len(rows), micro_batch_size, order):
-            mb = batch.select(rows[pos])
-            logits, start = forward_logits(model, mb, collective=shard is not None and shard.world_size > 1)
+        parts = micro_batches(len(rows), micro_batch_size, order)
+        mbs = [batch.select(rows[pos]) for pos in parts]
+        prompts = step_prompts(model, batch, mbs, micro_batch_size, dev, collective)
+        for k, (pos, mb) in enumerate(zip(parts, mbs)):
+            logits, start = forward_logits(model, mb, collective, (prompts, k) if prompts else None)
             lp = logprobs_from_logits(logits, mb.targets[:, start:].to(dev), temperature).float()
             w = mb.loss_mask.shape[1]
             keep = (mb.loss_mask.to(dev) & live[pos].to(dev).unsqueeze(-1))[:, start:]
             out[pos.to(dev), start:w] = torch.where(keep, lp, torch.zeros_like(lp))
+            if prompts is not None:
+                prompts.finished(k)
     finally:
         model.train(was_training)
         from .distributed import reshard
@@ -288,14 +300,17 @@ class Learner:
             order = order_rows(batch, rows, cfg.micro_batch_size, shares(dev), model_costs(self.model))
             self.optimizer.zero_grad(set_to_none=True)
             total = torch.zeros((), dtype=torch.float32, device=dev)
-            for pos in micro_batches(len(rows), cfg.micro_batch_size, order):
+            parts = micro_batches(len(rows), cfg.micro_batch_size, order)
+            mbs = [batch.select(rows[pos]) for pos in parts]
+            # a pass's shared prompts in few forwards; each one's backward after its last micro-batch's
+            prompts = step_prompts(self.model, batch, mbs, cfg.micro_batch_size, dev, world > 1)
+            for k, (pos, mb) in enumerate(zip(parts, mbs)):
                 idx = rows[pos]
-                mb = batch.select(idx)
                 w = mb.loss_mask.shape[1]
                 m_host = mask[idx, :w] & live[pos].unsqueeze(-1)
                 ntok = int(m_host.sum())
                 m = m_host.to(dev)
-                logits, start = forward_logits(self.model, mb, collective=world > 1)
+                logits, start = forward_logits(self.model, mb, world > 1, (prompts, k) if prompts else None)
                 # [B, w], 0 left of the response window (those columns are off every row's mask)
                 lp = torch.nn.functional.pad(logprobs_from_logits(logits, mb.targets[:, start:].to(dev),
                                                                   cfg.temperature), (start, 0))
@@ -323,6 +338,8 @@ class Learner:
                         pm = {**pm, "entropy": (ent * m[:, start:]).sum() / ntok}
                 if ntok > 0:
                     stats.add(pm, ntok)
+                if prompts is not None:
+                    prompts.finished(k)
                 if on_micro_batch is not None:
                     on_micro_batch()
             gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
