@@ -55,6 +55,24 @@ def _model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64)
 
 
+def _grpo_batch():
+    """Three prompts' groups of 2-8-token responses, collated, and their GRPO advantages."""
+    seqs = _seqs(resp=(2, 8))
+    adv = compute_advantages("grpo", torch.tensor([s.reward for s in seqs], dtype=torch.float64),
+                             [s.group for s in seqs])
+    return collate(seqs), adv
+
+
+def _assert_same_step(m0, d0, m1, d1):
+    """Two updates' metrics and parameter changes agree (the log-prob and loss math is float32 whatever
+    the model's dtype, and the two ran different micro-batches or forwards)."""
+    assert m0["grad_norm"] > 0
+    assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-6, abs=1e-9)
+    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-6)
+    for n in d0:
+        assert torch.allclose(d1[n], d0[n], atol=1e-8, rtol=1e-5), n
+
+
 @pytest.mark.parametrize("resp,multi", [((1, 6), False), ((1, 1), False), ((2, 9), True)])
 @pytest.mark.parametrize("micro", [3, 12])
 def test_shared_prompt_logprobs_equal_whole_rows(tiny_model_dir, share, resp, multi, micro):
@@ -71,10 +89,7 @@ def test_shared_prompt_logprobs_equal_whole_rows(tiny_model_dir, share, resp, mu
 
 
 def test_shared_prompt_update_equals_whole_rows(tiny_model_dir, share):
-    seqs = _seqs(resp=(2, 8))
-    batch = collate(seqs)
-    adv = compute_advantages("grpo", torch.tensor([s.reward for s in seqs], dtype=torch.float64),
-                             [s.group for s in seqs])
+    batch, adv = _grpo_batch()
     results = []
     for on in (False, True):
         share(on)
@@ -88,13 +103,8 @@ def test_shared_prompt_update_equals_whole_rows(tiny_model_dir, share):
         m = learner.update(batch, adv.advantages.double(), adv.valid, old)
         results.append((m, {n: p.detach() - before[n] for n, p in model.named_parameters()}))
     (m0, d0), (m1, d1) = results
-    assert m0["grad_norm"] > 0
-    # the log-prob and loss math is float32 (whatever the model's dtype), and the micro-batches differ
-    assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-6, abs=1e-9)
-    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-6)
+    _assert_same_step(m0, d0, m1, d1)
     assert m1["entropy"] == pytest.approx(m0["entropy"], rel=1e-6)
-    for n in d0:
-        assert torch.allclose(d1[n], d0[n], atol=1e-8, rtol=1e-5), n
 
 
 def test_micro_batches_hold_one_prompt_when_that_runs_fewer_tokens(share):
@@ -234,10 +244,7 @@ def test_a_pass_runs_its_prompts_in_few_forwards_and_equals_whole_rows(tiny_mode
     distinct prompts of consecutive micro-batches together, at most ``micro`` of them a forward (micro 4:
     the three in one; micro 2: two and one), each run's backward after its last micro-batch's; the step is
     that of whole rows, and so are the recomputed log-probs."""
-    seqs = _seqs(resp=(2, 8))
-    batch = collate(seqs)
-    adv = compute_advantages("grpo", torch.tensor([s.reward for s in seqs], dtype=torch.float64),
-                             [s.group for s in seqs])
+    batch, adv = _grpo_batch()
     results = []
     for on in (False, True):
         share(on)
@@ -262,11 +269,7 @@ def test_a_pass_runs_its_prompts_in_few_forwards_and_equals_whole_rows(tiny_mode
         results.append((lp, m, {n: p.detach() - before[n] for n, p in model.named_parameters()}))
     (lp0, m0, d0), (lp1, m1, d1) = results
     assert torch.allclose(lp1, lp0, atol=1e-10, rtol=0)
-    assert m0["grad_norm"] > 0
-    assert m1["loss"] == pytest.approx(m0["loss"], rel=1e-6, abs=1e-9)
-    assert m1["grad_norm"] == pytest.approx(m0["grad_norm"], rel=1e-6)
-    for n in d0:
-        assert torch.allclose(d1[n], d0[n], atol=1e-8, rtol=1e-5), n
+    _assert_same_step(m0, d0, m1, d1)
 
 
 def test_step_prompts_group_consecutive_micro_batches_by_size():
@@ -294,10 +297,7 @@ def test_a_pass_of_prompt_runs_trains_a_lora_adapter_as_whole_rows_do(tiny_model
 
     from rft_runtime.trainer.model_io import wrap_lora
 
-    seqs = _seqs(resp=(2, 8))
-    batch = collate(seqs)
-    adv = compute_advantages("grpo", torch.tensor([s.reward for s in seqs], dtype=torch.float64),
-                             [s.group for s in seqs])
+    batch, adv = _grpo_batch()
     deltas = []
     for on in (False, True):
         share(on)
