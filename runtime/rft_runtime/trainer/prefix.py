@@ -307,10 +307,10 @@ class StepPrompts:
     the micro-batch size allows instead of one per micro-batch: a :class:`PromptRun` holds the distinct
     prompts of consecutive micro-batches, at most ``size`` of them (its activations are no more than a
     micro-batch of ``size`` rows holds), and is run when its first micro-batch needs it; with gradients, its
-    backward runs after its last micro-batch's (:meth:`finished`), before the optimiser step. The
-    benchmark's batch (8 micro-batches of 8 rows, each of one 64-token prompt): one prompt forward
-    a pass instead of eight; on this CPU 8 forwards and backward passes of one prompt took 200-280 ms, one
-    of 8 prompts 110-150 ms.
+    backward runs after its last micro-batch's (:meth:`finished`), before the optimiser step. A batch of
+    8 micro-batches of 8 rows, each of one prompt: one prompt forward a pass instead of eight; on the
+    2-core development VM the step 16 % shorter with 256-token prompts and 16-token responses, 2 % with
+    ``bench/trainer_vs_trl.py``'s 64-token prompts and 64-128-token responses (docs/trainer.md).
 
     Only where one process runs a plain module: FSDP's forward and backward hooks expect a module's
     backward to follow its own forward, and ranks sharding a model run matching collectives."""
