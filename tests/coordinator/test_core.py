@@ -248,3 +248,19 @@ def test_workers_not_told_done_are_those_recently_active_without_a_done_answer(c
     assert coord.workers_not_told_done(60) == []
     coord.finish()  # told "done" stays told when the run is then marked finished
     assert coord.workers_not_told_done(60) == []
+
+
+def test_a_task_waits_for_its_min_version_while_later_ones_go_first(coord, episode, tasks):
+    """A trainer publishing version 1 in the background submits the next tasks for it: they are not granted
+    while version 0 is served (later tasks that may be go first), then granted with version 1."""
+    early = coord.submit(tasks(1), seeds=[0])
+    waiting = coord.submit(tasks(2), seeds=[0, 0], min_version=1)
+    late = coord.submit(tasks(1), seeds=[0])
+    out = coord.lease("w", 4)
+    assert [g["task_key"] for g in out["tasks"]] == early + late
+    assert coord.lease("w", 4)["tasks"] == [] and coord.status()["tasks"]["queued"] == 2
+    coord.set_policy_version(1)
+    grants = coord.lease("w", 4)["tasks"]
+    assert [g["task_key"] for g in grants] == waiting and {g["policy_version"] for g in grants} == {1}
+    res = coord.post_episodes("w", [episode(waiting[0], i, version=1) for i in range(2)])
+    assert len(res["accepted"]) == 2 and coord.is_complete(waiting[0])

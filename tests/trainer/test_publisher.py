@@ -144,3 +144,43 @@ def test_a_replica_that_drops_connection_attempts_costs_short_retries_not_the_ke
         for c in held:
             c.close()
         srv.close()
+
+
+def test_detached_state_is_not_changed_by_the_next_update_and_keeps_tied_weights_tied():
+    from rft_runtime.trainer.publisher import detached_state
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight  # tied, as a model with tie_word_embeddings
+    gathered = torch.ones(2)  # a tensor apart from the model (gathered from shards): not copied again
+    state = detached_state({**model.state_dict(), "extra": gathered, "step": 3}, model)
+    before = state["0.weight"].clone()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # what the next optimiser step does in place
+    assert torch.equal(state["0.weight"], before) and not torch.equal(model[0].weight, before)
+    assert state["0.weight"] is state["1.weight"] and state["extra"] is gathered and state["step"] == 3
+
+
+def test_a_background_publication_runs_one_at_a_time_and_its_error_reaches_the_trainer():
+    import threading
+
+    from rft_runtime.trainer.publisher import BackgroundPublication
+
+    pub, gate, ran = BackgroundPublication(), threading.Event(), []
+    pub.start(lambda v: (gate.wait(5), ran.append(v)), 1)
+    assert pub.running
+    with pytest.raises(RuntimeError, match="still running"):
+        pub.start(ran.append, 2)
+    gate.set()
+    assert pub.wait() >= 0 and ran == [1] and not pub.running
+    assert pub.wait() is None
+
+    def refused(version):
+        raise PublishError(f"http://inference: refused version {version}")
+
+    pub.start(refused, 3)
+    with pytest.raises(PublishError, match="refused version 3"):
+        pub.wait()
+    pub.start(refused, 4)
+    pub.close()  # logs the error of a publication nobody waits for any more, and ends the thread
+    assert not pub.running
+    pub.close()

@@ -11,6 +11,7 @@ import asyncio
 import json
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -253,3 +254,32 @@ def test_a_waiting_worker_exits_when_the_trainer_stops_unfinished_and_idles_when
         else:
             assert "'ended': 'trainer stopped'" in text, text[-3000:]
             assert "idle until stopped" not in text and "stopped by a signal" not in text
+
+
+def test_publication_in_the_background_keeps_episodes_within_the_staleness_bound(tmp_path, tiny_model_dir, serve,
+                                                                                   monkeypatch):
+    """maxStaleness 1: each version is published in a thread while the next step trains; the tasks
+    submitted meanwhile wait for it (``min_version``). Publications made slow here (0.4 s, longer than
+    sampling a step's tasks) would otherwise let those tasks be sampled from the version before, two
+    versions older than the policy their step trains."""
+    from rft_runtime.trainer.publisher import WeightPublisher
+
+    def slow_load(self, path, version, load=WeightPublisher.load):
+        if version > 0:
+            time.sleep(0.4)
+        return load(self, path, version)
+
+    monkeypatch.setattr(WeightPublisher, "load", slow_load)
+    spec = _spec(tiny_model_dir, rollout={"maxStaleness": 1}, trainer={"maxSteps": 5}, checkpoint={"everySteps": 5})
+    trainer, rows, _ = _run(tmp_path, serve, spec)
+    assert trainer.publishes_in_background
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert all(r["staleness_max"] <= 1 for r in rows), [r["staleness_max"] for r in rows]
+    assert rows[-1]["coord/groups_dropped_stale"] == 0
+    # the previous step's publication ran while this one trained (and waited for it), and is reported by it
+    assert "time/publish_background" not in rows[0]
+    assert all(r["time/publish_background"] >= 0.4 for r in rows[1:])
+    # finish() waited for the last one: every version served in order, the last one pointed to
+    assert trainer.policy_version == trainer.served_version == 5
+    current = json.loads((tmp_path / "ckpt" / "weights" / "current.json").read_text())
+    assert current["policy_version"] == 5

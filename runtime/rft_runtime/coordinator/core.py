@@ -14,6 +14,8 @@ Lifecycle of one submitted task (a prompt to be sampled ``n`` times)::
 * Staleness: an episode is produced by the policy version of its oldest step. It is accepted when
   ``current - version <= max_staleness`` (0 = on-policy: only the current version). A group that
   became too stale while waiting is dropped at :meth:`Coordinator.take` and its task re-queued.
+  A task may wait for a newer policy (``submit(min_version=...)``): it is granted only once the
+  version served reaches it, which bounds how old its episodes can be from the moment it is submitted.
 * Every dropped or re-issued thing is counted (:attr:`Coordinator.counters`).
 
 * Episodes are checked against the shared type (:class:`rft_runtime.types.Episode`: the token
@@ -184,6 +186,7 @@ class TaskRecord:
     seed: int
     sampling: dict[str, Any]
     purpose: str
+    min_version: int = 0  # granted only once the policy version served is at least this
     state: str = "queued"  # queued | leased | complete
     lease_id: str | None = None
     worker_id: str | None = None
@@ -274,10 +277,15 @@ class Coordinator:
         purpose: str = "train",
         n: int | None = None,
         sampling: Mapping[str, Any] | None = None,
+        min_version: int = 0,
     ) -> list[str]:
         """Queue tasks (``Task.to_dict()`` form) for leasing; returns their task keys in order.
 
-        ``seeds`` gives each task its sampling seed (sample ``i`` uses ``seed + i``).
+        ``seeds`` gives each task its sampling seed (sample ``i`` uses ``seed + i``). ``min_version``: the
+        tasks are granted only once the policy version served is at least this one (they wait in the
+        queue, later tasks that may be granted going first): a trainer that publishes a version in the
+        background submits the next tasks for the version it has just trained, so that they are not
+        sampled from an older policy that would be too stale when their step takes them.
         """
         n = self.cfg.n if n is None else n
         if not isinstance(n, int) or n < 1:
@@ -290,7 +298,7 @@ class Coordinator:
                 raise CoordinatorError(f"submitted task has no 'task_id': {task!r}")
             key = f"{task_id}@{self._next_seq}"
             self._next_seq += 1
-            self._tasks[key] = TaskRecord(key, dict(task), n, int(seed), params, purpose)
+            self._tasks[key] = TaskRecord(key, dict(task), n, int(seed), params, purpose, int(min_version))
             self._queue.append(key)
             keys.append(key)
         self.counters["tasks_submitted"] += len(keys)
@@ -384,8 +392,11 @@ class Coordinator:
         self._workers[worker_id] = now
         if self.done:
             self._told_done.add(worker_id)
-        while not self.done and self._queue and len(grants) < max_tasks:
-            rec = self._tasks[self._queue.popleft()]
+        while not self.done and len(grants) < max_tasks:
+            key = self._next_grantable()
+            if key is None:
+                break
+            rec = self._tasks[key]
             rec.state = "leased"
             rec.lease_id = f"{self._nonce}-{next(self._lease_seq)}-{secrets.token_hex(16)}"
             rec.worker_id = worker_id
@@ -510,6 +521,14 @@ class Coordinator:
         self._seen[eid] = None
         while len(self._seen) > SEEN_IDS_KEPT:
             self._seen.popitem(last=False)
+
+    def _next_grantable(self) -> str | None:
+        """Take the first queued task the version served may be granted (``min_version``) off the queue."""
+        for i, key in enumerate(self._queue):
+            if self._tasks[key].min_version <= self._version:
+                del self._queue[i]
+                return key
+        return None
 
     def _fresh(self, version: int) -> bool:
         return version >= 0 and 0 <= self._version - version <= self.cfg.max_staleness

@@ -17,6 +17,7 @@ may still request).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import random
 import re
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -238,6 +240,72 @@ def _message(resp: httpx.Response) -> str:
         if data.get("message"):
             return str(data["message"])
     return resp.text[:500]
+
+
+def detached_state(state: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``state`` (a state dict of ``model``) safe from later in-place updates of ``model``: the tensors that
+    are views of its parameters or buffers (a plain module's state dict) copied, tensors that shared one
+    storage (tied weights) sharing their copy too; tensors already apart (gathered from shards, moved off
+    the device) and other values kept as they are, so no copy is made twice."""
+    import torch  # not at import: the driver of `rft run` reaches this module and never needs torch
+
+    live = {getattr(t, "_local_tensor", t).untyped_storage().data_ptr()
+            for t in itertools.chain(model.parameters(), model.buffers())}
+    out: dict[str, Any] = {}
+    copies: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], Any] = {}
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in live:
+            t = value.detach()
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+            if key not in copies:
+                copies[key] = t.clone()
+            value = copies[key]
+        out[name] = value
+    return out
+
+
+class BackgroundPublication:
+    """At most one publication at a time, run in a thread of its own while the trainer goes on.
+
+    :meth:`start` runs ``fn(*args)`` in the thread (after the previous one ended: call :meth:`wait`
+    first); :meth:`wait` blocks until it ends and returns the seconds it ran, re-raising its error."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._running: Future[float] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether a publication was started and not yet waited for."""
+        return self._running is not None
+
+    def start(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._running is not None:
+            raise RuntimeError("a publication is still running: wait() for it first")
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish")
+
+        def timed() -> float:
+            t0 = time.perf_counter()
+            fn(*args)
+            return time.perf_counter() - t0
+
+        self._running = self._pool.submit(timed)
+
+    def wait(self) -> float | None:
+        """The seconds the running publication took (None when none was running); its error, raised."""
+        running, self._running = self._running, None
+        return None if running is None else running.result()
+
+    def close(self) -> None:
+        """Wait for a running publication, logging (not raising) its error, and end the thread."""
+        try:
+            self.wait()
+        except Exception as e:  # noqa: BLE001 - closing after a failure: the first error is already being raised
+            log.warning("the publication running in the background failed: %s", e)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 FINAL_DIR = "final"

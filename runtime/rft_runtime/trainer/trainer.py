@@ -9,6 +9,7 @@ One :meth:`Trainer.step`::
     → TIS weights (importanceSampling) → update (epochs × micro-batches, AdamW, clip, schedule)
                                                                     time/update
     → save weights v<version+1>, inference loads them, verified     time/weight_sync
+      (maxStaleness > 0: in a thread while the next step trains;     time/publish_background)
     → checkpoint every K steps and at the end (atomic)              time/checkpoint
     → progress record → metrics (jsonl, TensorBoard, Prometheus)
 
@@ -21,9 +22,14 @@ weights, write or read a checkpoint, exit; ``broadcast_object_list``), publishes
 weights, reports progress and writes metrics.
 
 Versions: the initial weights are policy version 0 (or the checkpoint's on resume); after step
-``s`` the served version is ``s``. Data order: tasks come from a seeded, resumable cursor; each
-submitted task gets a sampling seed derived from the job seed and its submission number, so a
-resumed run sees the same tasks with the same seeds as an uninterrupted one.
+``s`` the served version is ``s``. Under bounded staleness (``rollout.maxStaleness`` S > 0) the
+publication of version ``s`` runs in a thread while step ``s + 1`` trains (:meth:`Trainer._publish`);
+the tasks submitted meanwhile wait for it (``min_version``), so no episode is more than S versions
+older than the policy that trains on it, as with an inline publication.
+
+Data order: tasks come from a seeded, resumable cursor; each submitted task gets a sampling seed
+derived from the job seed and its submission number, so a resumed run sees the same tasks with the
+same seeds as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -68,7 +74,7 @@ from .distributed import DistContext
 from .inference_sync import InferenceSync
 from .learner import Learner, Shard, build_optimizer, build_scheduler, forward_is_deterministic, learner_config
 from .model_io import Reference, compute_dtype, load_policy
-from .publisher import FINAL_DIR, WeightPublisher, export_final_model
+from .publisher import FINAL_DIR, BackgroundPublication, WeightPublisher, detached_state, export_final_model
 from .reload import reload_protocol
 from .replicas import InferenceReplicas
 from .reward_shaping import RewardShaper
@@ -92,6 +98,10 @@ ERROR_KINDS = ("timeout", "runtime_error", "parse_error")
 # holds a long-polled lease, answered as soon as the run is done; else it asks when a rollout ends).
 WORKER_SEEN_WITHIN_S = 30.0
 TELL_DONE_TIMEOUT_S = 5.0
+# Where a step's weight publication runs under bounded staleness: "background" (the default: the next
+# step trains meanwhile) or "inline" (the step waits for it, as a synchronous run always does).
+PUBLISH_ENV = "RFT_PUBLISH"
+PUBLISH_CHOICES = ("background", "inline")
 
 
 def task_seed(job_seed: int, seq: int) -> int:
@@ -136,7 +146,8 @@ def overlap_metrics(times: dict[str, float], idle_generate: float) -> dict[str, 
 
     ``t_R`` is the time the rollout workers had work during the step (the step's wall time less
     ``idle_generate``, the seconds the coordinator had no task queued or leased), ``t_T`` the
-    training phases (old and reference log-probs, the update) and ``t_W`` the weight publication.
+    training phases (old and reference log-probs, the update) and ``t_W`` the weight publication (the
+    part of it the step waited for: gathering and copying the weights, when it runs in the background).
     ``overlap/bound`` is the speed-up that overlapping generation with training can give when a
     publication stops both, ``(t_R + t_T + t_W) / (max(t_R, t_T) + t_W)``; ``overlap/achieved`` the
     one this step got, ``(t_R + t_T + t_W) / time/step`` (about 1 for a synchronous step). Rollouts
@@ -326,7 +337,10 @@ class Trainer:
         self.should_stop = should_stop
         self.attempt = int(attempt if attempt is not None else os.environ.get("RFT_TRAINER_ATTEMPT", 0) or 0)
         self.step_count = 0
-        self.policy_version = 0
+        self.policy_version = 0  # the trainer's weights
+        self.served_version = 0  # the newest version inference serves (one behind while publishing)
+        self._publication = BackgroundPublication()
+        self._publication_s: float | None = None  # how long the publication this step waited for ran
         self.eval_score: float | None = None
         self.eval_domain_scores: dict[str, float] = {}
         self.counters: dict[str, float] = {}
@@ -383,7 +397,9 @@ class Trainer:
         if spec.inference.weight_sync != "none":
             self.publisher.publish(self.model, self.policy_version, self.tokenizer, state_dict=self._gather())
             # a restarted inference server comes back with the base weights: bring it to the current ones
-            self._inference_sync = InferenceSync(self.publisher, lambda: self.policy_version).start()
+            self._inference_sync = InferenceSync(self.publisher, lambda: self.served_version).start()
+        self.served_version = self.policy_version
+        _ = self.publishes_in_background  # a bad $RFT_PUBLISH is refused now, not after the first step
         self._report(message=f"resumed from step {self.resumed_from}" if self.resumed_from is not None else "started")
         return self
 
@@ -529,9 +545,11 @@ class Trainer:
         return out
 
     def _submit(self, tasks: list[dict[str, Any]], **kw: Any) -> list[str]:
+        """Queue ``tasks``, sampled from the trainer's current policy or a newer one (while its
+        publication runs in the background they wait for it)."""
         seq0 = self.coordinator.next_seq
         seeds = [task_seed(self.spec.trainer.seed, seq0 + i) for i in range(len(tasks))]
-        return self.coordinator.submit(tasks, seeds=seeds, **kw)
+        return self.coordinator.submit(tasks, seeds=seeds, min_version=self.policy_version, **kw)
 
     def _collect(self, keys: list[str]) -> list[Group]:
         groups = self.coordinator.collect(keys, stall_timeout_s=self.cfg.trainer.stall_timeout_seconds,
@@ -576,6 +594,7 @@ class Trainer:
             raise RuntimeError(f"the run has finished ({self.step_count}/{self.max_steps} steps)")
         step_no = self.step_count + 1
         times = _Phases()
+        self._publication_s = None
         with times("time/step"):
             idle0 = self.coordinator.idle_seconds()  # within the step's timer: idle never exceeds the step
             with times("time/generate"):
@@ -601,6 +620,8 @@ class Trainer:
         metrics.update(self._step_metrics(seqs, sequences_from_groups(everything), everything, adv, upd, ds,
                                           times.seconds))
         metrics.update(overlap_metrics(times.seconds, idle_generate))
+        if self._publication_s is not None:
+            metrics["time/publish_background"] = self._publication_s
         metrics.update(shaped)
         if self.trackers:
             metrics["tracking_errors"] = sum(t.errors for t in self.trackers)
@@ -623,15 +644,50 @@ class Trainer:
             self._prefetched_tasks.append(tasks)
             self._prefetched.append(self._submit(tasks))
 
+    @functools.cached_property
+    def publishes_in_background(self) -> bool:
+        """Whether a step's publication runs in a thread while the next step trains: under bounded
+        staleness (a synchronous run's next rollouts need the new weights at once), unless
+        ``$RFT_PUBLISH`` is ``inline``."""
+        where = os.environ.get(PUBLISH_ENV) or "background"
+        if where not in PUBLISH_CHOICES:
+            raise ValueError(f"{PUBLISH_ENV} must be one of {', '.join(PUBLISH_CHOICES)}, got {where!r}")
+        return where == "background" and self.spec.rollout.max_staleness > 0 \
+            and self.spec.inference.weight_sync != "none"
+
     def _publish(self, version: int) -> None:
-        """Make inference serve the updated policy as ``version`` (verified), then accept only
-        episodes fresh for it."""
-        if self.spec.inference.weight_sync != "none":
-            with self._inference_sync.lock:  # never re-synced to a version that is being replaced
-                self.publisher.publish(self.model, version, self.tokenizer, state_dict=self._gather())
-                self.policy_version = version
+        """Make inference serve the updated policy as ``version`` (verified), then grant it to rollouts.
+
+        In the background (:attr:`publishes_in_background`): the weights are gathered and copied now (the
+        next step's optimiser changes them in place), written and loaded in a thread while the next step
+        trains; the previous publication is waited for first, so at most one runs and versions are served
+        in order. The tasks submitted until it is done wait for it (:meth:`_submit`), and an error of
+        the publication is raised by the next call (or :meth:`finish`)."""
+        self._await_publication()
+        if self.spec.inference.weight_sync == "none":
+            self.policy_version = self.served_version = version
+            self.coordinator.set_policy_version(version)
+            return
+        state = self._gather()
         self.policy_version = version
+        if self.publishes_in_background:
+            self._publication.start(self._serve, version, detached_state(state, self.model))
+        else:
+            self._serve(version, state)
+
+    def _serve(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Publish ``state`` as ``version`` and grant it to rollouts (in the publication's thread when it
+        runs in the background)."""
+        assert self._inference_sync is not None
+        with self._inference_sync.lock:  # never re-synced to a version that is being replaced
+            self.publisher.publish(self.model, version, self.tokenizer, state_dict=state)
+            self.served_version = version
         self.coordinator.set_policy_version(version)
+
+    def _await_publication(self) -> None:
+        """Wait for the publication running in the background (its error raised here)."""
+        if self._publication.running:
+            self._publication_s = self._publication.wait()
 
     def _step_metrics(self, seqs: list[TrainSequence], all_seqs: list[TrainSequence], everything: list[Group],
                       adv: Any, upd: dict[str, float], ds: dict[str, float],
@@ -680,6 +736,7 @@ class Trainer:
         in the metrics)."""
         ev = self.spec.evaluation
         assert ev is not None
+        self._await_publication()  # under the current policy, served
         sampling = sampling_params(self.spec, ev.temperature)
         keys = self._submit([t.to_dict() for t in self.eval_tasks], purpose="eval", n=ev.samples_per_prompt,
                             sampling=sampling)
@@ -750,6 +807,7 @@ class Trainer:
 
     def finish(self) -> None:
         """The run is complete: final checkpoint, ``done`` in progress, workers told to stop."""
+        self._await_publication()  # the last version served (or its publication's error raised)
         if self.checkpoints.latest() is None or self.checkpoints.latest().step != self.step_count:
             self.save_checkpoint()
         self.coordinator.finish()
@@ -763,6 +821,7 @@ class Trainer:
 
     def stop(self, checkpoint: bool = True) -> None:
         """Interrupted: checkpoint the last completed step (so ``--resume`` continues)."""
+        self._publication.close()  # a resumed run publishes its checkpoint's weights again
         if checkpoint and self.step_count > 0:
             latest = self.checkpoints.latest()
             if latest is None or latest.step != self.step_count:
@@ -781,6 +840,7 @@ class Trainer:
             self.worker = None
             if self.dist.world_size > 1:
                 distributed.leave_group()
+        self._publication.close()
         if self._inference_sync is not None:
             self._inference_sync.stop()
             self._inference_sync = None
