@@ -151,8 +151,12 @@ def test_detached_state_is_not_changed_by_the_next_update_and_keeps_tied_weights
 
     model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
     model[1].weight = model[0].weight  # tied, as a model with tie_word_embeddings
+    frozen = torch.nn.Linear(5, 2)  # as a LoRA policy's base layer: no update changes it, so no copy
+    frozen.requires_grad_(False)
+    model.append(frozen)
     gathered = torch.ones(2)  # a tensor apart from the model (gathered from shards): not copied again
     state = detached_state({**model.state_dict(), "extra": gathered, "step": 3}, model)
+    assert all(state[f"2.{n}"].data_ptr() == p.data_ptr() for n, p in model[2].named_parameters())
     before = state["0.weight"].clone()
     with torch.no_grad():
         model[0].weight.add_(1.0)  # what the next optimiser step does in place

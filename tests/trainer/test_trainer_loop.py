@@ -76,8 +76,9 @@ CASES = {
     "kl-reward-inference-logprobs": {"trainer": {"algorithm": "rloo", "kl": {"coef": 0.05, "placement": "reward"},
                                                  "oldLogprobs": "inference"}},
     "eval-staleness": {"rollout": {"maxStaleness": 1}, "evaluation": {"everySteps": 1, "maxTasks": 4}},
+    # bounded staleness: the adapter of each version is published in the background
     "lora": {"model": {"lora": {"rank": 4, "alpha": 8}}, "trainer": {"algorithm": "gspo"},
-             "checkpoint": {"mergeFinalAdapter": True}},
+             "checkpoint": {"mergeFinalAdapter": True}, "rollout": {"maxStaleness": 1}},
 }
 
 
@@ -125,6 +126,7 @@ def test_two_steps(tmp_path, tiny_model_dir, serve, case, monkeypatch):
     final = tmp_path / "ckpt" / "final"
     assert (final / "tokenizer_config.json").exists()
     if case == "lora":
+        assert trainer.publishes_in_background and trainer.served_version == 2 and "time/publish_background" in rows[1]
         assert (tmp_path / "ckpt" / "weights" / "v2" / "adapter_config.json").exists()
         assert (final / "adapter_config.json").exists()
         assert progress["finalModel"] == {"path": "final", "format": "lora", "mergedPath": "final/merged"}

@@ -244,13 +244,14 @@ def _message(resp: httpx.Response) -> str:
 
 def detached_state(state: dict[str, Any], model: Any) -> dict[str, Any]:
     """``state`` (a state dict of ``model``) safe from later in-place updates of ``model``: the tensors that
-    are views of its parameters or buffers (a plain module's state dict) copied, tensors that shared one
-    storage (tied weights) sharing their copy too; tensors already apart (gathered from shards, moved off
-    the device) and other values kept as they are, so no copy is made twice."""
+    are views of its trainable parameters or its buffers (a plain module's state dict) copied, tensors that
+    shared one storage (tied weights) sharing their copy too; frozen parameters (a LoRA policy's base
+    model), tensors already apart (gathered from shards, moved off the device) and other values kept as
+    they are, so nothing is copied that no update changes, nor twice."""
     import torch  # not at import: the driver of `rft run` reaches this module and never needs torch
 
-    live = {getattr(t, "_local_tensor", t).untyped_storage().data_ptr()
-            for t in itertools.chain(model.parameters(), model.buffers())}
+    changing = itertools.chain((p for p in model.parameters() if p.requires_grad), model.buffers())
+    live = {getattr(t, "_local_tensor", t).untyped_storage().data_ptr() for t in changing}
     out: dict[str, Any] = {}
     copies: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], Any] = {}
     for name, value in state.items():
