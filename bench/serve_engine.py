@@ -28,7 +28,10 @@ decode attention and RMSNorm), the closed loop runs a second time with torch's (
 tokens/s). On a CUDA device, where decode iterations replay CUDA graphs (:mod:`rft_runtime.serve.graphs`),
 the lockstep and closed loops also run with every iteration eager (``engine_eager``,
 ``closed_loop_eager``; ratios `cuda_graphs_vs_eager_b<B>_t<T>` and
-`closed_loop_cuda_graphs_vs_eager_b<B>_t<T>`, tokens/s). ``--loops`` picks the loops to run.
+`closed_loop_cuda_graphs_vs_eager_b<B>_t<T>`, tokens/s). With a float32 model the lockstep loop also runs
+with a float16 KV cache (``engine_kv_float16``, the engine's ``kv_cache_dtype``: half the bytes decode
+attention reads; ratios `kv_float16_vs_model_dtype_b<B>_t<T>`, tokens/s, and its own growth, late over
+early and their floors, suffixed `_kv_float16`). ``--loops`` picks the loops to run.
 
 Because a run of 16 tokens has only 15 decode iterations, which follow its prefill and the previous
 cell's work, its mean moves from run to run; so the longest run's own iterations are compared too: the
@@ -102,23 +105,24 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-_BATCHES: dict[tuple[int, int, str | None], RunningBatch] = {}
+_BATCHES: dict[tuple[int, int, str | None, str | None], RunningBatch] = {}
 
 
-def running_batch(lm, batch: int, cuda_graphs: str | None = None) -> RunningBatch:
-    """One :class:`RunningBatch` per model, batch size and graph setting, kept from run to run as a server
-    keeps its engine's (its KV cache and its CUDA graphs, captured the first time each shape runs)."""
-    key = (id(lm), batch, cuda_graphs)
+def running_batch(lm, batch: int, cuda_graphs: str | None = None, kv_cache_dtype: str | None = None) -> RunningBatch:
+    """One :class:`RunningBatch` per model, batch size, graph setting and cache type, kept from run to run as
+    a server keeps its engine's (its KV cache and its CUDA graphs, captured the first time each shape runs)."""
+    key = (id(lm), batch, cuda_graphs, kv_cache_dtype)
     if key not in _BATCHES:
         _BATCHES[key] = RunningBatch(lm.model, pad_token_id=lm.pad_token_id, eos_token_ids=lm.eos_token_ids,
                                      device=lm.device, max_slots=batch, max_len=lm.max_model_len,
-                                     cuda_graphs=cuda_graphs)
+                                     cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype)
     return _BATCHES[key]
 
 
-def run_engine(lm, batch: int, new_tokens: int, cuda_graphs: str | None = None) -> dict:
+def run_engine(lm, batch: int, new_tokens: int, cuda_graphs: str | None = None,
+               kv_cache_dtype: str | None = None) -> dict:
     """Our iteration loop (no HTTP, no event loop)."""
-    rb = running_batch(lm, batch, cuda_graphs)
+    rb = running_batch(lm, batch, cuda_graphs, kv_cache_dtype)
     params = SamplingParams(max_tokens=new_tokens, temperature=1.0, ignore_eos=True, logprobs=0)
     seqs = [Sequence(prompt=p, params=params, index=i) for i, p in enumerate(prompts(batch, lm.vocab_size))]
     times = []
@@ -180,7 +184,9 @@ class _Iterations:
         pass
 
 
-LOOPS = ("engine", "hf_loop", "closed_loop", "closed_loop_torch_kernels", "engine_eager", "closed_loop_eager")
+LOOPS = ("engine", "hf_loop", "closed_loop", "closed_loop_torch_kernels", "engine_eager", "closed_loop_eager",
+         "engine_kv_float16")
+HALF_KV = "float16"  # engine_kv_float16's cache type
 CLOSED_LOOP_SPREAD = (2, 3, 4, 5, 6)  # quarters of T: a request's new tokens, in turn
 
 
@@ -250,13 +256,14 @@ def run_hf(lm, batch: int, new_tokens: int) -> dict:
     return _cell(times, batch * new_tokens)
 
 
-def kv_bytes(lm, batch: int, positions: float) -> float:
-    """The cached keys and values a decode iteration of ``batch`` rows of ``positions`` each reads."""
+def kv_bytes(lm, batch: int, positions: float, element: int | None = None) -> float:
+    """The cached keys and values a decode iteration of ``batch`` rows of ``positions`` each reads
+    (``element``: bytes per cached number; the model dtype's by default)."""
     cfg = lm.model.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    return batch * positions * cfg.num_hidden_layers * 2 * kv_heads * head_dim * lm.dtype.itemsize
+    return batch * positions * cfg.num_hidden_layers * 2 * kv_heads * head_dim * (element or lm.dtype.itemsize)
 
 
 def mean_positions(first: int, last: int) -> float:
@@ -265,10 +272,10 @@ def mean_positions(first: int, last: int) -> float:
     return PROMPT_LEN + 1 + (first + last) / 2
 
 
-def kv_bytes_per_iteration(lm, batch: int, new_tokens: int) -> float:
+def kv_bytes_per_iteration(lm, batch: int, new_tokens: int, element: int | None = None) -> float:
     """The cached keys and values a lockstep decode iteration reads, in the mean over the run's decode
     iterations (1 to T - 1)."""
-    return kv_bytes(lm, batch, mean_positions(1, new_tokens - 1))
+    return kv_bytes(lm, batch, mean_positions(1, new_tokens - 1), element)
 
 
 def read_bandwidth(device: torch.device, nbytes: float, passes: int = 20) -> float:
@@ -329,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         loops = {"engine": run_engine, "hf_loop": run_hf, "closed_loop": run_closed_loop}
         if native_kernels:
             loops["closed_loop_torch_kernels"] = lambda lm, b, t: run_closed_loop(lm, b, t, kernels="torch")
+        if lm.dtype == torch.float32:  # the lockstep loop with a half-precision KV cache
+            loops["engine_kv_float16"] = lambda lm, b, t: run_engine(lm, b, t, kv_cache_dtype=HALF_KV)
         if graphs_on:  # the same loops with every iteration run eagerly
             loops["engine_eager"] = lambda lm, b, t: run_engine(lm, b, t, cuda_graphs="never")
             loops["closed_loop_eager"] = lambda lm, b, t: run_closed_loop(lm, b, t, cuda_graphs="never")
@@ -373,33 +382,40 @@ def main(argv: list[str] | None = None) -> int:
                                     ("closed_loop_vs_lockstep", "closed_loop", "engine"),
                                     ("closed_loop_native_vs_torch_kernels", "closed_loop", "closed_loop_torch_kernels"),
                                     ("cuda_graphs_vs_eager", "engine", "engine_eager"),
-                                    ("closed_loop_cuda_graphs_vs_eager", "closed_loop", "closed_loop_eager")):
+                                    ("closed_loop_cuda_graphs_vs_eager", "closed_loop", "closed_loop_eager"),
+                                    ("kv_float16_vs_model_dtype", "engine_kv_float16", "engine")):
                 if ours in runs and base in runs:
                     ratios[f"{key}_{cell}"] = round(statistics.median(
                         a["tokens_per_s"] / z["tokens_per_s"] for a, z in zip(runs[ours][cell], runs[base][cell])), 3)
         lo, hi = min(lengths), max(lengths)
         for name, key in (("engine", f"iteration_time_growth_{lo}_to_{hi}_b{b}"),
-                          ("hf_loop", f"hf_iteration_time_growth_{lo}_to_{hi}_b{b}")):
+                          ("hf_loop", f"hf_iteration_time_growth_{lo}_to_{hi}_b{b}"),
+                          ("engine_kv_float16", f"iteration_time_growth_{lo}_to_{hi}_b{b}_kv_float16")):
             if name in medians and lo != hi:
                 ratios[key] = round(medians[name][f"b{b}_t{hi}"]["iteration_s_mean"]
                                     / medians[name][f"b{b}_t{lo}"]["iteration_s_mean"], 3)
         bandwidth = memory[f"b{b}"]["read_bytes_per_s"]
-        if lo != hi:
-            at_lo = medians["engine"][f"b{b}_t{lo}"]["iteration_s_mean"]
-            extra = kv_bytes_per_iteration(lm, b, hi) - kv_bytes_per_iteration(lm, b, lo)
-            ratios[f"iteration_time_growth_floor_{lo}_to_{hi}_b{b}"] = round((at_lo + extra / bandwidth) / at_lo, 3)
+        for name, suffix, element in (("engine", "", None), ("engine_kv_float16", "_kv_float16", 2)):
+            if lo != hi and name in medians:
+                at_lo = medians[name][f"b{b}_t{lo}"]["iteration_s_mean"]
+                extra = kv_bytes_per_iteration(lm, b, hi, element) - kv_bytes_per_iteration(lm, b, lo, element)
+                ratios[f"iteration_time_growth_floor_{lo}_to_{hi}_b{b}{suffix}"] = round(
+                    (at_lo + extra / bandwidth) / at_lo, 3)
         # within the longest run: its last EDGE decode iterations over its first EDGE, per round
         cell = f"b{b}_t{hi}"
         for name, key in (("engine", f"iteration_time_late_over_early_b{b}_t{hi}"),
-                          ("hf_loop", f"hf_iteration_time_late_over_early_b{b}_t{hi}")):
+                          ("hf_loop", f"hf_iteration_time_late_over_early_b{b}_t{hi}"),
+                          ("engine_kv_float16", f"iteration_time_late_over_early_b{b}_t{hi}_kv_float16")):
             if name in runs and "iteration_s_early" in runs[name][cell][0]:
                 ratios[key] = round(statistics.median(x["iteration_s_late"] / x["iteration_s_early"]
                                                       for x in runs[name][cell]), 3)
-        if "iteration_s_early" in medians["engine"][cell]:
-            early = medians["engine"][cell]["iteration_s_early"]
-            extra = kv_bytes(lm, b, mean_positions(hi - EDGE, hi - 1)) - kv_bytes(lm, b, mean_positions(1, EDGE))
-            ratios[f"iteration_time_late_over_early_floor_b{b}_t{hi}"] = round(
-                (early + extra / memory[f"b{b}"]["read_bytes_per_s_late"]) / early, 3)
+        for name, suffix, element in (("engine", "", None), ("engine_kv_float16", "_kv_float16", 2)):
+            if name in medians and "iteration_s_early" in medians[name][cell]:
+                early = medians[name][cell]["iteration_s_early"]
+                extra = (kv_bytes(lm, b, mean_positions(hi - EDGE, hi - 1), element)
+                         - kv_bytes(lm, b, mean_positions(1, EDGE), element))
+                ratios[f"iteration_time_late_over_early_floor_b{b}_t{hi}{suffix}"] = round(
+                    (early + extra / memory[f"b{b}"]["read_bytes_per_s_late"]) / early, 3)
     report = {"benchmark": "serve_engine", "model": args.model, "device": str(lm.device), "dtype": args.dtype,
               "threads": args.threads, "kernels": "native" if native_kernels else "torch",
               "cuda_graphs": graphs_on,

@@ -78,10 +78,11 @@ def test_auto_captures_on_cuda_only():
         assert SlotRunner(small_decoder(device="cuda"), cuda_graphs="auto").graphs.capture
 
 
-def _scattered_decodes(model, mode: str, kernels: str = "torch") -> tuple[SlotRunner, list[tuple[torch.Tensor, torch.Tensor]]]:
+def _scattered_decodes(model, mode: str, kernels: str = "torch", kv_cache_dtype: str | None = None
+                       ) -> tuple[SlotRunner, list[tuple[torch.Tensor, torch.Tensor]]]:
     """Prompts in slots 0, 1, 3 and 5 (2 and 4 free, 4 once used); decode-only iterations of some of them
     while the others wait, then of those. Returns each decoded row's (logits, transformers' logits)."""
-    runner = SlotRunner(model, kernels=kernels, cuda_graphs=mode)
+    runner = SlotRunner(model, kernels=kernels, cuda_graphs=mode, kv_cache_dtype=kv_cache_dtype)
     cache = runner.make_cache(6, 1024)
     texts = {0: [3, 14, 15, 92, 65], 1: [2, 71, 82], 3: [5, 17, 89, 23, 4, 8, 9], 4: [44, 45], 5: [60, 61, 62, 63]}
     pairs = []
@@ -118,6 +119,42 @@ def test_fixed_shape_decode_matches_transformers(kind, kernels):
     assert g.builds == 4 and sorted(g._graphs) == [(4, 512)]
     for got, want in pairs:
         assert torch.allclose(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_kv_cache(dtype):
+    """``kv_cache_dtype`` float16 / bfloat16 under a float32 model: the cache holds that type, and the three
+    decode paths (the native kernel, torch's batched attention, the fixed-shape iteration) read the same rounded
+    keys and values, so they agree to float rounding; against transformers' float32 logits they differ by what
+    the rounding of the cached keys and values makes (float16's 11-bit significand, bfloat16's 8), and no more."""
+    model = small_decoder("qwen2")
+    results = {}
+    for mode, kernels in (("never", "native"), ("never", "torch"), ("uncaptured", "torch")):
+        runner, pairs = _scattered_decodes(model, mode, kernels, kv_cache_dtype=dtype)
+        assert runner.kv_dtype == getattr(torch, dtype) and runner.make_cache(1, 16).keys[0].dtype == runner.kv_dtype
+        results[(mode, kernels)] = pairs
+    native = results[("never", "native")]
+    for other in (results[("never", "torch")], results[("uncaptured", "torch")]):
+        for (got, _), (want, _) in zip(other, native):
+            assert torch.allclose(got, want, atol=1e-5, rtol=0)
+    worst = max((got - want).abs().max().item() for got, want in native)
+    assert 1e-6 < worst < {"float16": 5e-4, "bfloat16": 4e-3}[dtype]  # rounded, but no more than that
+
+
+def test_kv_cache_dtype_is_checked(monkeypatch):
+    """auto is the model's dtype; a type the engine does not store is refused, naming the argument or the
+    variable it came from."""
+    from rft_runtime.serve.runner import resolve_kv_cache_dtype
+
+    assert resolve_kv_cache_dtype(None, torch.bfloat16) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float16", torch.float32) == torch.float16
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, float32, float16, bfloat16; got 'fp8'"):
+        SlotRunner(small_decoder(), kv_cache_dtype="fp8")
+    monkeypatch.setenv("RFT_ENGINE_KV_CACHE_DTYPE", "half")
+    with pytest.raises(ValueError, match=r"\$RFT_ENGINE_KV_CACHE_DTYPE must be one of .*; got 'half'"):
+        resolve_kv_cache_dtype(None, torch.float32)
+    monkeypatch.setenv("RFT_ENGINE_KV_CACHE_DTYPE", "bfloat16")
+    assert resolve_kv_cache_dtype(None, torch.float32) == torch.bfloat16
 
 
 def test_running_batch_same_tokens_with_fixed_shapes():

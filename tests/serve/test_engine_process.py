@@ -130,6 +130,32 @@ def test_a_dead_engine_process_fails_requests_and_health():
         s.stop()
 
 
+def test_a_half_precision_kv_cache_in_the_engine_process(tmp_path):
+    """``kv_cache_dtype`` (``rft serve --kv-cache-dtype``) reaches the engine process, whose log says the
+    cache's type, and the engine serves with it: the same greedy tokens as with the model's float32 cache
+    here, its logprobs rounded by little."""
+    log_file = tmp_path / "engine.log"
+    engine = ProcessEngine(served_model(str(TINY), None), str(TINY), max_batch_size=2, threads=1,
+                           load_kwargs={"device": "cpu"}, kv_cache_dtype="float16", log_file=str(log_file))
+    s = ServerThread(engine, health_timeout=120).start()
+    body = {"prompt": CHAT_PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+    try:
+        half = httpx.post(s.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+    finally:
+        s.stop()
+    assert "KV cache float16" in log_file.read_text()
+    from tests.serve.support import start_server
+
+    ref = start_server()
+    try:
+        full = httpx.post(ref.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+    finally:
+        ref.stop()
+    assert half["tokens"] == full["tokens"]
+    diffs = [abs(a - b) for a, b in zip(half["token_logprobs"], full["token_logprobs"])]
+    assert 0 < max(diffs) < 1e-2
+
+
 def test_graph_iterations_reach_the_front_end():
     """Decode iterations run in the CUDA graphs' fixed shape (uncaptured here, on the CPU) are counted in
     the child and shown by the front end: every iteration but the one that prefilled."""

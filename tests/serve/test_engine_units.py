@@ -341,9 +341,9 @@ async def test_engine_serves_bfloat16():
         engine.stop()
 
 
-def test_serve_enforce_eager_cuda_graphs_and_pacing_reach_the_engine():
-    """``rft serve --enforce-eager`` and ``--engine-pacing`` parse, and build_engine hands the graph
-    setting to the runner and the pacing to the engine."""
+def test_serve_enforce_eager_cuda_graphs_pacing_and_kv_cache_dtype_reach_the_engine():
+    """``rft serve --enforce-eager``, ``--engine-pacing`` and ``--kv-cache-dtype`` parse, and build_engine hands
+    the graph setting and the cache type to the runner and the pacing to the engine."""
     from rft_runtime.serve.server import build_engine, build_parser
 
     assert build_parser().parse_args(["--model", "m", "--enforce-eager"]).enforce_eager
@@ -356,3 +356,10 @@ def test_serve_enforce_eager_cuda_graphs_and_pacing_reach_the_engine():
     assert args.engine_pacing == "never" and build_parser().parse_args(["--model", "m"]).engine_pacing is None
     assert build_engine(str(TINY), pacing="never", **kwargs).pacing == "never"
     assert build_engine(str(TINY), **kwargs).pacing == "auto"
+    # --kv-cache-dtype: auto (None) keeps the model's float32; another type reaches the cache; others are refused
+    assert build_parser().parse_args(["--model", "m"]).kv_cache_dtype is None
+    assert build_parser().parse_args(["--model", "m", "--kv-cache-dtype", "bfloat16"]).kv_cache_dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "m", "--kv-cache-dtype", "fp8"])
+    assert build_engine(str(TINY), **kwargs)._batch.cache.keys[0].dtype == torch.float32
+    assert build_engine(str(TINY), kv_cache_dtype="bfloat16", **kwargs)._batch.cache.keys[0].dtype == torch.bfloat16

@@ -48,10 +48,11 @@ def case(kv_heads, group, hd, rows=7, capacity=48, seed=0, q_scale=1.0):
 
 
 def attend(kernel, q, k_new, v_new, keys, values, slots, lengths, scale):
-    """The kernel's output, checked to have written the new keys and values, and the float64 reference."""
+    """The kernel's output, checked to have written the new keys and values (rounded to the cache's dtype as
+    torch rounds them), and the float64 reference."""
     want_k, want_v = keys.clone(), values.clone()
-    want_k[slots, :, lengths - 1] = k_new
-    want_v[slots, :, lengths - 1] = v_new
+    want_k[slots, :, lengths - 1] = k_new.to(keys.dtype)
+    want_v[slots, :, lengths - 1] = v_new.to(values.dtype)
     out = kernel.decode_attention(q, k_new, v_new, keys, values, slots, lengths, scale)
     assert torch.equal(keys, want_k) and torch.equal(values, want_v)
     return out, reference(q, keys, values, slots, lengths, scale)
@@ -65,6 +66,23 @@ def test_kernel_equals_row_by_row_attention(kernel, kv_heads, group, hd):
     out, ref = attend(kernel, *case(kv_heads, group, hd))
     assert out.shape == ref.shape and out.dtype == torch.float32
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads,group,hd", [(1, 2, 64), (2, 7, 64), (3, 2, 12), (2, 1, 200)])
+def test_half_precision_cache(kernel, dtype, kv_heads, group, hd):
+    """A float16 or bfloat16 cache (``kv_cache_dtype``): the new keys and values are stored rounded to
+    nearest-even as torch's conversion rounds them (bit for bit: ties, values beyond float16's range,
+    infinities, subnormals), and the attention over the stored values, read as float32, is the float64
+    reference's of those values."""
+    q, k_new, v_new, keys, values, slots, lengths, scale = case(kv_heads, group, hd)
+    k_new = k_new.clone()
+    # row 0 has length 1 (it attends to its new key alone, whose output is then not finite: not compared)
+    k_new[0, 0, :7] = torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -8 + 2 ** -9, 70000.0, float("inf"),
+                                    -float("inf"), 1e-40])
+    out, ref = attend(kernel, q, k_new, v_new, keys.to(dtype), values.to(dtype), slots, lengths, scale)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double()[1:], ref[1:], rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("kv_heads,group,hd", [(1, 2, 64), (2, 3, 16), (3, 2, 12)])
@@ -304,10 +322,12 @@ def test_layouts_the_kernels_do_not_assume_are_refused(kernel):
     """The attention writes into the cache through raw pointers: a cache of another dtype or layout, or
     slots and lengths of another dtype or length, are refused before the call."""
     q, k_new, v_new, keys, values, slots, lengths, scale = case(1, 2, 64)
-    with pytest.raises(ValueError, match="keys must be a contiguous float32 cache"):
+    with pytest.raises(ValueError, match="keys must be a contiguous float32, float16 or bfloat16 cache"):
         kernel.decode_attention(q, k_new, v_new, keys.transpose(2, 3), values, slots, lengths, scale)
-    with pytest.raises(ValueError, match="values must be a contiguous float32 cache"):
+    with pytest.raises(ValueError, match="values must be a contiguous float32, float16 or bfloat16 cache"):
         kernel.decode_attention(q, k_new, v_new, keys, values.double(), slots, lengths, scale)
+    with pytest.raises(ValueError, match="keys torch.float16 .* and values torch.float32 .* differ"):
+        kernel.decode_attention(q, k_new, v_new, keys.half(), values, slots, lengths, scale)
     with pytest.raises(ValueError, match="lengths must be contiguous int64"):
         kernel.decode_attention(q, k_new, v_new, keys, values, slots, lengths.int(), scale)
     with pytest.raises(ValueError, match="slots must be contiguous int64"):

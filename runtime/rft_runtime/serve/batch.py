@@ -32,8 +32,8 @@ class RunningBatch:
     def __init__(self, model: Any, *, pad_token_id: int, eos_token_ids: frozenset[int], device: torch.device,
                  decode_text: Callable[[list[int]], str] | None = None, max_slots: int = 32,
                  max_len: int | None = None, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-                 kernels: str | None = None, cuda_graphs: str | None = None):
-        self.runner = SlotRunner(model, kernels=kernels, cuda_graphs=cuda_graphs)
+                 kernels: str | None = None, cuda_graphs: str | None = None, kv_cache_dtype: str | None = None):
+        self.runner = SlotRunner(model, kernels=kernels, cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype)
         self.pad_token_id = pad_token_id
         self.eos_token_ids = eos_token_ids
         self.device = device

@@ -117,7 +117,8 @@ class Engine:
 
     def __init__(self, lm: LoadedModel, *, max_batch_size: int = 32, metrics: EngineMetrics | None = None,
                  policy_version: int = 0, prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-                 kernels: str | None = None, cuda_graphs: str | None = None, pacing: str | None = None):
+                 kernels: str | None = None, cuda_graphs: str | None = None, pacing: str | None = None,
+                 kv_cache_dtype: str | None = None):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
@@ -129,7 +130,11 @@ class Engine:
         self._batch = RunningBatch(lm.model, pad_token_id=lm.pad_token_id, eos_token_ids=lm.eos_token_ids,
                                    device=lm.device, decode_text=lm.codec.decode_text, max_slots=max_batch_size,
                                    max_len=lm.max_model_len, prefill_tokens=prefill_tokens,
-                                   kernels=kernels, cuda_graphs=cuda_graphs)
+                                   kernels=kernels, cuda_graphs=cuda_graphs, kv_cache_dtype=kv_cache_dtype)
+        cache = self._batch.cache
+        log.info("engine: %d sequences at once, KV cache %s (%d columns, up to %d; %s kernels)", max_batch_size,
+                 str(cache.dtype).removeprefix("torch."), cache.capacity, cache.max_len,
+                 "native" if self._batch.runner.kernels is not None else "torch")
         self._waiting: deque[_Request] = deque()
         self._swap: _Swap | None = None
         self._cv = threading.Condition()

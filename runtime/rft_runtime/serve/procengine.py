@@ -253,7 +253,7 @@ class ProcessEngine:
     def __init__(self, lm: ServedModel | None, model_dir: str, *, load_kwargs: dict, max_batch_size: int = 32,
                  policy_version: int = 0, threads: int | None = None, metrics: Any = None,
                  log_file: str | None = None, log_level: str = "INFO", cuda_graphs: str | None = None,
-                 pacing: str | None = None):
+                 pacing: str | None = None, kv_cache_dtype: str | None = None):
         self.lm = lm  # may be set after launch(), before start()
         self.max_batch_size = max_batch_size
         self.metrics = metrics
@@ -261,7 +261,7 @@ class ProcessEngine:
         self.last_step_ok: float | None = None
         self.last_error: str | None = None
         engine_kwargs = {"max_batch_size": max_batch_size, "policy_version": policy_version, "cuda_graphs": cuda_graphs,
-                         "pacing": pacing}
+                         "pacing": pacing, "kv_cache_dtype": kv_cache_dtype}
         self._args = (model_dir, load_kwargs, engine_kwargs,
                       threads, log_file, log_level.upper())
         self._proc: Any = None

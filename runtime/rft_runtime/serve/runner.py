@@ -24,7 +24,9 @@ keys and values, where the q/k/v projection left them, RMSNorm is one pass and t
 the model's own) normalises and the activation is the model's. Embedding, q/k norms (Qwen3), rotary
 tables and the head are the model's own modules. Supported are decoders shaped like
 Llama / Qwen2 / Qwen3 / Mistral with full attention; tests check the logits against transformers'
-forward to 1e-5.
+forward to 1e-5. The cache may hold a narrower type than the model computes in (``kv_cache_dtype``:
+float16 or bfloat16 under a float32 model): keys and values are rounded as they are stored and read back
+converted, the native kernel converting them as it reads.
 """
 
 from __future__ import annotations
@@ -37,7 +39,18 @@ import torch
 import torch.nn.functional as F
 
 from . import graphs, native
+from .choices import pick
 from .kv_cache import SlotKVCache
+
+KV_CACHE_DTYPE_ENV = "RFT_ENGINE_KV_CACHE_DTYPE"
+KV_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_kv_cache_dtype(value: str | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type: ``value`` (``auto``: the model's dtype, or ``float32``, ``float16``,
+    ``bfloat16``), else ``$RFT_ENGINE_KV_CACHE_DTYPE``, else auto; anything else is refused, naming it."""
+    picked = pick(value, name="kv_cache_dtype", env=KV_CACHE_DTYPE_ENV, choices=("auto", *KV_CACHE_DTYPES))
+    return model_dtype if picked == "auto" else KV_CACHE_DTYPES[picked]
 
 
 @dataclass
@@ -145,10 +158,14 @@ class SlotRunner:
     the longest, masked; torch's RMSNorm), or ``auto`` (native where they build and apply: float32 on the
     CPU); unset: ``$RFT_ENGINE_KERNELS``, else auto. ``cuda_graphs``: decode-only iterations replayed
     from CUDA graphs (:mod:`.graphs`): ``auto`` (on a CUDA device), ``never``, or ``uncaptured`` (their
-    fixed-shape iteration, run eagerly); unset: ``$RFT_ENGINE_CUDA_GRAPHS``, else auto.
+    fixed-shape iteration, run eagerly); unset: ``$RFT_ENGINE_CUDA_GRAPHS``, else auto. ``kv_cache_dtype``:
+    the KV cache's element type (:func:`resolve_kv_cache_dtype`; ``auto``, the model's, unless set): a float16 or
+    bfloat16 cache under a float32 model halves the bytes decode attention reads, the keys and values rounded
+    as they are stored and every product and sum still in the model's dtype.
     """
 
-    def __init__(self, model: Any, kernels: str | None = None, cuda_graphs: str | None = None):
+    def __init__(self, model: Any, kernels: str | None = None, cuda_graphs: str | None = None,
+                 kv_cache_dtype: str | None = None):
         base = getattr(model, "model", None)
         head = getattr(model, "lm_head", None)
         needed = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -176,6 +193,7 @@ class SlotRunner:
         self.scaling = float(attn.scaling)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
         self.layers = [_fused_layer(layer) for layer in base.layers]
         self._qk_norm = any(L.qk_norm for L in self.layers)
         self._norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in base.layers]
@@ -221,7 +239,7 @@ class SlotRunner:
     def make_cache(self, slots: int, max_len: int) -> SlotKVCache:
         """A cache sized for this model."""
         return SlotKVCache(layers=self.num_layers, kv_heads=self.kv_heads, head_dim=self.head_dim, slots=slots,
-                           max_len=max_len, dtype=self.dtype, device=self.device)
+                           max_len=max_len, dtype=self.kv_dtype, device=self.device)
 
     @staticmethod
     def _eps(module: Any) -> float | None:
@@ -278,10 +296,10 @@ class SlotRunner:
             full = qd.new_zeros((span, *qd.shape[1:]))
             full[dslots] = qd
             qd = full
-        scores = torch.matmul(qd, keys[:span, :, :width].transpose(-1, -2)).mul_(self.scaling)
+        scores = torch.matmul(qd, keys[:span, :, :width].to(qd.dtype).transpose(-1, -2)).mul_(self.scaling)
         if mask is not None:
             scores.add_(mask)
-        o = torch.matmul(scores.softmax(dim=-1), values[:span, :, :width])
+        o = torch.matmul(scores.softmax(dim=-1), values[:span, :, :width].to(qd.dtype))
         return o if dense else o[dslots]
 
     @torch.inference_mode()
@@ -387,8 +405,8 @@ class SlotRunner:
                         o = kernel.decode_attention(qd, k_new, v_new, keys, values, dslots, lengths, self.scaling,
                                                     attn_out)
                     else:
-                        keys[dslots, :, dpos] = k_new
-                        values[dslots, :, dpos] = v_new
+                        keys[dslots, :, dpos] = k_new.to(keys.dtype)
+                        values[dslots, :, dpos] = v_new.to(values.dtype)
                         o = self._batched_decode(qd, keys, values, dslots, plan)
                 outs.append(o.reshape(n_dec, nh * hd))
             for (off, n, slots, m), slot_t in zip(runs, run_slots):
@@ -401,8 +419,8 @@ class SlotRunner:
                         keys[slots[0], :, :n] = kk[0]
                         values[slots[0], :, :n] = vv[0]
                     else:
-                        keys[slot_t, :, :n] = kk
-                        values[slot_t, :, :n] = vv
+                        keys[slot_t, :, :n] = kk.to(keys.dtype)
+                        values[slot_t, :, :n] = vv.to(values.dtype)
                     o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=self.scaling,
                                                        enable_gqa=True)
                     outs.append(o.transpose(1, 2).reshape(g * n, nh * hd))
@@ -412,8 +430,8 @@ class SlotRunner:
                 end = start + n
                 keys[slot, :, start:end] = k[0, :, off:off + n]
                 values[slot, :, start:end] = v[0, :, off:off + n]
-                o = F.scaled_dot_product_attention(q[:, :, off:off + n], keys[slot:slot + 1, :, :end],
-                                                   values[slot:slot + 1, :, :end], attn_mask=m,
+                o = F.scaled_dot_product_attention(q[:, :, off:off + n], keys[slot:slot + 1, :, :end].to(q.dtype),
+                                                   values[slot:slot + 1, :, :end].to(q.dtype), attn_mask=m,
                                                    scale=self.scaling, enable_gqa=True)
                 outs.append(o[0].transpose(0, 1).reshape(n, nh * hd))
             h = _plus_linear(residual, torch.cat(outs) if len(outs) > 1 else outs[0], L.o_w, L.o_b)
@@ -456,11 +474,12 @@ class SlotRunner:
                 qk = qk * cos + _rotate_half(qk) * sin
                 q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + nkv:]
             keys, values = cache.keys[li], cache.values[li]
-            keys.view(-1, hd).index_copy_(0, dest, k.reshape(-1, hd))
-            values.view(-1, hd).index_copy_(0, dest, v.reshape(-1, hd))
+            keys.view(-1, hd).index_copy_(0, dest, k.reshape(-1, hd).to(keys.dtype))
+            values.view(-1, hd).index_copy_(0, dest, v.reshape(-1, hd).to(values.dtype))
             qd = q.reshape(span, nkv, nh // nkv, hd)  # queries grouped by KV head, as in the eager path
-            scores = torch.matmul(qd, keys[:span, :, :width].transpose(-1, -2)).mul_(self.scaling).add_(mask)
-            o = torch.matmul(scores.softmax(dim=-1), values[:span, :, :width]).reshape(span, nh * hd)
+            kk, vv = keys[:span, :, :width].to(qd.dtype), values[:span, :, :width].to(qd.dtype)
+            scores = torch.matmul(qd, kk.transpose(-1, -2)).mul_(self.scaling).add_(mask)
+            o = torch.matmul(scores.softmax(dim=-1), vv).reshape(span, nh * hd)
             h = _plus_linear(residual, o, L.o_w, L.o_b)
             gate_up = _linear(self._norm(self._norms[li][1], h), L.gate_up_w, L.gate_up_b)
             gate, up = gate_up.split(L.intermediate, dim=-1)

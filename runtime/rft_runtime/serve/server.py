@@ -156,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-pacing", choices=["auto", "never"], default=None,
                    help="auto: a small batch waits an iteration's time when the machine's CPUs are all taken, so "
                         "that the processes feeding the engine run (the default, or $RFT_ENGINE_PACING); never")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "float32", "float16", "bfloat16"], default=None,
+                   help="the KV cache's element type: auto (the model's dtype; the default, or "
+                        "$RFT_ENGINE_KV_CACHE_DTYPE), or float16 / bfloat16 under a float32 model: half the "
+                        "memory and the bytes decode attention reads, keys and values rounded as they are stored")
     p.add_argument("--health-timeout", type=float, default=10.0, help="seconds /health waits for a token")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="accept chat templates supplied by requests (refused by default)")
@@ -166,9 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
 def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, load_kwargs: dict,
                  policy_version: int = 0, threads: int | None = None, log_file: str | None = None,
                  log_level: str = "INFO", torch_free: bool = False, cuda_graphs: str | None = None,
-                 pacing: str | None = None) -> Any:
-    """The engine serving ``model_dir`` (``load_kwargs``: :func:`~.model.load_model`'s; ``cuda_graphs``:
-    :class:`~.runner.SlotRunner`'s, ``pacing``: :class:`~.engine.Engine`'s, None for their defaults): in a child
+                 pacing: str | None = None, kv_cache_dtype: str | None = None) -> Any:
+    """The engine serving ``model_dir`` (``load_kwargs``: :func:`~.model.load_model`'s; ``cuda_graphs`` and
+    ``kv_cache_dtype``: :class:`~.runner.SlotRunner`'s, ``pacing``: :class:`~.engine.Engine`'s, None for their defaults): in a child
     process (:mod:`.procengine`, launched now, so that the model loads there while this process loads
     the tokenizer; ``log_file``/``log_level``: its logging) or in this process. ``torch_free`` (with
     ``engine_process``): this process is only the front end and never imports torch
@@ -178,7 +182,7 @@ def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, l
 
         engine = ProcessEngine(None, model_dir, max_batch_size=max_batch_size, policy_version=policy_version,
                                threads=threads, load_kwargs=load_kwargs, log_file=log_file, log_level=log_level,
-                               cuda_graphs=cuda_graphs, pacing=pacing)
+                               cuda_graphs=cuda_graphs, pacing=pacing, kv_cache_dtype=kv_cache_dtype)
         engine.launch()
         engine.lm = served_model(model_dir, load_kwargs.get("max_model_len"), torch_free=torch_free)
         return engine
@@ -186,7 +190,7 @@ def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, l
     from .model import load_model
 
     return Engine(load_model(model_dir, **load_kwargs), max_batch_size=max_batch_size, policy_version=policy_version,
-                  cuda_graphs=cuda_graphs, pacing=pacing)
+                  cuda_graphs=cuda_graphs, pacing=pacing, kv_cache_dtype=kv_cache_dtype)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(args.model, engine_process=args.engine_process, max_batch_size=args.max_batch_size,
                           policy_version=initial_version, threads=args.threads, log_level=args.log_level,
                           torch_free=True, cuda_graphs="never" if args.enforce_eager else None,
-                          pacing=args.engine_pacing,
+                          pacing=args.engine_pacing, kv_cache_dtype=args.kv_cache_dtype,
                           load_kwargs={"dtype": args.dtype, "device": args.device,
                                        "max_model_len": args.max_model_len})
     lm = engine.lm

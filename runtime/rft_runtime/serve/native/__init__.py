@@ -1,8 +1,9 @@
 """Kernels the builtin engine builds from C at run time, with the machine's own compiler.
 
 :func:`kernels` returns ``kernels.c`` loaded (:class:`Kernels`): the varlen decode attention (each
-decoding sequence writes its new key and value and reads only its own columns of the slot cache;
-torch's batched attention reads every row up to the longest and masks the rest) and RMSNorm in one pass
+decoding sequence writes its new key and value and reads only its own columns of the slot cache, which
+holds float32, float16 or bfloat16; torch's batched attention reads every row up to the longest and
+masks the rest) and RMSNorm in one pass
 (torch's CPU ``rms_norm`` runs about eight operations), rotary embedding turning the packed queries and
 keys in place (torch's runs six operations and copies), the MLP's ``silu(gate) * up`` in one pass, and a
 decode step's sampling (processed logprobs and the seeded draw: about ten operations and a Python hash
@@ -49,6 +50,10 @@ FLAG_SETS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), (
 # clamping could raise floating-point exceptions the scalar code would not), the softmax's included.
 BASE_FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=fast", "-fPIC",
               "-shared", "-std=gnu11")
+
+
+# the KV cache element types the decode attention reads (kernels.c's KV_F32, KV_F16, KV_BF16)
+KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 class NativeUnavailable(RuntimeError):
@@ -137,7 +142,7 @@ class Kernels:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         attn = lib.rft_decode_attention
         attn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, i64,
-                         i64, ctypes.c_float, ctypes.c_int, i64, i64]
+                         i64, ctypes.c_float, ctypes.c_int, i64, i64, ctypes.c_int]
         attn.restype = ctypes.c_int
         norm = lib.rft_rms_norm
         norm.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float]
@@ -164,7 +169,8 @@ class Kernels:
         """``q`` ``[rows, kv_heads, group, head_dim]`` (rows may be strided); ``k_new`` and ``v_new``
         ``[rows, kv_heads, head_dim]`` (strided rows and heads), written into column ``lengths - 1`` of
         each row's slot; the slot cache's ``keys`` and ``values`` ``[slots, kv_heads, capacity, head_dim]``
-        (contiguous); int64 ``slots`` and ``lengths`` ``[rows]``. Returns the attention output
+        (contiguous; float32, float16 or bfloat16: read as float32, the new keys and values rounded to it as
+        torch's ``copy_`` rounds); int64 ``slots`` and ``lengths`` ``[rows]``. Returns the attention output
         ``[rows, kv_heads, group, head_dim]``, written into ``out`` (contiguous, that shape) when given:
         a buffer the caller reuses saves an allocation per call."""
         rows, kv_heads, group, hd = q.shape
@@ -201,11 +207,12 @@ class Kernels:
                 out: torch.Tensor | None) -> torch.Tensor:
         # the kernel writes into the cache through raw pointers: refuse a layout it does not assume
         for name, t in (("keys", keys), ("values", values)):
-            if t.dtype != torch.float32 or not t.is_contiguous() or t.shape[1] != kv_heads or t.shape[3] != hd:
-                raise ValueError(f"decode attention: {name} must be a contiguous float32 cache "
+            if t.dtype not in KV_KINDS or not t.is_contiguous() or t.shape[1] != kv_heads or t.shape[3] != hd:
+                raise ValueError(f"decode attention: {name} must be a contiguous float32, float16 or bfloat16 cache "
                                  f"[slots, {kv_heads}, capacity, {hd}], got {t.dtype} {tuple(t.shape)}")
-        if keys.shape != values.shape:
-            raise ValueError(f"decode attention: keys {tuple(keys.shape)} and values {tuple(values.shape)} differ")
+        if keys.shape != values.shape or keys.dtype != values.dtype:
+            raise ValueError(f"decode attention: keys {keys.dtype} {tuple(keys.shape)} and values {values.dtype} "
+                             f"{tuple(values.shape)} differ")
         for name, t in (("slots", slots), ("lengths", lengths)):
             if t.dtype != torch.int64 or not t.is_contiguous() or t.shape != (rows,):
                 raise ValueError(f"decode attention: {name} must be contiguous int64 [{rows}], got {t.dtype} "
@@ -217,7 +224,8 @@ class Kernels:
             raise ValueError(f"decode attention: out must be contiguous float32 {shape}, got {tuple(out.shape)}")
         rc = self._attn(q, q_row, out.data_ptr(), keys.data_ptr(), values.data_ptr(), k_new, kn_row, kn_head, v_new,
                         vn_row, vn_head, slots.data_ptr(), lengths.data_ptr(), rows, kv_heads, group, hd,
-                        keys.stride(0), keys.stride(1), scale, torch.get_num_threads(), keys.shape[0], keys.shape[2])
+                        keys.stride(0), keys.stride(1), scale, torch.get_num_threads(), keys.shape[0], keys.shape[2],
+                        KV_KINDS[keys.dtype])
         if rc == -2:
             raise ValueError(f"decode attention: slots must lie in [0, {keys.shape[0]}) and lengths in [1, "
                              f"{keys.shape[2]}], got {slots.tolist()} and {lengths.tolist()}")

@@ -3,7 +3,8 @@
  * embedding turning the packed queries and keys in place, the gated MLP activation silu(gate) * up, and
  * one decode step's sampling (processed logprobs, the seeded inverse-CDF draw).
  *
- * float32 only, no torch headers: rft_runtime.serve.native builds this file at run time with the
+ * float32 arithmetic, no torch headers (the KV cache may also hold float16 or bfloat16, converted to float32
+ * as it is read and rounded to nearest-even as the new keys and values are written, as torch converts): rft_runtime.serve.native builds this file at run time with the
  * machine's C compiler (GCC or Clang: it uses their portable vector extension, which becomes AVX, SSE or
  * NEON instructions) and calls it through ctypes, which releases the GIL. Built with OpenMP, a large
  * attention call splits its (row, KV head) pairs over `threads` threads (torch's intra-op count). */
@@ -11,6 +12,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -22,6 +26,91 @@ static inline v8 load8(const float *p)
 }
 
 static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+
+/* The KV cache's element types: KV_F32 (float), KV_F16 (IEEE half, _Float16: F16C's vcvtph2ps where
+ * -march=native has it) and KV_BF16 (bfloat16: the upper 16 bits of a float). The attention's helpers take
+ * the kind as a constant argument and are inlined, so each kind gets its own loops and no branch is left in
+ * them. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+typedef _Float16 v8h __attribute__((vector_size(16)));
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+
+static inline __attribute__((always_inline)) size_t kv_size(const int kind)
+{
+    return kind == KV_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+/* Eight cache elements from element i of p, as floats. */
+static inline __attribute__((always_inline)) v8 kv_load8(const void *p, int64_t i, const int kind)
+{
+    if (kind == KV_F16) {
+#if defined(__F16C__) /* GCC 12 turns __builtin_convertvector of a half vector into eight scalar conversions */
+        const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+        v8 x;
+        memcpy(&x, &f, sizeof x);
+        return x;
+#else
+        v8h h;
+        memcpy(&h, (const uint16_t *)p + i, sizeof h);
+        return __builtin_convertvector(h, v8);
+#endif
+    }
+    if (kind == KV_BF16) {
+#if defined(__AVX2__) /* as above: widen the eight halves in one instruction, not eight */
+        const __m256i u = _mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16);
+#else
+        v8u16 h;
+        memcpy(&h, (const uint16_t *)p + i, sizeof h);
+        const v8u32 u = __builtin_convertvector(h, v8u32) << 16;
+#endif
+        v8 x;
+        memcpy(&x, &u, sizeof x);
+        return x;
+    }
+    return load8((const float *)p + i);
+}
+
+static inline __attribute__((always_inline)) float kv_load1(const void *p, int64_t i, const int kind)
+{
+    if (kind == KV_F16)
+        return (float)((const _Float16 *)p)[i];
+    if (kind == KV_BF16) {
+        const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+        float x;
+        memcpy(&x, &u, sizeof x);
+        return x;
+    }
+    return ((const float *)p)[i];
+}
+
+/* float -> bfloat16, rounding to nearest-even; a NaN stays a (quiet) NaN. */
+static inline uint16_t to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* n floats of src into the cache at element i of dst, converted to its kind. */
+static inline __attribute__((always_inline)) void kv_store(void *dst, int64_t i, const float *src, int64_t n,
+                                                            const int kind)
+{
+    if (kind == KV_F16) {
+        _Float16 *d = (_Float16 *)dst + i;
+        for (int64_t t = 0; t < n; t++)
+            d[t] = (_Float16)src[t];
+    } else if (kind == KV_BF16) {
+        uint16_t *d = (uint16_t *)dst + i;
+        for (int64_t t = 0; t < n; t++)
+            d[t] = to_bf16(src[t]);
+    } else {
+        memcpy((float *)dst + i, src, sizeof(float) * (size_t)n);
+    }
+}
 
 static inline float sum8(v8 x)
 {
@@ -97,20 +186,22 @@ static inline v8 sums8(const v8 *x)
     return SHUFFLE(b0, b1, 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(b0, b1, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-/* scores[j * len + t] = scale * q_j . k_t; eight columns at a time (eight independent sums), then the rest. */
-static void scores_vec(const float *restrict q, const float *restrict k, int64_t len, int64_t group, int64_t hd,
-                       float scale, float *restrict scores)
+/* scores[j * len + t] = scale * q_j . k_t; eight columns at a time (eight independent sums), then the rest.
+ * k holds cache elements of `kind`. */
+static inline __attribute__((always_inline)) void scores_vec(const float *restrict q, const void *restrict k,
+                                                              int64_t len, int64_t group, int64_t hd, float scale,
+                                                              float *restrict scores, const int kind)
 {
     int64_t t = 0;
     for (; t + 8 <= len; t += 8) {
-        const float *kt = k + t * hd;
+        const int64_t kt = t * hd;
         for (int64_t j = 0; j < group; j++) {
             const float *qj = q + j * hd;
             v8 a[8] = {{0}};
             for (int64_t d = 0; d < hd; d += 8) {
                 const v8 x = load8(qj + d);
                 for (int c = 0; c < 8; c++)
-                    a[c] += x * load8(kt + c * hd + d);
+                    a[c] += x * kv_load8(k, kt + c * hd + d, kind);
             }
             store8(scores + j * len + t, sums8(a) * scale);
         }
@@ -119,28 +210,29 @@ static void scores_vec(const float *restrict q, const float *restrict k, int64_t
         for (int64_t j = 0; j < group; j++) {
             v8 a = {0};
             for (int64_t d = 0; d < hd; d += 8)
-                a += load8(q + j * hd + d) * load8(k + t * hd + d);
+                a += load8(q + j * hd + d) * kv_load8(k, t * hd + d, kind);
             scores[j * len + t] = sum8(a) * scale;
         }
     }
 }
 
 /* out_j[0, 8 nb) = inv[j] * sum_t p_j[t] v_t[0, 8 nb) for G query heads (p_j = p + j * len, out_j = out + j *
- * hd) in one pass over the values, v_t = v + t * hd. Inlined with G and nb constants, the G nb sums stay in
- * registers (an array indexed up to a run-time bound is kept in memory: loaded and stored for every t). */
-static inline __attribute__((always_inline)) void weighted_block(const float *restrict p, const float *restrict v,
+ * hd) in one pass over the values, v_t = element t * hd of v (of `kind`). Inlined with G, nb and kind
+ * constants, the G nb sums stay in registers (an array indexed up to a run-time bound is kept in memory:
+ * loaded and stored for every t). */
+static inline __attribute__((always_inline)) void weighted_block(const float *restrict p, const void *restrict v,
                                                                  int64_t len, int64_t hd, const float *inv,
-                                                                 float *restrict out, const int G, const int nb)
+                                                                 float *restrict out, const int G, const int nb,
+                                                                 const int kind)
 {
     v8 o[2][8];
     for (int j = 0; j < G; j++)
         for (int b = 0; b < nb; b++)
             o[j][b] = (v8){0};
     for (int64_t t = 0; t < len; t++) {
-        const float *vt = v + t * hd;
         v8 x[8];
         for (int b = 0; b < nb; b++)
-            x[b] = load8(vt + 8 * b);
+            x[b] = kv_load8(v, t * hd + 8 * b, kind);
         for (int j = 0; j < G; j++) {
             const v8 w = (v8){0} + p[j * len + t];
             for (int b = 0; b < nb; b++)
@@ -152,54 +244,62 @@ static inline __attribute__((always_inline)) void weighted_block(const float *re
             store8(out + j * hd + 8 * b, o[j][b] * inv[j]);
 }
 
-/* The weighted values of G (1 or 2) query heads, in blocks of 8 vectors of each head, then one of the rest. */
-#define WEIGHTED_TAIL(G, n) \
-    case n: weighted_block(p, v + d0, len, hd, inv, out + d0, G, n); break
-#define WEIGHTED_VALUES(name, G)                                                                            \
-    static void name(const float *restrict p, const float *restrict v, int64_t len, int64_t hd,             \
-                     const float *inv, float *restrict out)                                                 \
-    {                                                                                                       \
-        int64_t d0 = 0;                                                                                     \
-        for (; d0 + 64 <= hd; d0 += 64)                                                                     \
-            weighted_block(p, v + d0, len, hd, inv, out + d0, G, 8);                                        \
-        switch ((hd - d0) / 8) {                                                                            \
-        WEIGHTED_TAIL(G, 1); WEIGHTED_TAIL(G, 2); WEIGHTED_TAIL(G, 3); WEIGHTED_TAIL(G, 4);                 \
-        WEIGHTED_TAIL(G, 5); WEIGHTED_TAIL(G, 6); WEIGHTED_TAIL(G, 7);                                      \
-        default: break;                                                                                     \
-        }                                                                                                   \
+/* The weighted values of G (1 or 2) query heads, in blocks of 8 vectors of each head, then one of the rest
+ * (v: the values of `kind` from element 0 of the head). */
+static inline __attribute__((always_inline)) void weighted_values(const float *restrict p, const void *restrict v,
+                                                                  int64_t len, int64_t hd, const float *inv,
+                                                                  float *restrict out, const int G, const int kind)
+{
+    const char *vb = v;
+    const size_t es = kv_size(kind);
+    int64_t d0 = 0;
+    for (; d0 + 64 <= hd; d0 += 64)
+        weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 8, kind);
+    switch ((hd - d0) / 8) {
+    case 1: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 1, kind); break;
+    case 2: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 2, kind); break;
+    case 3: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 3, kind); break;
+    case 4: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 4, kind); break;
+    case 5: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 5, kind); break;
+    case 6: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 6, kind); break;
+    case 7: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 7, kind); break;
+    default: break;
     }
-WEIGHTED_VALUES(weighted_values_1, 1)
+}
+
 /* A pair of query heads in one pass over the values: 16 sums and 8 values in registers, which only 32
  * vector registers hold (AVX-512VL); with 16 (AVX2) they would spill, and each head takes its own pass. */
 #if defined(__AVX512VL__)
 #define PAIRED 1
-WEIGHTED_VALUES(weighted_values_2, 2)
 #else
 #define PAIRED 0
 #endif
 
-/* Scores, softmax and weighted values of one KV head's `group` query heads. */
-static void head_vec(const float *q, float *out, const float *k, const float *v, int64_t len, int64_t group,
-                     int64_t hd, float scale, float *scores)
+/* Scores, softmax and weighted values of one KV head's `group` query heads (k, v: the head's cache, of
+ * `kind`). */
+static inline __attribute__((always_inline)) void head_vec(const float *q, float *out, const void *k, const void *v,
+                                                            int64_t len, int64_t group, int64_t hd, float scale,
+                                                            float *scores, const int kind)
 {
-    scores_vec(q, k, len, group, hd, scale, scores);
+    scores_vec(q, k, len, group, hd, scale, scores, kind);
     int64_t j = 0;
 #if PAIRED
     for (; j + 2 <= group; j += 2) {
         float *s = scores + j * len;
         const float inv[2] = {1.0f / exp_shifted(s, len), 1.0f / exp_shifted(s + len, len)};
-        weighted_values_2(s, v, len, hd, inv, out + j * hd);
+        weighted_values(s, v, len, hd, inv, out + j * hd, 2, kind);
     }
 #endif
     for (; j < group; j++) {
         float *s = scores + j * len;
         const float inv[1] = {1.0f / exp_shifted(s, len)};
-        weighted_values_1(s, v, len, hd, inv, out + j * hd);
+        weighted_values(s, v, len, hd, inv, out + j * hd, 1, kind);
     }
 }
 
-static void head_scalar(const float *q, float *out, const float *k, const float *v, int64_t len, int64_t group,
-                        int64_t hd, float scale, float *scores)
+static inline __attribute__((always_inline)) void head_scalar(const float *q, float *out, const void *k,
+                                                               const void *v, int64_t len, int64_t group, int64_t hd,
+                                                               float scale, float *scores, const int kind)
 {
     for (int64_t j = 0; j < group; j++) {
         const float *qj = q + j * hd;
@@ -207,7 +307,7 @@ static void head_scalar(const float *q, float *out, const float *k, const float 
         for (int64_t t = 0; t < len; t++) {
             float acc = 0.0f;
             for (int64_t d = 0; d < hd; d++)
-                acc += qj[d] * k[t * hd + d];
+                acc += qj[d] * kv_load1(k, t * hd + d, kind);
             s[t] = acc * scale;
         }
         const float inv = 1.0f / exp_shifted(s, len);
@@ -215,34 +315,56 @@ static void head_scalar(const float *q, float *out, const float *k, const float 
             oj[d] = 0.0f;
         for (int64_t t = 0; t < len; t++)
             for (int64_t d = 0; d < hd; d++)
-                oj[d] += s[t] * v[t * hd + d];
+                oj[d] += s[t] * kv_load1(v, t * hd + d, kind);
         for (int64_t d = 0; d < hd; d++)
             oj[d] *= inv;
     }
 }
 
+/* One (row, KV head) pair of rft_decode_attention, its cache of `kind`: the new key and value written,
+ * then the heads attended. */
+static inline __attribute__((always_inline)) void attend_pair(const float *q, float *out, void *keys, void *values,
+                                                               const float *k_new, const float *v_new, int64_t base,
+                                                               int64_t len, int64_t group, int64_t hd, float scale,
+                                                               float *scores, int vector, const int kind)
+{
+    const size_t es = kv_size(kind);
+    kv_store(keys, base + (len - 1) * hd, k_new, hd, kind);
+    kv_store(values, base + (len - 1) * hd, v_new, hd, kind);
+    const char *k = (const char *)keys + base * es, *v = (const char *)values + base * es;
+    if (vector)
+        head_vec(q, out, k, v, len, group, hd, scale, scores, kind);
+    else
+        head_scalar(q, out, k, v, len, group, hd, scale, scores, kind);
+}
+
 /* Decode attention over a per-slot KV cache, each row read only up to its own length (varlen).
  *
  * One query token per decoding sequence ("row"). Row i's keys and values are columns [0, lengths[i]) of
- * slot slots[i] in the cache, laid out [slot][kv_head][column][head_dim] (slot_stride and head_stride
- * are the cache's strides, so its column capacity can be anything). Its own new key and value (kv_heads
- * vectors of head_dim each, at k_new + i * kn_row + h * kn_head, likewise v_new) are first written into
- * column lengths[i] - 1. Queries and the output are [row][kv_head][group][head_dim], the `group` query
- * heads sharing one KV head (grouped-query attention) side by side; row i of q starts q_row_stride
- * floats after row i - 1, its heads contiguous; the output is contiguous:
+ * slot slots[i] in the cache, laid out [slot][kv_head][column][head_dim] of `kv_kind` elements (KV_F32,
+ * KV_F16 or KV_BF16; slot_stride and head_stride are the cache's strides in elements, so its column
+ * capacity can be anything). Its own new key and value (kv_heads vectors of head_dim floats each, at
+ * k_new + i * kn_row + h * kn_head, likewise v_new) are first written into column lengths[i] - 1,
+ * converted to the cache's kind. Queries and the output are float32 [row][kv_head][group][head_dim], the
+ * `group` query heads sharing one KV head (grouped-query attention) side by side; row i of q starts
+ * q_row_stride floats after row i - 1, its heads contiguous; the output is contiguous:
  *
  *     out[i,h,j] = softmax_t(scale * q[i,h,j] . K[slot_i,h,t]) . V[slot_i,h,t],   t < lengths[i]
  *
- * Head sizes that are a multiple of 8 take the vector path, others a scalar one. exp() is a polynomial
- * the compiler vectorises (relative error at most 1.1e-7 against double-precision exp on [-87, 0],
- * about one float ulp). Returns 0; -1 when a thread could not allocate its scratch; -2, having touched
- * nothing, when a slot is not in [0, n_slots) or a length not in [1, capacity]. */
-int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, float *keys, float *values,
+ * with K and V read as float32 and every sum in float32. Head sizes that are a multiple of 8 take the
+ * vector path, others a scalar one. exp() is a polynomial the compiler vectorises (relative error at most
+ * 1.1e-7 against double-precision exp on [-87, 0], about one float ulp). Returns 0; -1 when a thread could
+ * not allocate its scratch; -2, having touched nothing, when a slot is not in [0, n_slots), a length not in
+ * [1, capacity] or kv_kind unknown. */
+int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, void *keys, void *values,
                          const float *k_new, int64_t kn_row, int64_t kn_head, const float *v_new, int64_t vn_row,
                          int64_t vn_head, const int64_t *slots, const int64_t *lengths, int64_t rows,
                          int64_t kv_heads, int64_t group, int64_t head_dim, int64_t slot_stride,
-                         int64_t head_stride, float scale, int threads, int64_t n_slots, int64_t capacity)
+                         int64_t head_stride, float scale, int threads, int64_t n_slots, int64_t capacity,
+                         int kv_kind)
 {
+    if (kv_kind != KV_F32 && kv_kind != KV_F16 && kv_kind != KV_BF16)
+        return -2;
     int64_t longest = 1;
     for (int64_t i = 0; i < rows; i++) {
         if (slots[i] < 0 || slots[i] >= n_slots || lengths[i] < 1 || lengths[i] > capacity)
@@ -262,13 +384,19 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, float
 #pragma omp for schedule(static)
             for (int64_t w = 0; w < work; w++) {
                 const int64_t i = w / kv_heads, h = w % kv_heads;
+                const float *qi = q + i * q_row_stride + h * group * head_dim;
+                float *o = out + w * group * head_dim;
+                const float *kn = k_new + i * kn_row + h * kn_head, *vn = v_new + i * vn_row + h * vn_head;
                 const int64_t base = slots[i] * slot_stride + h * head_stride;
-                const int64_t column = (lengths[i] - 1) * head_dim;
-                memcpy(keys + base + column, k_new + i * kn_row + h * kn_head, sizeof(float) * (size_t)head_dim);
-                memcpy(values + base + column, v_new + i * vn_row + h * vn_head, sizeof(float) * (size_t)head_dim);
-                (vector ? head_vec : head_scalar)(q + i * q_row_stride + h * group * head_dim,
-                                                  out + w * group * head_dim, keys + base, values + base,
-                                                  lengths[i], group, head_dim, scale, scores);
+                if (kv_kind == KV_F16)
+                    attend_pair(qi, o, keys, values, kn, vn, base, lengths[i], group, head_dim, scale, scores,
+                                vector, KV_F16);
+                else if (kv_kind == KV_BF16)
+                    attend_pair(qi, o, keys, values, kn, vn, base, lengths[i], group, head_dim, scale, scores,
+                                vector, KV_BF16);
+                else
+                    attend_pair(qi, o, keys, values, kn, vn, base, lengths[i], group, head_dim, scale, scores,
+                                vector, KV_F32);
             }
             free(scores);
         }
