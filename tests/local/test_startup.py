@@ -68,3 +68,38 @@ def test_environ_is_put_back():
         assert key_new not in os.environ
     finally:
         os.environ.pop(key_old, None)
+
+
+def test_inference_extra_args_under_rft_run(tmp_path, manifest):
+    """``spec.inference.extraArgs`` give the builtin engine under ``rft run`` what ``rft serve`` takes from them
+    on a cluster; an option ``rft run`` sets itself, one ``rft serve`` does not know, or a bad value is refused
+    before anything starts, naming the field."""
+    from rft_runtime.local.runner import LocalRunError, RunOptions, literal_env, run_local
+    from rft_runtime.serve.server import ExtraArgsError, engine_settings
+
+    assert engine_settings([]) == {}
+    assert engine_settings(["--kv-cache-dtype", "float16", "--max-batch-size=64", "--enforce-eager",
+                            "--engine-pacing", "never", "--trust-request-chat-template"]) == {
+        "kv_cache_dtype": "float16", "max_batch_size": 64, "cuda_graphs": "never", "pacing": "never",
+        "trust_request_chat_template": True}
+    for args, message in ((["--port", "9000"], "--port: rft run sets it from the port rft run binds"),
+                          (["--dtype=float16"], "--dtype: rft run sets it from spec.model.dtype"),
+                          (["--kv-cache-dtype", "fp8"], "argument --kv-cache-dtype: invalid choice: 'fp8'"),
+                          (["--max-batch"], "unrecognized arguments: --max-batch"),
+                          (["--max-batch-size", "0"], "--max-batch-size must be at least 1")):
+        with pytest.raises(ExtraArgsError, match=message):
+            engine_settings(args)
+    out = tmp_path / "out"
+    job = manifest("bad-args", inference={"extraArgs": ["--weights-dir", "/tmp/x"]})
+    with pytest.raises(LocalRunError, match=r"spec.inference.extraArgs: --weights-dir: rft run sets it from the "
+                                            r"trainer's publications"):
+        run_local(RunOptions(manifest=str(job), out=str(out)))
+    assert not out.exists()  # refused before the run's directory or Ray
+
+    # a role's env: the literal values; a secretKeyRef is left to the environment rft run started in
+    from rft_api.spec import EnvVar
+
+    entries = [EnvVar.model_validate(e) for e in (
+        {"name": "A", "value": "1"}, {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+        {"name": "B", "value": ""})]
+    assert literal_env(entries) == {"A": "1", "B": ""}

@@ -33,12 +33,15 @@ ACTOR_ENV = {
 
 
 def _setup_process(log_file: str | None, threads: int, *, computes: bool = True,
-                   cpus: tuple[int, ...] | None = None) -> None:
+                   cpus: tuple[int, ...] | None = None, env: dict[str, str] | None = None) -> None:
     """Environment, torch's threads, logging and cores of an actor's process. ``computes``: whether the
     role computes with torch (inference, trainer; :func:`_setup_compute`); a rollout worker only
     tokenizes, and does not import torch unless the job's own code does
     (:func:`~rft_runtime.rollout.loop.runs_user_code`). ``cpus``: the cores the process (and the
-    processes it starts) keeps to (:mod:`.cores`; None: wherever the system runs it)."""
+    processes it starts) keeps to (:mod:`.cores`; None: wherever the system runs it). ``env``: the role's
+    ``env`` from the manifest (its literal values), set before anything reads the environment and kept by
+    the processes the role starts."""
+    os.environ.update(env or {})
     for k, v in ACTOR_ENV.items():
         os.environ.setdefault(k, v)
     root = logging.getLogger()
@@ -118,9 +121,10 @@ class InferenceActor(_Staged):
     def __init__(self, model_dir: str, served_name: str, *, local: bool, threads: int = 1,
                  max_batch_size: int = 256, dtype: str = "auto", max_model_len: int | None = None,
                  log_file: str | None = None, shipment: Any = None, role: str = "inference",
-                 engine_process: bool = False, cpus: tuple[int, ...] | None = None) -> None:
+                 engine_process: bool = False, cpus: tuple[int, ...] | None = None,
+                 settings: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> None:
         self.log_file = self._open_stage(shipment, role, log_file)
-        _setup_process(self.log_file, threads, computes=False, cpus=cpus)
+        _setup_process(self.log_file, threads, computes=False, cpus=cpus, env=env)
         from ..coordinator.server import bind_socket
 
         self.host = node_host(local)
@@ -128,6 +132,7 @@ class InferenceActor(_Staged):
         self.port = int(self.sock.getsockname()[1])
         self.server: Any = None
         self._serve = (model_dir, served_name, threads, max_batch_size, dtype, max_model_len, engine_process)
+        self._settings = dict(settings or {})  # spec.inference.extraArgs (serve.server.engine_settings)
 
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
@@ -142,12 +147,17 @@ class InferenceActor(_Staged):
         from ..coordinator.server import AppThread
         from ..serve.server import build_engine, create_app
 
-        engine = build_engine(model_dir, engine_process=engine_process, max_batch_size=max_batch_size,
-                              threads=threads, log_file=self.log_file,
-                              load_kwargs={"dtype": dtype, "max_model_len": max_model_len})
+        settings = dict(self._settings)
+        app_kwargs = {k: settings.pop(k) for k in ("health_timeout", "trust_request_chat_template") if k in settings}
+        load_kwargs = {"dtype": dtype, "max_model_len": max_model_len}
+        if "device" in settings:
+            load_kwargs["device"] = settings.pop("device")
+        settings.setdefault("max_batch_size", max_batch_size)
+        engine = build_engine(model_dir, engine_process=engine_process, threads=threads, log_file=self.log_file,
+                              load_kwargs=load_kwargs, **settings)
         token = auth.server_token("inference")  # the run's token (rft run puts it in every actor's env)
-        self.server = AppThread(create_app(engine, served_name, stop_engine_on_cleanup=True, token=token),
-                                sock=self.sock).start()
+        self.server = AppThread(create_app(engine, served_name, stop_engine_on_cleanup=True, token=token,
+                                           **app_kwargs), sock=self.sock).start()
         logging.getLogger(__name__).info("serving %s as %r at %s", model_dir, served_name, self.url())
         return self.url()
 
@@ -172,9 +182,10 @@ class TrainerActor(_Staged):
     :meth:`setup` then builds the trainer."""
 
     def __init__(self, *, threads: int = 1, local: bool = True, log_file: str | None = None,
-                 shipment: Any = None, cpus: tuple[int, ...] | None = None) -> None:
+                 shipment: Any = None, cpus: tuple[int, ...] | None = None,
+                 env: dict[str, str] | None = None) -> None:
         log_file = self._open_stage(shipment, "trainer", log_file)
-        _setup_process(log_file, threads, cpus=cpus)
+        _setup_process(log_file, threads, cpus=cpus, env=env)
         from ..trainer import trainer  # noqa: F401 - imported now, in parallel with the other roles
 
         self.threads, self.local, self.log_file = threads, local, log_file

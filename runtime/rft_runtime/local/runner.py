@@ -197,6 +197,12 @@ def run_local(opts: RunOptions) -> RunResult:
     if spec.inference.engine != "builtin":
         raise LocalRunError(f"spec.inference.engine: rft run starts the builtin server only, got "
                             f"{spec.inference.engine!r}; use engine: builtin locally")
+    from ..serve.server import ExtraArgsError, engine_settings
+
+    try:  # the engine options rft serve would take from them on a cluster, checked before anything starts
+        engine_settings(list(spec.inference.extra_args))
+    except ExtraArgsError as exc:
+        raise LocalRunError(f"spec.inference.extraArgs: {exc}") from exc
     out = _out_dir(opts, job.name, opts.max_steps or spec.trainer.max_steps)
     started = time.perf_counter()
     from ..model import default_cache_dir
@@ -301,6 +307,13 @@ def _manifest_configmaps(manifest: str) -> dict[str, dict[str, str]]:
     return {d.get("metadata", {}).get("name", ""): dict(d.get("data") or {}) for d in docs if d.get("kind") == "ConfigMap"}
 
 
+def literal_env(entries: list[Any]) -> dict[str, str]:
+    """A role's ``env`` entries that carry a literal ``value``, for ``rft run`` to set in that role's
+    processes. ``rft run`` has no Secrets: an entry by ``valueFrom.secretKeyRef`` is left to the environment
+    it was started in (a variable of that name set there reaches every role, as any variable does)."""
+    return {e.name: e.value for e in entries if e.value is not None}
+
+
 def _free_port() -> int:
     """A free loopback port (the trainer's rendezvous when it has several processes)."""
     import socket
@@ -375,16 +388,19 @@ def _start_and_drive(opts: RunOptions, job: RFTJob, model_dir: Path, paths: runt
     # Every role's process starts now, in parallel. The inference servers bind their sockets first and
     # load the model while the trainer builds itself up to its coordinator and the rollout workers
     # start; the trainer publishes its weights once the servers answer.
+    from ..serve.server import engine_settings
+
     infer = [placed(InferenceActor, "inference").remote(
                  str(model_dir), job.name, local=local, threads=opts.threads, dtype=spec.model.dtype,
                  max_model_len=spec.inference.max_model_len, log_file=str(logs / f"inference-{i}.log"),
                  shipment=shipment, role=f"inference-{i}", engine_process=opts.engine_process,
-                 cpus=cpus.get("inference"))
+                 cpus=cpus.get("inference"), settings=engine_settings(list(spec.inference.extra_args)),
+                 env=literal_env(spec.inference.env))
              for i in range(max(1, spec.inference.replicas))]
     actors += infer
     trainer = placed(TrainerActor, "trainer").remote(threads=opts.threads, local=local,
                                                      log_file=str(logs / "trainer.log"), shipment=shipment,
-                                                     cpus=cpus.get("trainer"))
+                                                     cpus=cpus.get("trainer"), env=literal_env(spec.trainer.env))
     actors.append(trainer)
     rollouts = [placed(RolloutActor, "rollout").remote(f"local-rollout-{i}", threads=opts.threads,
                                                        log_file=str(logs / f"rollout-{i}.log"), shipment=shipment,

@@ -167,6 +167,60 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# rft serve's options that `rft run` sets itself, each from what it names, so that spec.inference.extraArgs
+# cannot set them there
+SET_BY_RFT_RUN = {
+    "--model": "spec.model", "--served-model-name": "metadata.name", "--dtype": "spec.model.dtype",
+    "--max-model-len": "spec.inference.maxModelLen", "--host": "the address rft run binds",
+    "--port": "the port rft run binds", "--threads": "rft run --threads",
+    "--engine-process": "rft run --engine-process", "--no-engine-process": "rft run --engine-process",
+    "--policy-version": "the trainer's publications", "--weights-dir": "the trainer's publications",
+    "--log-level": "rft run's own logging",
+}
+
+
+class ExtraArgsError(ValueError):
+    """``spec.inference.extraArgs`` that the builtin engine under ``rft run`` cannot take (the message says
+    which and why)."""
+
+
+class _Refusing(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse exits; rft run reports it against the field instead
+        raise ExtraArgsError(message)
+
+
+def engine_settings(extra_args: list[str]) -> dict[str, Any]:
+    """What ``spec.inference.extraArgs`` sets on the builtin engine, for ``rft run`` to apply as ``rft serve``
+    would from its command line (on a cluster they are appended to it): the keyword arguments of
+    :func:`build_engine` (``max_batch_size``, ``cuda_graphs``, ``pacing``, ``kv_cache_dtype``), of
+    :func:`create_app` (``health_timeout``, ``trust_request_chat_template``) and ``device``; only those given.
+    An option ``rft run`` sets itself (:data:`SET_BY_RFT_RUN`), one ``rft serve`` does not know, or a bad value
+    raises :class:`ExtraArgsError` naming it."""
+    for arg in extra_args:
+        name = arg.split("=", 1)[0]
+        if name in SET_BY_RFT_RUN:
+            raise ExtraArgsError(f"{name}: rft run sets it from {SET_BY_RFT_RUN[name]}; remove it")
+    full = build_parser()
+    p = _Refusing(prog="spec.inference.extraArgs", add_help=False, allow_abbrev=False)
+    for action in full._actions:
+        if action.option_strings and not set(action.option_strings) & (set(SET_BY_RFT_RUN) | {"-h", "--help"}):
+            p._add_action(action)
+    given = p.parse_args(extra_args)
+    defaults = full.parse_args(["--model", "m"])
+    out: dict[str, Any] = {}
+    names = {"max_batch_size": "max_batch_size", "kv_cache_dtype": "kv_cache_dtype", "engine_pacing": "pacing",
+             "health_timeout": "health_timeout", "trust_request_chat_template": "trust_request_chat_template",
+             "device": "device"}
+    for attr, key in names.items():
+        if getattr(given, attr) != getattr(defaults, attr):
+            out[key] = getattr(given, attr)
+    if given.enforce_eager:
+        out["cuda_graphs"] = "never"
+    if "max_batch_size" in out and out["max_batch_size"] < 1:
+        raise ExtraArgsError(f"--max-batch-size must be at least 1, got {out['max_batch_size']}")
+    return out
+
+
 def build_engine(model_dir: str, *, engine_process: bool, max_batch_size: int, load_kwargs: dict,
                  policy_version: int = 0, threads: int | None = None, log_file: str | None = None,
                  log_level: str = "INFO", torch_free: bool = False, cuda_graphs: str | None = None,
