@@ -186,28 +186,36 @@ static inline v8 sums8(const v8 *x)
     return SHUFFLE(b0, b1, 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(b0, b1, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
-/* scores[j * len + t] = scale * q_j . k_t; eight columns at a time (eight independent sums), then the rest.
- * k holds cache elements of `kind`. */
-static inline __attribute__((always_inline)) void scores_vec(const float *restrict q, const void *restrict k,
-                                                              int64_t len, int64_t group, int64_t hd, float scale,
-                                                              float *restrict scores, const int kind)
+/* scores[j * len + t] = scale * q_j . k_t for G query heads j0 .. j0 + G - 1 (G 1 or 2, a constant), eight
+ * columns at a time: each key vector is loaded (and converted) once for the G heads, whose 8 G sums stay in
+ * registers (16 for a pair: with the 8 keys, what 32 vector registers hold). */
+static inline __attribute__((always_inline)) void scores_block(const float *restrict q, const void *restrict k,
+                                                                int64_t len, int64_t hd, float scale,
+                                                                float *restrict scores, const int G,
+                                                                const int kind)
 {
     int64_t t = 0;
     for (; t + 8 <= len; t += 8) {
         const int64_t kt = t * hd;
-        for (int64_t j = 0; j < group; j++) {
-            const float *qj = q + j * hd;
-            v8 a[8] = {{0}};
-            for (int64_t d = 0; d < hd; d += 8) {
-                const v8 x = load8(qj + d);
+        v8 a[2][8];
+        for (int j = 0; j < G; j++)
+            for (int c = 0; c < 8; c++)
+                a[j][c] = (v8){0};
+        for (int64_t d = 0; d < hd; d += 8) {
+            v8 x[8];
+            for (int c = 0; c < 8; c++)
+                x[c] = kv_load8(k, kt + c * hd + d, kind);
+            for (int j = 0; j < G; j++) {
+                const v8 qd = load8(q + j * hd + d);
                 for (int c = 0; c < 8; c++)
-                    a[c] += x * kv_load8(k, kt + c * hd + d, kind);
+                    a[j][c] += qd * x[c];
             }
-            store8(scores + j * len + t, sums8(a) * scale);
         }
+        for (int j = 0; j < G; j++)
+            store8(scores + j * len + t, sums8(a[j]) * scale);
     }
     for (; t < len; t++) {
-        for (int64_t j = 0; j < group; j++) {
+        for (int j = 0; j < G; j++) {
             v8 a = {0};
             for (int64_t d = 0; d < hd; d += 8)
                 a += load8(q + j * hd + d) * kv_load8(k, t * hd + d, kind);
@@ -281,8 +289,14 @@ static inline __attribute__((always_inline)) void head_vec(const float *q, float
                                                             int64_t len, int64_t group, int64_t hd, float scale,
                                                             float *scores, const int kind)
 {
-    scores_vec(q, k, len, group, hd, scale, scores, kind);
     int64_t j = 0;
+#if PAIRED
+    for (; j + 2 <= group; j += 2)
+        scores_block(q + j * hd, k, len, hd, scale, scores + j * len, 2, kind);
+#endif
+    for (; j < group; j++)
+        scores_block(q + j * hd, k, len, hd, scale, scores + j * len, 1, kind);
+    j = 0;
 #if PAIRED
     for (; j + 2 <= group; j += 2) {
         float *s = scores + j * len;
