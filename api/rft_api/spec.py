@@ -434,6 +434,28 @@ class RolloutSpec(ApiModel):
 
 
 # ---------------------------------------------------------------- inference
+# Engine options the operator (and rft run) set on the engine's command line from other fields, or that
+# would break what the other roles rely on (the port the Service targets, the job token every request
+# carries); extraArgs may not set them.
+RESERVED_ENGINE_ARGS = ("--model", "--host", "--port", "--served-model-name", "--dtype", "--max-model-len",
+                        "--weights-dir", "--tokenizer", "--chat-template", "--logprobs-mode", "--enable-lora",
+                        "--max-lora-rank", "--max-loras", "--max-cpu-loras", "--api-key")
+_RESERVED_CEL = "[" + ", ".join(f"'{a}'" for a in RESERVED_ENGINE_ARGS) + "]"
+
+
+def reserved_engine_args(args: list[str]) -> list[str]:
+    """The options of ``args`` that :data:`RESERVED_ENGINE_ARGS` holds (``--port 9000`` and ``--port=9000``)."""
+    return [a for a in args if a.split("=", 1)[0] in RESERVED_ENGINE_ARGS]
+
+
+@rules(Rule(
+    cel=f"!has(self.extraArgs) || !self.extraArgs.exists(a, a in {_RESERVED_CEL} "
+        f"|| {_RESERVED_CEL}.exists(f, a.startsWith(f + '=')))",
+    message="inference.extraArgs may not set " + ", ".join(RESERVED_ENGINE_ARGS) + ": the operator sets them "
+            "from spec.model, spec.inference (maxModelLen, port, weightSync) and the job's name and token",
+    field=".extraArgs",
+    check=lambda i: not reserved_engine_args(i.extra_args),
+))
 class InferenceSpec(ApiModel):
     engine: EngineName = "builtin"
     """builtin (our torch server) or vllm."""
@@ -445,7 +467,7 @@ class InferenceSpec(ApiModel):
     resources: Optional[Resources] = None
     """Resources of each inference pod."""
     extra_args: list[Arg] = Field(default_factory=list, max_length=64)
-    """Extra command-line arguments for the engine."""
+    """Extra command-line arguments for the engine (e.g. the builtin engine's --kv-cache-dtype float16); not the options set from other fields (--model, --host, --port, --served-model-name, --dtype, --max-model-len, --weights-dir, --tokenizer, --chat-template, --logprobs-mode, --enable-lora, --max-lora-rank, --max-loras, --max-cpu-loras) nor --api-key."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment for the engine."""
     weight_sync: Literal["disk", "lora", "none"] = "disk"

@@ -90,9 +90,11 @@ def test_inference_extra_args_under_rft_run(tmp_path, manifest):
         with pytest.raises(ExtraArgsError, match=message):
             engine_settings(args)
     out = tmp_path / "out"
-    job = manifest("bad-args", inference={"extraArgs": ["--weights-dir", "/tmp/x"]})
-    with pytest.raises(LocalRunError, match=r"spec.inference.extraArgs: --weights-dir: rft run sets it from the "
-                                            r"trainer's publications"):
+    # (--model, --port, --weights-dir and the other options the operator sets are refused by the manifest's
+    # own validation, on a cluster as here; --threads is rft run's own)
+    job = manifest("bad-args", inference={"extraArgs": ["--threads", "4"]})
+    with pytest.raises(LocalRunError, match=r"spec.inference.extraArgs: --threads: rft run sets it from rft run "
+                                            r"--threads"):
         run_local(RunOptions(manifest=str(job), out=str(out)))
     assert not out.exists()  # refused before the run's directory or Ray
 
