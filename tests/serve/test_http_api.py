@@ -190,7 +190,8 @@ def test_cli_main_serves_and_stops(tmp_path, mode):
     port = _free_port()
     cmd = [sys.executable, "-m", "rft_runtime.serve.server", "--model", str(TINY), "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "tiny", "--max-batch-size", "4", "--threads", "1",
-           "--policy-version", "3", "--max-model-len", "64", "--dtype", "float32", *mode]
+           "--policy-version", "3", "--max-model-len", "64", "--dtype", "float32", "--kv-cache-dtype", "float16",
+           *mode]
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
@@ -246,6 +247,7 @@ def test_cli_main_serves_and_stops(tmp_path, mode):
     # SIGTERM: the server says when it stopped accepting connections (where a replaced replica's outage starts)
     assert "stopped accepting connections; finishing the requests in flight" in text, text[-3000:]
     assert not any(Path(f"/proc/{c}").exists() for c in children), "the engine process outlived the server"
+    assert "engine: 4 sequences at once, KV cache float16 (64 columns, up to 64" in text, text[-3000:]
     if not mode:  # the engine process logs (its logging is set up in the child), its stop included
         assert f"[engine]: engine process {children[0]} (parent {proc.pid})" in text, text[-3000:]
         assert f"[engine]: engine process {children[0]}: stopped" in text, text[-3000:]
