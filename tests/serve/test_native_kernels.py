@@ -85,6 +85,52 @@ def test_half_precision_cache(kernel, dtype, kv_heads, group, hd):
     torch.testing.assert_close(out.double()[1:], ref[1:], rtol=0, atol=2e-6)
 
 
+@pytest.fixture(scope="module")
+def portable_kernel(tmp_path_factory) -> native.Kernels:
+    """The kernels as a compiler without ``_Float16`` or F16C builds them (GCC 11 on x86): float16 by the
+    library's own bit manipulations."""
+    src = tmp_path_factory.mktemp("portable") / "kernels.c"
+    src.write_text("#define RFT_PORTABLE_HALF 1\n" + native.SOURCE.read_text())
+    return native.Kernels(*native.build(src))
+
+
+def _halves_and_floats(dtype):
+    """Every 16-bit pattern of ``dtype`` (as float32), then floats that round: random ones over the whole
+    exponent range (half's subnormals and overflow included), and exact ties between neighbours."""
+    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    g = torch.Generator().manual_seed(1)
+    spread = torch.randn(200_000, generator=g) * torch.exp2(torch.randint(-40, 40, (200_000,), generator=g).float())
+    finite = every[torch.isfinite(every)].unique()
+    ties = (finite[:-1].double() + finite[1:].double()).div(2).float()  # exactly halfway: representable in float32
+    return every, torch.cat([spread, ties, torch.tensor([65519.0, 65520.0, -65520.0, 3e38, 1e-45])])
+
+
+@pytest.mark.parametrize("build", ["native", "portable"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cache_conversions_are_torchs(kernel, portable_kernel, build, dtype):
+    """What the attention stores for a float (``kv_convert``) is torch's rounding of it, bit for bit, and what
+    it reads back is the stored value exactly: every 16-bit pattern round-trips, NaN stays NaN; with the
+    compiler's conversions and with the portable ones."""
+    k = kernel if build == "native" else portable_kernel
+    every, rounded = _halves_and_floats(dtype)
+    stored, back = k.kv_convert(every, dtype)
+    nan = torch.isnan(every)
+    assert torch.equal(stored.view(torch.int16)[~nan], every.to(dtype).view(torch.int16)[~nan])
+    assert torch.isnan(back[nan]).all() and torch.equal(back[~nan], every[~nan])
+    stored, back = k.kv_convert(rounded, dtype)
+    assert torch.equal(stored.view(torch.int16), rounded.to(dtype).view(torch.int16))
+    assert torch.equal(back, rounded.to(dtype).float())
+
+
+def test_portable_half_cache_attends_as_the_native_one(kernel, portable_kernel):
+    """The attention over a float16 cache gives the same output with the portable conversions."""
+    args = case(2, 2, 64)
+    q, k_new, v_new, keys, values, slots, lengths, scale = args
+    a = kernel.decode_attention(q, k_new, v_new, keys.half(), values.half(), slots, lengths, scale)
+    b = portable_kernel.decode_attention(q, k_new, v_new, keys.half(), values.half(), slots, lengths, scale)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("kv_heads,group,hd", [(1, 2, 64), (2, 3, 16), (3, 2, 12)])
 def test_packed_projections_give_the_same_bits(kernel, kv_heads, group, hd):
     """``decode_attention_packed`` reads queries, new keys and new values where the fused q/k/v projection

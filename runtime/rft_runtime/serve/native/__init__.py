@@ -156,7 +156,11 @@ class Kernels:
         sample = lib.rft_sample
         sample.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
         sample.restype = ctypes.c_int
+        convert = lib.rft_kv_convert
+        convert.argtypes = [ptr, ptr, ptr, i64, ctypes.c_int]
+        convert.restype = ctypes.c_int
         self._attn, self._norm, self._rope, self._silu_mul, self._sample = attn, norm, rope, silu_mul, sample
+        self._convert = convert
 
     def usable(self, device: torch.device, dtype: torch.dtype) -> bool:
         """float32 on the CPU, and either OpenMP or one intra-op thread (a single-threaded kernel must not
@@ -232,6 +236,17 @@ class Kernels:
         if rc != 0:
             raise MemoryError("decode attention: could not allocate its scratch")
         return out
+
+    def kv_convert(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` (float32) stored as the decode attention stores new keys and values in a cache of ``dtype``,
+        and those read back as it reads them: ``(stored, back)``, for tests to compare with torch's
+        conversions bit for bit."""
+        if x.dtype != torch.float32 or dtype not in KV_KINDS:
+            raise ValueError(f"kv_convert: float32 x and a cache dtype of {list(KV_KINDS)}, got {x.dtype}, {dtype}")
+        x = x.contiguous()
+        stored, back = torch.empty(x.shape, dtype=dtype), torch.empty_like(x)
+        self._convert(x.data_ptr(), stored.data_ptr(), back.data_ptr(), x.numel(), KV_KINDS[dtype])
+        return stored, back
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm over the last dimension of ``x`` (float32), as transformers' float32 RMSNorm computes it

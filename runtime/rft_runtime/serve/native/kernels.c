@@ -3,9 +3,9 @@
  * embedding turning the packed queries and keys in place, the gated MLP activation silu(gate) * up, and
  * one decode step's sampling (processed logprobs, the seeded inverse-CDF draw).
  *
- * float32 arithmetic, no torch headers (the KV cache may also hold float16 or bfloat16, converted to float32
- * as it is read and rounded to nearest-even as the new keys and values are written, as torch converts): rft_runtime.serve.native builds this file at run time with the
- * machine's C compiler (GCC or Clang: it uses their portable vector extension, which becomes AVX, SSE or
+ * float32 arithmetic (the KV cache may also hold float16 or bfloat16, converted to float32 as it is read and
+ * rounded to nearest-even as the new keys and values are written, as torch converts), no torch headers:
+ * rft_runtime.serve.native builds this file at run time with the machine's C compiler (GCC or Clang: it uses their portable vector extension, which becomes AVX, SSE or
  * NEON instructions) and calls it through ctypes, which releases the GIL. Built with OpenMP, a large
  * attention call splits its (row, KV head) pairs over `threads` threads (torch's intra-op count). */
 #include <math.h>
@@ -27,14 +27,64 @@ static inline v8 load8(const float *p)
 
 static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
 
-/* The KV cache's element types: KV_F32 (float), KV_F16 (IEEE half, _Float16: F16C's vcvtph2ps where
- * -march=native has it) and KV_BF16 (bfloat16: the upper 16 bits of a float). The attention's helpers take
- * the kind as a constant argument and are inlined, so each kind gets its own loops and no branch is left in
- * them. */
+/* The KV cache's element types: KV_F32 (float), KV_F16 (IEEE half: F16C's vcvtph2ps where -march=native has
+ * it, else the compiler's _Float16, else the bit manipulations below) and KV_BF16 (bfloat16: the upper 16 bits
+ * of a float). The attention's helpers take the kind as a constant argument and are inlined, so each kind
+ * gets its own loops and no branch is left in them. */
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+/* RFT_PORTABLE_HALF (tests define it): the bit manipulations even where the compiler converts itself */
+#if defined(__FLT16_MAX__) && !defined(RFT_PORTABLE_HALF) /* GCC 12+, Clang: the type; GCC 11 has none on x86 */
+#define HAVE_FLOAT16 1
 typedef _Float16 v8h __attribute__((vector_size(16)));
+#else
+#define HAVE_FLOAT16 0
+#endif
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
+
+/* IEEE half -> float, exactly (subnormals normalised, infinities and NaN kept). */
+static inline float half_to_float(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, u;
+    if (exp == 0x1fu) {
+        u = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {
+        u = sign | ((exp + 112u) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        u = sign;
+    } else { /* mant x 2^-24: shift its leading 1 to bit 10 */
+        uint32_t e = 0;
+        while (!(mant & 0x400u)) {
+            mant <<= 1;
+            e++;
+        }
+        u = sign | ((113u - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* float -> IEEE half, rounding to nearest-even (65520 and above become infinity; a NaN a quiet NaN). */
+static inline uint16_t float_to_half(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return sign | 0x7e00u;
+    if (a >= 0x477ff000u)
+        return sign | 0x7c00u;
+    if (a >= 0x38800000u) { /* a normal half: rebias the exponent (127 - 15), round the 13 bits dropped */
+        const uint32_t r = a - 0x38000000u;
+        return sign | (uint16_t)((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
+    }
+    float f; /* a subnormal half: a multiple of 2^-24, rounded to nearest-even (1024 is the smallest normal) */
+    memcpy(&f, &a, sizeof f);
+    return sign | (uint16_t)nearbyintf(f * 16777216.0f);
+}
 
 static inline __attribute__((always_inline)) size_t kv_size(const int kind)
 {
@@ -45,15 +95,21 @@ static inline __attribute__((always_inline)) size_t kv_size(const int kind)
 static inline __attribute__((always_inline)) v8 kv_load8(const void *p, int64_t i, const int kind)
 {
     if (kind == KV_F16) {
-#if defined(__F16C__) /* GCC 12 turns __builtin_convertvector of a half vector into eight scalar conversions */
+#if defined(__F16C__) && !defined(RFT_PORTABLE_HALF) /* GCC 12 turns __builtin_convertvector of a half vector
+                                                       into eight scalar conversions */
         const __m256 f = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
         v8 x;
         memcpy(&x, &f, sizeof x);
         return x;
-#else
+#elif HAVE_FLOAT16
         v8h h;
         memcpy(&h, (const uint16_t *)p + i, sizeof h);
         return __builtin_convertvector(h, v8);
+#else
+        v8 x;
+        for (int c = 0; c < 8; c++)
+            x[c] = half_to_float(((const uint16_t *)p)[i + c]);
+        return x;
 #endif
     }
     if (kind == KV_BF16) {
@@ -75,7 +131,11 @@ static inline __attribute__((always_inline)) v8 kv_load8(const void *p, int64_t 
 static inline __attribute__((always_inline)) float kv_load1(const void *p, int64_t i, const int kind)
 {
     if (kind == KV_F16)
+#if HAVE_FLOAT16
         return (float)((const _Float16 *)p)[i];
+#else
+        return half_to_float(((const uint16_t *)p)[i]);
+#endif
     if (kind == KV_BF16) {
         const uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
         float x;
@@ -100,9 +160,15 @@ static inline __attribute__((always_inline)) void kv_store(void *dst, int64_t i,
                                                             const int kind)
 {
     if (kind == KV_F16) {
+#if HAVE_FLOAT16
         _Float16 *d = (_Float16 *)dst + i;
         for (int64_t t = 0; t < n; t++)
             d[t] = (_Float16)src[t];
+#else
+        uint16_t *d = (uint16_t *)dst + i;
+        for (int64_t t = 0; t < n; t++)
+            d[t] = float_to_half(src[t]);
+#endif
     } else if (kind == KV_BF16) {
         uint16_t *d = (uint16_t *)dst + i;
         for (int64_t t = 0; t < n; t++)
@@ -416,6 +482,33 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, void 
         }
     }
     return failed ? -1 : 0;
+}
+
+/* The cache's conversions alone, as the attention stores and reads: n floats of src stored as `kind` into
+ * dst, then read back into back (eight at a time as far as n allows, as the attention reads, the rest one
+ * by one), for tests to compare with torch's conversions bit for bit. Returns 0, or -2 for an unknown kind. */
+static inline __attribute__((always_inline)) void convert_all(const float *src, void *dst, float *back, int64_t n,
+                                                               const int kind)
+{
+    kv_store(dst, 0, src, n, kind);
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8)
+        store8(back + t, kv_load8(dst, t, kind));
+    for (; t < n; t++)
+        back[t] = kv_load1(dst, t, kind);
+}
+
+int rft_kv_convert(const float *src, void *dst, float *back, int64_t n, int kind)
+{
+    if (kind == KV_F16)
+        convert_all(src, dst, back, n, KV_F16);
+    else if (kind == KV_BF16)
+        convert_all(src, dst, back, n, KV_BF16);
+    else if (kind == KV_F32)
+        convert_all(src, dst, back, n, KV_F32);
+    else
+        return -2;
+    return 0;
 }
 
 /* RMSNorm of `rows` rows of n floats (contiguous): out = x / sqrt(mean(x^2) + eps) * weight, the
