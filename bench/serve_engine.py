@@ -44,10 +44,14 @@ the size of a late iteration's reads): the same batch, the same warm state, 18-3
 Decode attention reads every cached key and value of every row, so a decode iteration at 256 new tokens
 reads more than one at 16 however fast the kernel is. The floor is the time at 16 tokens plus the extra
 bytes (rows x mean cached length x layers x 2 x KV heads x head dim x element size, the mean taken over
-the lockstep run's decode iterations) read at the bandwidth measured in the same run (``memory``: the
-best of several ``sum`` passes over a buffer the size of one iteration's reads at 256 tokens, on the
-engine's device and threads), over the time at 16: a lower bound, as it assumes the kernel reads at the
-full bandwidth and that nothing else in the iteration grows with length.
+the lockstep run's decode iterations) read at the bandwidth measured in the same run (``memory``, per
+cache type: ``sum`` over one buffer per layer's keys and per layer's values, as large together as an
+iteration's reads at 256 tokens, summed in turn as the iterations read them, pass after pass, the median
+pass; on the engine's device and threads), over the time at 16: a lower bound, as it assumes the kernel
+reads at that bandwidth and that nothing else in the iteration grows with length. Summing the buffers in
+turn, like the engine, keeps in the last-level cache only what an iteration's reads leave there for the
+next: one buffer summed again and again (its best pass) measured the cache's bandwidth, 75 GB/s on a
+2-core VM where batch 128's 35 MB at 272 positions come from memory at 33-37 GB/s (a 32 MiB L3).
 
 The tiny test model has 256 positions; a copy with ``max_position_embeddings`` enough for the longest
 request, 16 + 3T/2 tokens and a margin (same weights; the rotary embedding has no length-dependent
@@ -187,6 +191,9 @@ class _Iterations:
 LOOPS = ("engine", "hf_loop", "closed_loop", "closed_loop_torch_kernels", "engine_eager", "closed_loop_eager",
          "engine_kv_float16")
 HALF_KV = "float16"  # engine_kv_float16's cache type
+# the lockstep loops whose growth has a floor: loop, suffix of its ratios and memory entry, bytes per cached
+# number (None: the model dtype's)
+CACHE_TYPES = (("engine", "", None), ("engine_kv_float16", "_kv_float16", 2))
 CLOSED_LOOP_SPREAD = (2, 3, 4, 5, 6)  # quarters of T: a request's new tokens, in turn
 
 
@@ -278,18 +285,24 @@ def kv_bytes_per_iteration(lm, batch: int, new_tokens: int, element: int | None 
     return kv_bytes(lm, batch, mean_positions(1, new_tokens - 1), element)
 
 
-def read_bandwidth(device: torch.device, nbytes: float, passes: int = 20) -> float:
-    """Bytes per second of ``sum`` over a float32 buffer of ``nbytes``: the best of ``passes`` (at least
-    1 MiB, so that a tiny buffer does not measure only the call)."""
-    x = torch.ones(max(int(nbytes), 1 << 20) // 4, device=device)
-    best = float("inf")
-    for _ in range(passes):
+def read_bandwidth(device: torch.device, nbytes: float, parts: int = 1, passes: int = 20) -> float:
+    """Bytes per second of ``sum`` over ``parts`` float32 buffers of ``nbytes`` in all, summed one after
+    another as decode attention reads an iteration's caches (each layer's keys, then its values), pass after
+    pass: the median pass. Reads that fit in the last-level cache stay there from pass to pass only as far as
+    they would from iteration to iteration (one buffer summed again and again, its best pass, would measure
+    the cache's bandwidth where an iteration's reads overflow it). At least 1 MiB in all, so that a tiny
+    buffer does not measure only the call."""
+    size = max(int(nbytes), 1 << 20) // 4 // parts
+    xs = [torch.ones(size, device=device) for _ in range(parts)]
+    times = []
+    for _ in range(passes + 1):  # the first pass warms up
         sync(device)
         t0 = time.perf_counter()
-        x.sum()
+        for x in xs:
+            x.sum()
         sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best
+        times.append(time.perf_counter() - t0)
+    return parts * size * 4 / statistics.median(times[1:])
 
 
 def _cell(times: list[float], tokens: int) -> dict:
@@ -362,16 +375,21 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"round {r} {name:>27} {cell:>10}: {res['tokens_per_s']:>9.1f} tokens/s, "
                               f"iteration {1000 * res['iteration_s_mean']:.3f} ms", flush=True)
         # the read bandwidth at each batch's working set at the longest length (the floor of its growth)
-        # and at the longest run's last EDGE iterations (the floor of its late over early)
+        # and at the longest run's last EDGE iterations (the floor of its late over early), per cache type
         memory = {}
         hi = max(lengths)
+        parts = 2 * lm.model.config.num_hidden_layers  # each layer's keys and values
+        caches = [(suffix, element) for name, suffix, element in CACHE_TYPES if name in loops]
         for b in batches:
-            late = kv_bytes(lm, b, mean_positions(hi - EDGE, hi - 1))
-            memory[f"b{b}"] = {"kv_bytes_per_iteration": {f"t{t}": round(kv_bytes_per_iteration(lm, b, t))
-                                                           for t in lengths},
-                               "read_bytes_per_s": round(read_bandwidth(lm.device, kv_bytes_per_iteration(lm, b, hi))),
-                               f"kv_bytes_per_iteration_late_t{hi}": round(late),
-                               "read_bytes_per_s_late": round(read_bandwidth(lm.device, late))}
+            for suffix, element in caches:
+                late = kv_bytes(lm, b, mean_positions(hi - EDGE, hi - 1), element)
+                memory[f"b{b}{suffix}"] = {
+                    "kv_bytes_per_iteration": {f"t{t}": round(kv_bytes_per_iteration(lm, b, t, element))
+                                               for t in lengths},
+                    "read_bytes_per_s": round(read_bandwidth(lm.device, kv_bytes_per_iteration(lm, b, hi, element),
+                                                             parts)),
+                    f"kv_bytes_per_iteration_late_t{hi}": round(late),
+                    "read_bytes_per_s_late": round(read_bandwidth(lm.device, late, parts))}
     medians = {name: {cell: {k: round(statistics.median(x[k] for x in rs), 6) for k in rs[0]}
                       for cell, rs in cells.items()} for name, cells in runs.items()}
     ratios: dict[str, float] = {}
@@ -394,9 +412,9 @@ def main(argv: list[str] | None = None) -> int:
             if name in medians and lo != hi:
                 ratios[key] = round(medians[name][f"b{b}_t{hi}"]["iteration_s_mean"]
                                     / medians[name][f"b{b}_t{lo}"]["iteration_s_mean"], 3)
-        bandwidth = memory[f"b{b}"]["read_bytes_per_s"]
-        for name, suffix, element in (("engine", "", None), ("engine_kv_float16", "_kv_float16", 2)):
+        for name, suffix, element in CACHE_TYPES:
             if lo != hi and name in medians:
+                bandwidth = memory[f"b{b}{suffix}"]["read_bytes_per_s"]
                 at_lo = medians[name][f"b{b}_t{lo}"]["iteration_s_mean"]
                 extra = kv_bytes_per_iteration(lm, b, hi, element) - kv_bytes_per_iteration(lm, b, lo, element)
                 ratios[f"iteration_time_growth_floor_{lo}_to_{hi}_b{b}{suffix}"] = round(
@@ -409,13 +427,13 @@ def main(argv: list[str] | None = None) -> int:
             if name in runs and "iteration_s_early" in runs[name][cell][0]:
                 ratios[key] = round(statistics.median(x["iteration_s_late"] / x["iteration_s_early"]
                                                       for x in runs[name][cell]), 3)
-        for name, suffix, element in (("engine", "", None), ("engine_kv_float16", "_kv_float16", 2)):
+        for name, suffix, element in CACHE_TYPES:
             if name in medians and "iteration_s_early" in medians[name][cell]:
                 early = medians[name][cell]["iteration_s_early"]
                 extra = (kv_bytes(lm, b, mean_positions(hi - EDGE, hi - 1), element)
                          - kv_bytes(lm, b, mean_positions(1, EDGE), element))
                 ratios[f"iteration_time_late_over_early_floor_b{b}_t{hi}{suffix}"] = round(
-                    (early + extra / memory[f"b{b}"]["read_bytes_per_s_late"]) / early, 3)
+                    (early + extra / memory[f"b{b}{suffix}"]["read_bytes_per_s_late"]) / early, 3)
     report = {"benchmark": "serve_engine", "model": args.model, "device": str(lm.device), "dtype": args.dtype,
               "threads": args.threads, "kernels": "native" if native_kernels else "torch",
               "cuda_graphs": graphs_on,

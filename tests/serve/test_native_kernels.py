@@ -159,6 +159,21 @@ def test_kernel_with_scores_far_apart(kernel):
     torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-5)
 
 
+def test_prefetching_the_next_row_changes_no_bits(kernel):
+    """While it attends a (row, KV head) pair the kernel prefetches the next pair's keys and values, only while
+    four times a row's keys fit the core's L2 (a row of 4096 positions of 128 floats does not fit anywhere):
+    the short rows come out bit for bit the same whether a long row in the same call turns the prefetching
+    off, and each is the reference's."""
+    q, k_new, v_new, keys, values, slots, lengths, scale = case(2, 2, 128, capacity=4096)
+    lengths = torch.tensor([1, 4096, 2, 17, 5, 300, 33])
+    short = torch.tensor([0, 2, 3, 4, 5, 6])
+    alone = kernel.decode_attention(q[short], k_new[short], v_new[short], keys.clone(), values.clone(),
+                                    slots[short], lengths[short], scale)
+    out, ref = attend(kernel, q, k_new, v_new, keys, values, slots, lengths, scale)
+    assert torch.equal(out[short], alone)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=2e-6)
+
+
 def test_kernel_threads_give_the_same_bits(kernel):
     """Split over OpenMP threads (a call large enough to be split), every (row, head) is computed as by one
     thread."""

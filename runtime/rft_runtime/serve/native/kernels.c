@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -252,17 +253,58 @@ static inline v8 sums8(const v8 *x)
     return SHUFFLE(b0, b1, 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE(b0, b1, 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
+/* The (row, KV head) pair a thread attends next, whose keys and values it prefetches while it attends this one:
+ * each block of this pair's columns read brings the same columns of the next pair's into the core's cache
+ * (the L2; `k` NULL: none). The hardware prefetcher follows a stream only a few lines ahead, which a kernel
+ * doing this much arithmetic per byte outruns: without it a batch's caches larger than the last-level cache
+ * came at half the memory's bandwidth. */
+typedef struct {
+    const char *k, *v; /* the next pair's keys and values, NULL for none */
+    int64_t len;       /* its length (columns) */
+} next_pair;
+
+#define PREFETCH_LINE 64
+
+/* The core's L2 in bytes (sysconf where the C library knows it; else 512 KiB): a pair is prefetched only while
+ * four times its keys (this pair's keys and values, then the next pair's, between a column's prefetch and its
+ * use) fit, so that the prefetched lines are still there when read, not fetched twice. */
+static int64_t l2_bytes(void)
+{
+    static int64_t size = 0;
+    if (size == 0) {
+        long v = -1;
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#endif
+        size = v > 0 ? v : 512 * 1024;
+    }
+    return size;
+}
+
+/* Prefetch columns [t0, t1) (clamped to its length) of the next pair's keys or values (`base`), each column
+ * `hd` elements of `es` bytes. */
+static inline __attribute__((always_inline)) void prefetch_columns(const char *base, int64_t len, int64_t t0,
+                                                                    int64_t t1, int64_t hd, size_t es)
+{
+    if (base == NULL || t0 >= len)
+        return;
+    const int64_t end = (t1 < len ? t1 : len) * hd * (int64_t)es;
+    for (int64_t b = t0 * hd * (int64_t)es; b < end; b += PREFETCH_LINE)
+        __builtin_prefetch(base + b, 0, 1);
+}
+
 /* scores[j * len + t] = scale * q_j . k_t for G query heads j0 .. j0 + G - 1 (G 1 or 2, a constant), eight
  * columns at a time: each key vector is loaded (and converted) once for the G heads, whose 8 G sums stay in
  * registers (16 for a pair: with the 8 keys, what 32 vector registers hold). */
 static inline __attribute__((always_inline)) void scores_block(const float *restrict q, const void *restrict k,
                                                                 int64_t len, int64_t hd, float scale,
-                                                                float *restrict scores, const int G,
-                                                                const int kind)
+                                                                float *restrict scores, next_pair next,
+                                                                const int G, const int kind)
 {
     int64_t t = 0;
     for (; t + 8 <= len; t += 8) {
         const int64_t kt = t * hd;
+        prefetch_columns(next.k, next.len, t, t + 8, hd, kv_size(kind));
         v8 a[2][8];
         for (int j = 0; j < G; j++)
             for (int c = 0; c < 8; c++)
@@ -280,6 +322,7 @@ static inline __attribute__((always_inline)) void scores_block(const float *rest
         for (int j = 0; j < G; j++)
             store8(scores + j * len + t, sums8(a[j]) * scale);
     }
+    prefetch_columns(next.k, next.len, t, next.len, hd, kv_size(kind)); /* and the rest of its columns */
     for (; t < len; t++) {
         for (int j = 0; j < G; j++) {
             v8 a = {0};
@@ -296,8 +339,8 @@ static inline __attribute__((always_inline)) void scores_block(const float *rest
  * loaded and stored for every t). */
 static inline __attribute__((always_inline)) void weighted_block(const float *restrict p, const void *restrict v,
                                                                  int64_t len, int64_t hd, const float *inv,
-                                                                 float *restrict out, const int G, const int nb,
-                                                                 const int kind)
+                                                                 float *restrict out, next_pair next, const int G,
+                                                                 const int nb, const int kind)
 {
     v8 o[2][8];
     for (int j = 0; j < G; j++)
@@ -305,6 +348,7 @@ static inline __attribute__((always_inline)) void weighted_block(const float *re
             o[j][b] = (v8){0};
     for (int64_t t = 0; t < len; t++) {
         v8 x[8];
+        prefetch_columns(next.v, next.len, t, t + 1, hd, kv_size(kind));
         for (int b = 0; b < nb; b++)
             x[b] = kv_load8(v, t * hd + 8 * b, kind);
         for (int j = 0; j < G; j++) {
@@ -313,6 +357,7 @@ static inline __attribute__((always_inline)) void weighted_block(const float *re
                 o[j][b] += w * x[b];
         }
     }
+    prefetch_columns(next.v, next.len, len, next.len, hd, kv_size(kind));
     for (int j = 0; j < G; j++)
         for (int b = 0; b < nb; b++)
             store8(out + j * hd + 8 * b, o[j][b] * inv[j]);
@@ -322,21 +367,22 @@ static inline __attribute__((always_inline)) void weighted_block(const float *re
  * (v: the values of `kind` from element 0 of the head). */
 static inline __attribute__((always_inline)) void weighted_values(const float *restrict p, const void *restrict v,
                                                                   int64_t len, int64_t hd, const float *inv,
-                                                                  float *restrict out, const int G, const int kind)
+                                                                  float *restrict out, next_pair next, const int G,
+                                                                  const int kind)
 {
     const char *vb = v;
     const size_t es = kv_size(kind);
     int64_t d0 = 0;
-    for (; d0 + 64 <= hd; d0 += 64)
-        weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 8, kind);
+    for (; d0 + 64 <= hd; d0 += 64, next.v = NULL) /* the first pass over the columns prefetches */
+        weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, next, G, 8, kind);
     switch ((hd - d0) / 8) {
-    case 1: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 1, kind); break;
-    case 2: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 2, kind); break;
-    case 3: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 3, kind); break;
-    case 4: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 4, kind); break;
-    case 5: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 5, kind); break;
-    case 6: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 6, kind); break;
-    case 7: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, G, 7, kind); break;
+    case 1: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, next, G, 1, kind); break;
+    case 2: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, next, G, 2, kind); break;
+    case 3: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, next, G, 3, kind); break;
+    case 4: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, next, G, 4, kind); break;
+    case 5: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, next, G, 5, kind); break;
+    case 6: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, next, G, 6, kind); break;
+    case 7: weighted_block(p, vb + d0 * es, len, hd, inv, out + d0, next, G, 7, kind); break;
     default: break;
     }
 }
@@ -353,27 +399,30 @@ static inline __attribute__((always_inline)) void weighted_values(const float *r
  * `kind`). */
 static inline __attribute__((always_inline)) void head_vec(const float *q, float *out, const void *k, const void *v,
                                                             int64_t len, int64_t group, int64_t hd, float scale,
-                                                            float *scores, const int kind)
+                                                            float *scores, next_pair next, const int kind)
 {
+    /* the first pass over the keys prefetches the next pair's keys, the first over the values its values */
+    next_pair nk = {next.k, NULL, next.len}, nv = {NULL, next.v, next.len};
+    const next_pair none = {NULL, NULL, 0};
     int64_t j = 0;
 #if PAIRED
-    for (; j + 2 <= group; j += 2)
-        scores_block(q + j * hd, k, len, hd, scale, scores + j * len, 2, kind);
+    for (; j + 2 <= group; j += 2, nk = none)
+        scores_block(q + j * hd, k, len, hd, scale, scores + j * len, nk, 2, kind);
 #endif
-    for (; j < group; j++)
-        scores_block(q + j * hd, k, len, hd, scale, scores + j * len, 1, kind);
+    for (; j < group; j++, nk = none)
+        scores_block(q + j * hd, k, len, hd, scale, scores + j * len, nk, 1, kind);
     j = 0;
 #if PAIRED
-    for (; j + 2 <= group; j += 2) {
+    for (; j + 2 <= group; j += 2, nv = none) {
         float *s = scores + j * len;
         const float inv[2] = {1.0f / exp_shifted(s, len), 1.0f / exp_shifted(s + len, len)};
-        weighted_values(s, v, len, hd, inv, out + j * hd, 2, kind);
+        weighted_values(s, v, len, hd, inv, out + j * hd, nv, 2, kind);
     }
 #endif
-    for (; j < group; j++) {
+    for (; j < group; j++, nv = none) {
         float *s = scores + j * len;
         const float inv[1] = {1.0f / exp_shifted(s, len)};
-        weighted_values(s, v, len, hd, inv, out + j * hd, 1, kind);
+        weighted_values(s, v, len, hd, inv, out + j * hd, nv, 1, kind);
     }
 }
 
@@ -406,14 +455,15 @@ static inline __attribute__((always_inline)) void head_scalar(const float *q, fl
 static inline __attribute__((always_inline)) void attend_pair(const float *q, float *out, void *keys, void *values,
                                                                const float *k_new, const float *v_new, int64_t base,
                                                                int64_t len, int64_t group, int64_t hd, float scale,
-                                                               float *scores, int vector, const int kind)
+                                                               float *scores, int vector, next_pair next,
+                                                               const int kind)
 {
     const size_t es = kv_size(kind);
     kv_store(keys, base + (len - 1) * hd, k_new, hd, kind);
     kv_store(values, base + (len - 1) * hd, v_new, hd, kind);
     const char *k = (const char *)keys + base * es, *v = (const char *)values + base * es;
     if (vector)
-        head_vec(q, out, k, v, len, group, hd, scale, scores, kind);
+        head_vec(q, out, k, v, len, group, hd, scale, scores, next, kind);
     else
         head_scalar(q, out, k, v, len, group, hd, scale, scores, kind);
 }
@@ -452,7 +502,8 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, void 
         longest = lengths[i] > longest ? lengths[i] : longest;
     }
     const int vector = head_dim % 8 == 0;
-    const int64_t work = rows * kv_heads;
+    const int64_t work = rows * kv_heads, es = kv_kind == KV_F32 ? 4 : 2;
+    const int prefetch = vector && 4 * longest * head_dim * es <= l2_bytes();
     int failed = 0;
 #pragma omp parallel if (threads > 1 && work > 1 && work * longest * group * head_dim > 65536) \
     num_threads(threads) reduction(| : failed)
@@ -468,15 +519,21 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, void 
                 float *o = out + w * group * head_dim;
                 const float *kn = k_new + i * kn_row + h * kn_head, *vn = v_new + i * vn_row + h * vn_head;
                 const int64_t base = slots[i] * slot_stride + h * head_stride;
+                next_pair next = {NULL, NULL, 0};
+                if (prefetch && w + 1 < work) { /* (the next thread's first pair at the end of this one's) */
+                    const int64_t i2 = (w + 1) / kv_heads, h2 = (w + 1) % kv_heads;
+                    const int64_t b2 = (slots[i2] * slot_stride + h2 * head_stride) * es;
+                    next = (next_pair){(const char *)keys + b2, (const char *)values + b2, lengths[i2]};
+                }
                 if (kv_kind == KV_F16)
                     attend_pair(qi, o, keys, values, kn, vn, base, lengths[i], group, head_dim, scale, scores,
-                                vector, KV_F16);
+                                vector, next, KV_F16);
                 else if (kv_kind == KV_BF16)
                     attend_pair(qi, o, keys, values, kn, vn, base, lengths[i], group, head_dim, scale, scores,
-                                vector, KV_BF16);
+                                vector, next, KV_BF16);
                 else
                     attend_pair(qi, o, keys, values, kn, vn, base, lengths[i], group, head_dim, scale, scores,
-                                vector, KV_F32);
+                                vector, next, KV_F32);
             }
             free(scores);
         }
