@@ -20,6 +20,8 @@ class Rule:
     message: str
     field: str  # JSONPath-like, relative: ".samplesPerPrompt"
     check: Callable[[Any], bool] | None  # None: CEL only (transition rules that need oldSelf)
+    # what exactly failed, added to the message in Python (where the check sees more than CEL can say)
+    explain: Callable[[Any], str] | None = None
 
     def crd(self) -> dict:
         out = {"rule": self.cel, "message": self.message}
@@ -47,5 +49,6 @@ class RuleChecked(BaseModel):
         for r in type(self).__rules__:
             if r.check is not None and not r.check(self):
                 # The field travels in ctx so the error can name it, exactly like the CEL rule's fieldPath.
-                raise PydanticCustomError("rft_rule", "{message}", {"field": r.field, "message": r.message})
+                message = r.message if r.explain is None else f"{r.explain(self)}; {r.message}"
+                raise PydanticCustomError("rft_rule", "{message}", {"field": r.field, "message": message})
         return self

@@ -7,6 +7,7 @@ concern and are enforced both as CEL in the CRD and in Python.
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Annotated, Literal, Optional
 
 from pydantic import ConfigDict, Field, StringConstraints
@@ -448,6 +449,50 @@ def reserved_engine_args(args: list[str]) -> list[str]:
     return [a for a in args if a.split("=", 1)[0] in RESERVED_ENGINE_ARGS]
 
 
+# The builtin engine's (``rft serve``'s) options extraArgs may pass: None for a flag, else the pattern its
+# value must match (``--name value`` or ``--name=value``) and how messages show it. tests/serve/test_server.py
+# checks them against rft serve's own parser; its other options are RESERVED_ENGINE_ARGS or
+# ``--policy-version`` (the version of the weights it starts with, which the operator's publications set).
+BUILTIN_ENGINE_OPTIONS: dict[str, tuple[str, str] | None] = {
+    "--max-batch-size": ("[1-9][0-9]*", "N"), "--threads": ("[1-9][0-9]*", "N"),
+    "--device": ("auto|cpu|cuda(:[0-9]+)?", "auto|cpu|cuda[:N]"),
+    "--engine-process": None, "--no-engine-process": None, "--enforce-eager": None,
+    "--engine-pacing": ("auto|never", "auto|never"),
+    "--kv-cache-dtype": ("auto|float32|float16|bfloat16", "auto|float32|float16|bfloat16"),
+    "--health-timeout": ("[0-9]*[.]?[0-9]+", "SECONDS"), "--trust-request-chat-template": None,
+    "--log-level": ("(?i:debug|info|warning|error|critical)", "debug|info|warning|error|critical"),
+}
+_BUILTIN_NAMES_CEL = "[" + ", ".join(f"'{a}'" for a in BUILTIN_ENGINE_OPTIONS) + "]"
+_BUILTIN_VALUED_CEL = "[" + ", ".join(f"'{a}'" for a, v in BUILTIN_ENGINE_OPTIONS.items() if v) + "]"
+
+
+def builtin_engine_args_problem(args: list[str]) -> str | None:
+    """What is wrong with ``args`` as the builtin engine's extra options (an unknown option, a flag given a
+    value, a value missing, not matching its option's pattern, or following no option), or None."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, value = arg.partition("=")
+        if not name.startswith("-"):
+            return f"{arg!r} follows no option that takes a value"
+        if name not in BUILTIN_ENGINE_OPTIONS:
+            return f"{name} is not an option of the builtin engine"
+        takes = BUILTIN_ENGINE_OPTIONS[name]
+        if takes is None:
+            if eq:
+                return f"{name} takes no value"
+        else:
+            if not eq:
+                i += 1
+                if i == len(args) or args[i].startswith("--"):
+                    return f"{name} needs a value ({takes[1]})"
+                value = args[i]
+            if not re.fullmatch(takes[0], value):
+                return f"{name} {value!r}: expected {takes[1]}"
+        i += 1
+    return None
+
+
 @rules(Rule(
     cel=f"!has(self.extraArgs) || !self.extraArgs.exists(a, a in {_RESERVED_CEL} "
         f"|| {_RESERVED_CEL}.exists(f, a.startsWith(f + '=')))",
@@ -455,6 +500,14 @@ def reserved_engine_args(args: list[str]) -> list[str]:
             "from spec.model, spec.inference (maxModelLen, port, weightSync) and the job's name and token",
     field=".extraArgs",
     check=lambda i: not reserved_engine_args(i.extra_args),
+), Rule(
+    cel=f"!has(self.extraArgs) || self.engine != 'builtin' || self.extraArgs.all(a, !a.startsWith('-') "
+        f"|| a in {_BUILTIN_NAMES_CEL} || {_BUILTIN_VALUED_CEL}.exists(f, a.startsWith(f + '=')))",
+    message="inference.extraArgs: the builtin engine takes " + ", ".join(
+        a if v is None else f"{a} {v[1]}" for a, v in BUILTIN_ENGINE_OPTIONS.items()),
+    field=".extraArgs",
+    check=lambda i: i.engine != "builtin" or builtin_engine_args_problem(i.extra_args) is None,
+    explain=lambda i: str(builtin_engine_args_problem(i.extra_args)),
 ))
 class InferenceSpec(ApiModel):
     engine: EngineName = "builtin"
@@ -467,7 +520,7 @@ class InferenceSpec(ApiModel):
     resources: Optional[Resources] = None
     """Resources of each inference pod."""
     extra_args: list[Arg] = Field(default_factory=list, max_length=64)
-    """Extra command-line arguments for the engine (e.g. the builtin engine's --kv-cache-dtype float16); not the options set from other fields (--model, --host, --port, --served-model-name, --dtype, --max-model-len, --weights-dir, --tokenizer, --chat-template, --logprobs-mode, --enable-lora, --max-lora-rank, --max-loras, --max-cpu-loras) nor --api-key."""
+    """Extra command-line arguments for the engine (e.g. the builtin engine's --kv-cache-dtype float16); not the options set from other fields (--model, --host, --port, --served-model-name, --dtype, --max-model-len, --weights-dir, --tokenizer, --chat-template, --logprobs-mode, --enable-lora, --max-lora-rank, --max-loras, --max-cpu-loras) nor --api-key. The builtin engine's are checked: only --max-batch-size, --threads, --device, --[no-]engine-process, --enforce-eager, --engine-pacing, --kv-cache-dtype, --health-timeout, --trust-request-chat-template and --log-level, with valid values (docs/inference-server.md); vLLM's are passed as given."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment for the engine."""
     weight_sync: Literal["disk", "lora", "none"] = "disk"

@@ -51,3 +51,35 @@ def test_trainer_processes_per_node(trainer, processes, world):
     m["spec"]["trainer"].update(trainer)
     t = parse_manifest(m).spec.trainer
     assert (t.processes(), t.world_size()) == (processes, world)
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["--kv-cache-dtype", "float8"], "--kv-cache-dtype 'float8': expected auto|float32|float16|bfloat16"),
+    (["--max-batch-size=0"], "--max-batch-size '0': expected N"),
+    (["--max-batch-size"], "--max-batch-size needs a value (N)"),
+    (["--device", "--enforce-eager"], "--device needs a value (auto|cpu|cuda[:N])"),
+    (["--enforce-eager=yes"], "--enforce-eager takes no value"),
+    (["--enforce-eager", "16"], "'16' follows no option that takes a value"),
+    (["--policy-version", "3"], "--policy-version is not an option of the builtin engine"),
+])
+def test_builtin_engine_extra_args_values_are_checked(args, problem):
+    """Beyond the option names (which the CRD checks too), the operator's validation checks each value of the
+    builtin engine's options and says which one is wrong, so that a typo is refused instead of crash-looping
+    the inference pods."""
+    m = base_manifest()
+    m["spec"]["inference"]["extraArgs"] = args
+    with pytest.raises(InvalidSpec) as err:
+        parse_manifest(m)
+    assert err.value.problems[0].startswith(f"spec.inference.extraArgs: {problem}; "), err.value.problems
+
+
+def test_builtin_engine_extra_args_accepted_and_vllms_passed_as_given():
+    m = base_manifest()
+    args = ["--max-batch-size", "64", "--kv-cache-dtype=float16", "--device", "cuda:1", "--no-engine-process",
+            "--enforce-eager", "--engine-pacing", "never", "--health-timeout", "2.5", "--log-level", "DEBUG",
+            "--trust-request-chat-template", "--threads=4"]
+    m["spec"]["inference"]["extraArgs"] = args
+    assert parse_manifest(m).spec.inference.extra_args == args
+    m["spec"]["inference"].update(engine="vllm", weightSync="lora", extraArgs=["--enforce-eager", "--swap-space", "4"])
+    m["spec"]["model"]["lora"] = {"rank": 8}
+    assert parse_manifest(m).spec.inference.extra_args == ["--enforce-eager", "--swap-space", "4"]

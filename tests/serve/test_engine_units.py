@@ -363,3 +363,36 @@ def test_serve_enforce_eager_cuda_graphs_pacing_and_kv_cache_dtype_reach_the_eng
         build_parser().parse_args(["--model", "m", "--kv-cache-dtype", "fp8"])
     assert build_engine(str(TINY), **kwargs)._batch.cache.keys[0].dtype == torch.float32
     assert build_engine(str(TINY), kv_cache_dtype="bfloat16", **kwargs)._batch.cache.keys[0].dtype == torch.bfloat16
+
+
+def test_the_apis_builtin_engine_options_are_rft_serves():
+    """rft_api's table of the builtin engine's options (what inference.extraArgs may pass, checked by the CRD and
+    the operator) is rft serve's parser: the same names, flags where it has flags, values it takes where the
+    table's pattern matches them, choices it refuses where the pattern does; each option of the parser is
+    either in the table, reserved (set from other fields) or --policy-version."""
+    import argparse
+    import re
+
+    from rft_api.spec import BUILTIN_ENGINE_OPTIONS, RESERVED_ENGINE_ARGS
+    from rft_runtime.serve.server import build_parser
+
+    parser = build_parser()
+    options = {o: a for a in parser._actions for o in a.option_strings}
+    assert set(options) - {"-h", "--help"} == set(BUILTIN_ENGINE_OPTIONS) | (set(RESERVED_ENGINE_ARGS) & set(options)) \
+        | {"--policy-version"}
+    for name, takes in BUILTIN_ENGINE_OPTIONS.items():
+        action = options[name]
+        if takes is None:
+            assert action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction), name
+            parser.parse_args(["--model", "m", name])
+            continue
+        pattern = takes[0]
+        assert action.nargs is None, name
+        for choice in action.choices or ():
+            assert re.fullmatch(pattern, choice), (name, choice)
+        for value in ("7", "0.5", "cpu", "cuda:1", "never", "float16", "debug", "fp8", "0", "-1", ""):
+            if re.fullmatch(pattern, value):
+                parser.parse_args(["--model", "m", name, value])  # what the API accepts, rft serve takes
+            elif action.choices:
+                with pytest.raises(SystemExit):
+                    parser.parse_args(["--model", "m", name, value])
