@@ -450,7 +450,7 @@ def reserved_engine_args(args: list[str]) -> list[str]:
 
 
 # The builtin engine's (``rft serve``'s) options extraArgs may pass: None for a flag, else the pattern its
-# value must match (``--name value`` or ``--name=value``) and how messages show it. tests/serve/test_server.py
+# value must match (``--name value`` or ``--name=value``) and how messages show it. tests/serve/test_engine_units.py
 # checks them against rft serve's own parser; its other options are RESERVED_ENGINE_ARGS or
 # ``--policy-version`` (the version of the weights it starts with, which the operator's publications set).
 BUILTIN_ENGINE_OPTIONS: dict[str, tuple[str, str] | None] = {
