@@ -502,7 +502,7 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, void 
         longest = lengths[i] > longest ? lengths[i] : longest;
     }
     const int vector = head_dim % 8 == 0;
-    const int64_t work = rows * kv_heads, es = kv_kind == KV_F32 ? 4 : 2;
+    const int64_t work = rows * kv_heads, es = (int64_t)kv_size(kv_kind);
     const int prefetch = vector && 4 * longest * head_dim * es <= l2_bytes();
     int failed = 0;
 #pragma omp parallel if (threads > 1 && work > 1 && work * longest * group * head_dim > 65536) \
@@ -520,7 +520,8 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, void 
                 const float *kn = k_new + i * kn_row + h * kn_head, *vn = v_new + i * vn_row + h * vn_head;
                 const int64_t base = slots[i] * slot_stride + h * head_stride;
                 next_pair next = {NULL, NULL, 0};
-                if (prefetch && w + 1 < work) { /* (the next thread's first pair at the end of this one's) */
+                /* (at the end of a thread's share, w + 1 is the next thread's first pair: one wasted prefetch) */
+                if (prefetch && w + 1 < work) {
                     const int64_t i2 = (w + 1) / kv_heads, h2 = (w + 1) % kv_heads;
                     const int64_t b2 = (slots[i2] * slot_stride + h2 * head_stride) * es;
                     next = (next_pair){(const char *)keys + b2, (const char *)values + b2, lengths[i2]};
