@@ -47,11 +47,17 @@ bytes (rows x mean cached length x layers x 2 x KV heads x head dim x element si
 the lockstep run's decode iterations) read at the bandwidth measured in the same run (``memory``, per
 cache type: ``sum`` over one buffer per layer's keys and per layer's values, as large together as an
 iteration's reads at 256 tokens, summed in turn as the iterations read them, pass after pass, the median
-pass; on the engine's device and threads), over the time at 16: a lower bound, as it assumes the kernel
-reads at that bandwidth and that nothing else in the iteration grows with length. Summing the buffers in
-turn, like the engine, keeps in the last-level cache only what an iteration's reads leave there for the
-next: one buffer summed again and again (its best pass) measured the cache's bandwidth, 75 GB/s on a
-2-core VM where batch 128's 35 MB at 272 positions come from memory at 33-37 GB/s (a 32 MiB L3).
+pass; on the engine's device and threads), over the time at 16: the growth that reading those bytes alone
+would cause, as it assumes the kernel reads at that bandwidth and that nothing else in the iteration grows
+with length. Summing the buffers in turn, like the engine, keeps in the last-level cache only what an
+iteration's reads leave there for the next: one buffer summed again and again (its best pass) measured the
+cache's bandwidth, 75 GB/s on a 2-core VM where batch 128's 35 MB at 272 positions come from memory at
+33-37 GB/s (a 32 MiB L3). And between two layers' reads the engine does the rest of its iteration, after
+which less of what the reads left in the last-level cache is still there (on a shared VM, whose L3 other
+tenants use, much less): the buffers are read with that time between two layers' (``gap_s_per_layer``: the 16-token iteration's time over the layers, spent busy,
+not timed). On the same VM that gap alone took batch 128's reads at 256 tokens (19 MB in the mean) from
+63-88 GB/s back to back to 29-40 GB/s, what the engine's attention gets in place; the back-to-back figures
+are kept beside (``read_bytes_per_s_back_to_back``, ``read_bytes_per_s_late_back_to_back``).
 
 The tiny test model has 256 positions; a copy with ``max_position_embeddings`` enough for the longest
 request, 16 + 3T/2 tokens and a margin (same weights; the rotary embedding has no length-dependent
@@ -285,23 +291,33 @@ def kv_bytes_per_iteration(lm, batch: int, new_tokens: int, element: int | None 
     return kv_bytes(lm, batch, mean_positions(1, new_tokens - 1), element)
 
 
-def read_bandwidth(device: torch.device, nbytes: float, parts: int = 1, passes: int = 20) -> float:
+def read_bandwidth(device: torch.device, nbytes: float, parts: int = 1, passes: int = 20,
+                   gap_s: float = 0.0) -> float:
     """Bytes per second of ``sum`` over ``parts`` float32 buffers of ``nbytes`` in all, summed one after
     another as decode attention reads an iteration's caches (each layer's keys, then its values), pass after
     pass: the median pass. Reads that fit in the last-level cache stay there from pass to pass only as far as
     they would from iteration to iteration (one buffer summed again and again, its best pass, would measure
-    the cache's bandwidth where an iteration's reads overflow it). At least 1 MiB in all, so that a tiny
-    buffer does not measure only the call."""
+    the cache's bandwidth where an iteration's reads overflow it). ``gap_s``: after each pair of buffers (a
+    layer's keys and values) the thread stays busy that long without reading memory, as the engine's other
+    work does between two layers' attention, and the gaps are not timed (what a layer's reads find in the
+    cache after them is what the engine's find). At least 1 MiB in all, so that a tiny buffer does not
+    measure only the call."""
     size = max(int(nbytes), 1 << 20) // 4 // parts
     xs = [torch.ones(size, device=device) for _ in range(parts)]
     times = []
     for _ in range(passes + 1):  # the first pass warms up
         sync(device)
-        t0 = time.perf_counter()
-        for x in xs:
+        t0, busy = time.perf_counter(), 0.0
+        for i, x in enumerate(xs):
             x.sum()
+            if gap_s and i % 2 == 1:
+                sync(device)
+                g0 = time.perf_counter()
+                while time.perf_counter() - g0 < gap_s:
+                    pass
+                busy += time.perf_counter() - g0
         sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - t0 - busy)
     return parts * size * 4 / statistics.median(times[1:])
 
 
@@ -374,24 +390,32 @@ def main(argv: list[str] | None = None) -> int:
                         runs[name].setdefault(cell, []).append(res)
                         print(f"round {r} {name:>27} {cell:>10}: {res['tokens_per_s']:>9.1f} tokens/s, "
                               f"iteration {1000 * res['iteration_s_mean']:.3f} ms", flush=True)
+        medians = {name: {cell: {k: round(statistics.median(x[k] for x in rs), 6) for k in rs[0]}
+                          for cell, rs in cells.items()} for name, cells in runs.items()}
         # the read bandwidth at each batch's working set at the longest length (the floor of its growth)
-        # and at the longest run's last EDGE iterations (the floor of its late over early), per cache type
+        # and at the longest run's last EDGE iterations (the floor of its late over early), per cache type,
+        # reading each layer's keys and values with the rest of an iteration's time between two layers' reads
+        # (back to back too, for comparison: what the last-level cache keeps when nothing else runs)
         memory = {}
-        hi = max(lengths)
-        parts = 2 * lm.model.config.num_hidden_layers  # each layer's keys and values
-        caches = [(suffix, element) for name, suffix, element in CACHE_TYPES if name in loops]
+        lo, hi = min(lengths), max(lengths)
+        layers = lm.model.config.num_hidden_layers
+        parts = 2 * layers  # each layer's keys and values
         for b in batches:
-            for suffix, element in caches:
+            for name, suffix, element in CACHE_TYPES:
+                if name not in loops:
+                    continue
+                gap = medians[name][f"b{b}_t{lo}"]["iteration_s_mean"] / layers
                 late = kv_bytes(lm, b, mean_positions(hi - EDGE, hi - 1), element)
+                mean = kv_bytes_per_iteration(lm, b, hi, element)
                 memory[f"b{b}{suffix}"] = {
                     "kv_bytes_per_iteration": {f"t{t}": round(kv_bytes_per_iteration(lm, b, t, element))
                                                for t in lengths},
-                    "read_bytes_per_s": round(read_bandwidth(lm.device, kv_bytes_per_iteration(lm, b, hi, element),
-                                                             parts)),
+                    "gap_s_per_layer": round(gap, 6),
+                    "read_bytes_per_s": round(read_bandwidth(lm.device, mean, parts, gap_s=gap)),
+                    "read_bytes_per_s_back_to_back": round(read_bandwidth(lm.device, mean, parts)),
                     f"kv_bytes_per_iteration_late_t{hi}": round(late),
-                    "read_bytes_per_s_late": round(read_bandwidth(lm.device, late, parts))}
-    medians = {name: {cell: {k: round(statistics.median(x[k] for x in rs), 6) for k in rs[0]}
-                      for cell, rs in cells.items()} for name, cells in runs.items()}
+                    "read_bytes_per_s_late": round(read_bandwidth(lm.device, late, parts, gap_s=gap)),
+                    "read_bytes_per_s_late_back_to_back": round(read_bandwidth(lm.device, late, parts))}
     ratios: dict[str, float] = {}
     for b in batches:
         for t in lengths:

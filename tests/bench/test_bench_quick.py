@@ -72,9 +72,11 @@ def test_serve_engine_quick(tmp_path):
     # floats, K and V: 1 KiB a position), a mean length of 16 + 1 + T/2 positions, read at the measured bandwidth
     memory = report["memory"]["b8"]
     assert memory["kv_bytes_per_iteration"] == {"t16": 8 * 25 * 1024, "t64": 8 * 49 * 1024}
-    assert memory["read_bytes_per_s"] > 1e8
-    floor = report["ratios"]["iteration_time_growth_floor_16_to_64_b8"]
+    assert memory["read_bytes_per_s"] > 1e8 and memory["read_bytes_per_s_back_to_back"] > 1e8
     at16 = report["medians"]["engine"]["b8_t16"]["iteration_s_mean"]
+    # read with the rest of a 16-token iteration between two layers' reads (2 layers)
+    assert memory["gap_s_per_layer"] == pytest.approx(at16 / 2, abs=1e-6)
+    floor = report["ratios"]["iteration_time_growth_floor_16_to_64_b8"]
     assert floor == pytest.approx((at16 + 8 * 24 * 1024 / memory["read_bytes_per_s"]) / at16, abs=2e-3)
     assert floor > 1
     # the same run's late iterations over its early ones (64 tokens: 16 decode iterations at each end), floored
