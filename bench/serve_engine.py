@@ -54,10 +54,11 @@ iteration's reads leave there for the next: one buffer summed again and again (i
 cache's bandwidth, 75 GB/s on a 2-core VM where batch 128's 35 MB at 272 positions come from memory at
 33-37 GB/s (a 32 MiB L3). And between two layers' reads the engine does the rest of its iteration, after
 which less of what the reads left in the last-level cache is still there (on a shared VM, whose L3 other
-tenants use, much less): the buffers are read with that time between two layers' (``gap_s_per_layer``: the 16-token iteration's time over the layers, spent busy,
-not timed). On the same VM that gap alone took batch 128's reads at 256 tokens (19 MB in the mean) from
-63-88 GB/s back to back to 29-40 GB/s, what the engine's attention gets in place; the back-to-back figures
-are kept beside (``read_bytes_per_s_back_to_back``, ``read_bytes_per_s_late_back_to_back``).
+tenants use, much less): the buffers are read with that time between two layers' (``gap_s_per_layer``: the
+16-token iteration's time over the layers, spent busy, not timed). On the same VM that gap took batch 128's
+reads at 256 tokens (19 MB in the mean) from 63-109 GB/s back to back to 25-40 GB/s, what the engine's
+attention gets in place; the back-to-back figures are kept beside (``read_bytes_per_s_back_to_back``,
+``read_bytes_per_s_late_back_to_back``).
 
 The tiny test model has 256 positions; a copy with ``max_position_embeddings`` enough for the longest
 request, 16 + 3T/2 tokens and a margin (same weights; the rotary embedding has no length-dependent
