@@ -161,9 +161,9 @@ def test_kernel_with_scores_far_apart(kernel):
 
 def test_prefetching_the_next_row_changes_no_bits(kernel):
     """While it attends a (row, KV head) pair the kernel prefetches the next pair's keys and values, only while
-    four times a row's keys fit the core's L2 (a row of 4096 positions of 128 floats does not fit anywhere):
-    the short rows come out bit for bit the same whether a long row in the same call turns the prefetching
-    off, and each is the reference's."""
+    four times a row's keys fit the core's L2 (a row of 4096 positions of 128 floats does not fit anywhere);
+    with a longer row in the call, each row prefetches its own columns further on instead: the short rows come
+    out bit for bit the same whichever way they were prefetched, and each row is the reference's."""
     q, k_new, v_new, keys, values, slots, lengths, scale = case(2, 2, 128, capacity=4096)
     lengths = torch.tensor([1, 4096, 2, 17, 5, 300, 33])
     short = torch.tensor([0, 2, 3, 4, 5, 6])

@@ -257,13 +257,16 @@ static inline v8 sums8(const v8 *x)
  * each block of this pair's columns read brings the same columns of the next pair's into the core's cache
  * (the L2; `k` NULL: none). The hardware prefetcher follows a stream only a few lines ahead, which a kernel
  * doing this much arithmetic per byte outruns: without it a batch's caches larger than the last-level cache
- * came at half the memory's bandwidth. */
+ * came at half the memory's bandwidth. Where a call's rows are too long for that (see l2_bytes), the "next
+ * pair" is the pair itself, PREFETCH_AHEAD columns on: each block read brings the columns that far ahead of
+ * it, up to the row's length. */
 typedef struct {
     const char *k, *v; /* the next pair's keys and values, NULL for none */
     int64_t len;       /* its length (columns) */
 } next_pair;
 
 #define PREFETCH_LINE 64
+#define PREFETCH_AHEAD 32 /* columns: 8 KiB ahead in a row of 64 floats */
 
 /* The core's L2 in bytes (sysconf where the C library knows it; else 512 KiB): a pair is prefetched only while
  * four times its keys (this pair's keys and values, then the next pair's, between a column's prefetch and its
@@ -525,6 +528,9 @@ int rft_decode_attention(const float *q, int64_t q_row_stride, float *out, void 
                     const int64_t i2 = (w + 1) / kv_heads, h2 = (w + 1) % kv_heads;
                     const int64_t b2 = (slots[i2] * slot_stride + h2 * head_stride) * es;
                     next = (next_pair){(const char *)keys + b2, (const char *)values + b2, lengths[i2]};
+                } else if (vector && !prefetch && lengths[i] > PREFETCH_AHEAD) {
+                    const int64_t b2 = (base + PREFETCH_AHEAD * head_dim) * es;
+                    next = (next_pair){(const char *)keys + b2, (const char *)values + b2, lengths[i] - PREFETCH_AHEAD};
                 }
                 if (kv_kind == KV_F16)
                     attend_pair(qi, o, keys, values, kn, vn, base, lengths[i], group, head_dim, scale, scores,
