@@ -97,6 +97,7 @@ cluster-down:
 bench: venv vllm
 	$(PY) bench/inference.py --vllm-python $$(bash hack/vllm-venv.sh)
 	$(PY) bench/serve_engine.py
+	$(PY) bench/decode_attention.py
 	$(PY) bench/rollout.py
 	$(PY) bench/rollout_tokens.py
 	$(PY) bench/trainer.py

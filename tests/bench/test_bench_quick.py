@@ -87,6 +87,23 @@ def test_serve_engine_quick(tmp_path):
     assert "iteration_s_early" not in report["medians"]["engine"]["b8_t16"]  # 15 decode iterations: too few
 
 
+
+def test_decode_attention_quick(tmp_path):
+    """The kernel, torch's batched attention and a plain read over the same caches, per cell (rows x positions)."""
+    report = _run("decode_attention.py", tmp_path / "decode_attention.json")
+    assert set(report["cells"]) == {"r4_p1100", "r8_p300"}
+    assert set(report["ratios"]) == {f"{k}_{c}" for k in ("native_vs_torch", "native_over_read")
+                                     for c in ("r4_p1100", "r8_p300")}
+    cell = report["cells"]["r4_p1100"]
+    # a layer's keys and values: 4 rows x 1100 positions x 64 floats, twice
+    assert cell["bytes_per_call"] == 4 * 1100 * 64 * 4 * 2
+    for loop in ("native", "torch", "read"):
+        assert cell[loop]["call_s"] > 0
+        assert cell[loop]["bytes_per_s"] == pytest.approx(cell["bytes_per_call"] / cell[loop]["call_s"], rel=0.01)
+    assert report["ratios"]["native_vs_torch_r4_p1100"] == pytest.approx(
+        cell["torch"]["call_s"] / cell["native"]["call_s"], rel=0.01)
+
+
 def test_rollout_quick(tmp_path):
     report = _run("rollout.py", tmp_path / "rollout.json")
     assert "client_vs_raw" in report["ratios"]
