@@ -26,13 +26,11 @@ layers' caches together exceed the last-level cache, as a long-context batch's d
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
+import _report
 import torch
 
 from rft_runtime.serve import native
@@ -109,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help=f"cells {QUICK_CELLS}, 2 layers, 3 passes, one round")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode_attention.json"))
     args = p.parse_args(argv)
-    started, load = time.strftime("%Y-%m-%dT%H:%M:%S%z"), [round(x, 2) for x in os.getloadavg()]
+    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine(torch=torch.__version__)
     if args.quick:
         args.cells, args.layers, args.passes, args.repeats = QUICK_CELLS, 2, 3, 1
     torch.set_num_threads(args.threads)
@@ -131,14 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "decode_attention", "threads": args.threads, "layers": args.layers,
               "passes": args.passes, "repeats": args.repeats, "head_dim": HEAD_DIM, "group": GROUP,
               "kv_dtype": "float32", "parallel": kernel.parallel, "quick": args.quick,
-              "machine": {"cpus": os.cpu_count(), "loadavg_at_start": load, "python": platform.python_version(),
-                          "torch": torch.__version__},
-              "started": started, "cells": results, "ratios": ratios}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(ratios, indent=2))
-    print(f"wrote {out}")
+              "machine": machine, "started": started, "cells": results, "ratios": ratios}
+    _report.write(args.out, report)
     return 0
 
 

@@ -74,7 +74,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -83,6 +82,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import _report  # noqa: E402
 import torch  # noqa: E402
 
 from rft_runtime.serve import graphs, native  # noqa: E402
@@ -349,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="batch 1 and 8, 16 and 64 tokens, one round")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_engine.json"))
     args = p.parse_args(argv)
+    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine(torch=torch.__version__)
     if args.quick:
         args.batches, args.new_tokens, args.repeats = "1,8", "16,64", 1
     batches = [int(x) for x in args.batches.split(",")]
@@ -464,15 +465,9 @@ def main(argv: list[str] | None = None) -> int:
               "cuda_graphs": graphs_on,
               "prompt_len": PROMPT_LEN, "batches": batches, "new_tokens": lengths, "repeats": args.repeats,
               "quick": args.quick,
-              "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-                          "python": platform.python_version(), "torch": torch.__version__,
-                          "gpu": torch.cuda.get_device_name() if lm.device.type == "cuda" else None},
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "memory": memory, "runs": runs, "medians": medians, "ratios": ratios}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(ratios, indent=2))
-    print(f"wrote {out}")
+              "machine": {**machine, "gpu": torch.cuda.get_device_name() if lm.device.type == "cuda" else None},
+              "started": started, "memory": memory, "runs": runs, "medians": medians, "ratios": ratios}
+    _report.write(args.out, report)
     return 0
 
 

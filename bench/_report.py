@@ -1,0 +1,24 @@
+"""What a benchmark records about the machine it ran on, and how it writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+
+def machine(**extra) -> dict:
+    """The CPUs, the load average now (call it before the measurements), Python's version and ``extra``."""
+    return {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(), **extra}
+
+
+def write(out: str | Path, report: dict) -> Path:
+    """Write ``report`` as JSON to ``out`` (its directory made), print its ratios and where it went."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report["ratios"], indent=2))
+    print(f"wrote {out}")
+    return out
