@@ -22,7 +22,7 @@ from rft_runtime.rollout.loop import RolloutLoop
 from tests.runtime_config import local_config, with_coordinator
 from tests.trainer.served_logprobs import builtin_server
 
-STEPS = 3
+STEPS = 6
 
 
 def _free_port() -> int:
@@ -31,8 +31,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rollouts(cfg, stop: threading.Event) -> threading.Thread:
-    loop = RolloutLoop(cfg, worker_id="w", should_stop=stop.is_set)
+def _rollouts(cfg, should_stop) -> threading.Thread:
+    loop = RolloutLoop(cfg, worker_id="w", should_stop=should_stop)
     th = threading.Thread(target=lambda: asyncio.run(loop.run()), daemon=True)
     th.start()
     return th
@@ -65,7 +65,10 @@ def test_two_local_ranks_stop_on_sigterm_and_resume(tmp_path, tiny_model_dir):
         log = tmp_path / "trainer.log"
         rollout_cfg = with_coordinator(cfg, f"http://127.0.0.1:{port}")
         stop = threading.Event()
-        threads = [_rollouts(rollout_cfg, stop)]
+        # the first rollout loop stops once a step is recorded: the trainer then waits for rollouts it cannot
+        # get, so the signal finds it before its last step however fast the steps run (fed all along, a
+        # loaded CI run once went through all its steps in 0.5 s, before the signal arrived)
+        threads = [_rollouts(rollout_cfg, lambda: stop.is_set() or bool(read_metrics(out / "metrics.jsonl")))]
         try:
             p = _start(config, log)
             deadline = time.monotonic() + 300
@@ -80,7 +83,7 @@ def test_two_local_ranks_stop_on_sigterm_and_resume(tmp_path, tiny_model_dir):
             ckpt = tmp_path / "ckpt" / f"step-{done:06d}"
             assert sorted(x.name for x in (ckpt / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
 
-            threads.append(_rollouts(rollout_cfg, stop))  # the first loop ended with the first trainer
+            threads.append(_rollouts(rollout_cfg, stop.is_set))  # the first loop has stopped
             p = _start(config, log)  # the restarted group resumes and finishes
             assert p.wait(300) == 0, log.read_text()[-3000:]
         finally:
