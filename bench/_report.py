@@ -14,11 +14,11 @@ def machine(**extra) -> dict:
             "python": platform.python_version(), **extra}
 
 
-def write(out: str | Path, report: dict) -> Path:
-    """Write ``report`` as JSON to ``out`` (its directory made), print its ratios and where it went."""
+def write(out: str | Path, report: dict, show: dict | None = None) -> Path:
+    """Write ``report`` as JSON to ``out`` (its directory made), print ``show`` (else its ratios) and where it went."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["ratios"], indent=2))
+    print(json.dumps(report["ratios"] if show is None else show, indent=2))
     print(f"wrote {out}")
     return out

@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import _report
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "api"), str(ROOT / "runtime")]
@@ -306,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     report: dict[str, Any] = {
         "benchmark": "coordinator", "quick": args.quick,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
+        "machine": _report.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "shape": {k: getattr(args, k) for k in ("rounds", "seconds", "workers", "per_lease", "n", "prompts", "ahead",
                                                  "rate", "prompt_len", "response_len", "vocab")}}
@@ -330,10 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "compute_speed_under_intake": round(med["compute_idle"]["compute_iteration_s"]
                                             / med["compute_loaded"]["compute_iteration_s"], 3),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(json.dumps(report["ratios"]))
-    print(f"wrote {args.out}")
+    _report.write(args.out, report)
     return 0
 
 

@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -47,6 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _report
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     values = [int(s) for s in args.staleness.split(",")]
     if args.steps <= args.warmup:
         p.error("--steps must exceed --warmup")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
     runs: dict[int, list[dict]] = {s: [] for s in values}
     with tempfile.TemporaryDirectory(prefix="rft-e2e-step-") as tmp:
         work = Path(tmp)
@@ -164,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "e2e_step", "manifest": str(args.manifest), "steps": args.steps, "warmup": args.warmup,
         "staleness": values, "baseline": f"maxStaleness {base}", "repeats": args.repeats, "quick": args.quick,
-        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-                    "python": platform.python_version()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine, "started": started,
         "runs": {str(s): rs for s, rs in runs.items()},
         "medians": {str(s): m for s, m in med.items()},
         "bound": round(bound, 4), "rounds": rounds,
@@ -174,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                     "goal_s": 15.0},
         "ratios": ratios,
     }
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({"ratios": ratios, "bound": report["bound"], "startup": report["startup"]}, indent=2))
-    print(f"wrote {out}")
+    _report.write(args.out, report, {"ratios": ratios, "bound": report["bound"], "startup": report["startup"]})
     return 0
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import _report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         args.levels, args.rounds, args.max_tokens, args.min_seconds = "1,8", 1, 8, 0.0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
     procs, servers = [], {}
     try:
         for name, extra in (("thread", ["--no-engine-process"]), ("process", [])):
@@ -65,11 +66,9 @@ def main(argv: list[str] | None = None) -> int:
                if a["server_cpu_s_per_1k_tokens"] and b["server_cpu_s_per_1k_tokens"]]
         ratios[f"cpu_per_1k_tokens_process_over_thread_{cell}"] = round(statistics.median(cpu), 4) if cpu else None
     report = {"benchmark": "engine_process", "quick": args.quick, "rounds": args.rounds, "max_tokens": args.max_tokens,
-              "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
-              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": runs, "medians": summarise(runs),
+              "machine": machine, "started": started, "runs": runs, "medians": summarise(runs),
               "ratios": ratios}
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(ratios, indent=2))
+    _report.write(out, report)
     return 0
 
 

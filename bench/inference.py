@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import socket
@@ -38,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+import _report
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -327,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": "both servers up at once; per round every cell on both, order alternating, each cell started once "
                   "both servers are idle (under 0.1 CPU together, at most 10 s of waiting; servers_cpu_before); "
                   "medians over rounds; ratios are medians of per-round ratios",
-        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-                    "python": platform.python_version(), "platform": platform.platform()},
+        "machine": _report.machine(platform=platform.platform()),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "builtin_args": {"threads": args.threads, "max_batch_size": args.max_batch_size, "extra": args.builtin_arg},
     }
@@ -373,9 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for proc in procs:
             _stop(proc)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["ratios"], indent=2))
-    print(f"wrote {out}")
+    _report.write(out, report)
     return code
 
 

@@ -21,15 +21,15 @@ of shapes (prompt length, continuation length, rows, distinct prompts) for each 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _report
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -126,8 +126,7 @@ def main() -> int:
     from rft_runtime.trainer import prefix
 
     report: dict = {"benchmark": "prefix_costs", "quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "machine": {"cpus": os.cpu_count(), "threads": args.threads, "python": platform.python_version(),
-                                "torch": torch.__version__, "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
+                    "machine": _report.machine(threads=args.threads, torch=torch.__version__),
                     "models": {}, "ratios": {}}
     chosen_logs, token_logs = [], []
     for name in models:
@@ -173,10 +172,7 @@ def main() -> int:
         "chosen_over_best": round(math.exp(statistics.fmean(chosen_logs)), 4),
         "token_rule_over_best": round(math.exp(statistics.fmean(token_logs)), 4),
         "token_rule_over_chosen": round(math.exp(statistics.fmean(token_logs) - statistics.fmean(chosen_logs)), 4)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["ratios"], indent=2))
+    _report.write(args.out, report)
     for name, m in report["models"].items():
         print(f"{name}: median relative error {m['median_relative_error']}, fitted "
               + ", ".join(f"{k} {v:.3g} (model {m['cost_model'][k]:.3g})" for k, v in m["fit"].items()))

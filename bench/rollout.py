@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
+import _report
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -108,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         args.prompts, args.n, args.max_tokens, args.repeats = 4, 2, 4, 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_builtin(args.model, port, args.threads, args.concurrency, out.parent / "rollout_server.log")
@@ -121,17 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "rollout", "model": args.model, "prompts": args.prompts, "n": args.n,
         "max_tokens": args.max_tokens, "concurrency": args.concurrency, "repeats": args.repeats, "quick": args.quick,
-        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-                    "python": platform.python_version()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": runs, "medians": med,
+        "machine": machine, "started": started, "runs": runs, "medians": med,
         "ratios": {"client_vs_raw": round(statistics.median(c["samples_per_s"] / r["samples_per_s"]
                                                             for c, r in pairs), 4),
                    "client_cpu_over_raw_cpu": round(med["client"]["client_cpu_s_per_1k_samples"]
                                                     / med["raw"]["client_cpu_s_per_1k_samples"], 4)},
     }
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report["ratios"], indent=2))
-    print(f"wrote {out}")
+    _report.write(out, report)
     return 0
 
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import _report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -100,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.n, args.turns, args.max_tokens, args.repeats = 2, 2, 2, 4, 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_builtin(args.model, port, args.threads, args.concurrency, out.parent / "rollout_tokens_server.log")
@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "rollout_tokens", "model": args.model, "tasks": args.tasks, "n": args.n, "turns": args.turns,
         "max_tokens": args.max_tokens, "concurrency": args.concurrency, "repeats": args.repeats, "quick": args.quick,
-        "machine": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-                    "python": platform.python_version()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": runs, "medians": med,
+        "machine": machine, "started": started, "runs": runs, "medians": med,
         "ratios": {
             "recompute_vs_exact_episodes_per_s": round(statistics.median(
                 rc["episodes_per_s"] / ex["episodes_per_s"] for ex, rc in zip(runs["exact"], runs["recompute"])), 4),
@@ -123,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "drift": med["recompute"]["drift"],
     }
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({**report["ratios"], "drift": report["drift"]}, indent=2))
-    print(f"wrote {out}")
+    _report.write(out, report, {**report["ratios"], "drift": report["drift"]})
     return 0
 
 

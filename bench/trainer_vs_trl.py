@@ -44,13 +44,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import _report
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -300,9 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--sides: unknown {sorted(unknown)} (choose from {', '.join(SIDES)})")
     sides = tuple(s for s in SIDES if s in {"ours", "trl", *args.sides.split(",")})
     report: dict = {"benchmark": "trainer_vs_trl", "quick": args.quick,
-                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                                "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
+                    "machine": _report.machine(torch=torch.__version__, gpu=torch.cuda.get_device_name()
+                                               if torch.cuda.is_available() else None),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     "shape": {"batch": args.batch, "group": args.group, "micro_batch": args.micro_batch,
                               "prompt_len": args.prompt_len, "resp_len": args.resp_len, "steps": args.steps,
@@ -342,11 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     report["agreement"] = {"loss_rel_diff": rel(ours1["loss"], trl1["loss"]),
                            "grad_norm_rel_diff": rel(ours1["grad_norm"], trl1["grad_norm"]),
                            "ours_step1": ours1, "trl_step1": trl1}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({**report["ratios"], **report["agreement"]}, indent=2))
-    print(f"wrote {out}")
+    _report.write(args.out, report, {**report["ratios"], **report["agreement"]})
     return 0
 
 
