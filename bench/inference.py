@@ -35,12 +35,15 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import _report
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 DEFAULT_MODEL = os.environ.get("RFT_BENCH_MODEL", str(ROOT / "tests" / "contracts" / "vllm" / "tiny-qwen2"))
 QUESTION = "what is 2 + 3?"
 PROMPT: list[int] = []  # QUESTION rendered with the model's chat template (use_model fills it in)
@@ -80,6 +83,23 @@ def start_builtin(model: str, port: int, threads: int, max_batch: int, log: Path
            "--threads", str(threads), "--log-level", "WARNING", *(extra or [])]
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def against_builtin(model: str, threads: int, max_batch: int, log: Path, measure_at: Callable[[str], Awaitable[T]]) -> T:
+    """Start our server (:func:`start_builtin`), run ``measure_at(its url)`` once it is healthy, stop it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_builtin(model, port, threads, max_batch, log)
+    try:
+        wait_healthy(url, proc, 120)
+        return asyncio.run(measure_at(url))
+    finally:
+        _stop(proc)
+
+
+def medians(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per name, the median of each of its rounds' numbers."""
+    return {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
 
 
 def start_vllm(python: str, model: str, port: int, log: Path) -> subprocess.Popen:

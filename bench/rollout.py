@@ -27,7 +27,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from inference import DEFAULT_MODEL, PROMPT, _stop, free_port, start_builtin, use_model, wait_healthy  # noqa: E402
+from inference import DEFAULT_MODEL, PROMPT, against_builtin, medians, use_model  # noqa: E402
 
 from rft_runtime.rollout.client import InferenceClient  # noqa: E402
 from rft_runtime.rollout.sampling import SamplingParams  # noqa: E402
@@ -107,15 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_builtin(args.model, port, args.threads, args.concurrency, out.parent / "rollout_server.log")
-    try:
-        wait_healthy(url, proc, 120)
-        runs = asyncio.run(measure(url, args))
-    finally:
-        _stop(proc)
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    runs = against_builtin(args.model, args.threads, args.concurrency, out.parent / "rollout_server.log",
+                           lambda url: measure(url, args))
+    med = medians(runs)
     pairs = zip(runs["client"], runs["raw"])
     report = {
         "benchmark": "rollout", "model": args.model, "prompts": args.prompts, "n": args.n,

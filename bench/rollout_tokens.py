@@ -25,7 +25,7 @@ import _report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from inference import DEFAULT_MODEL, _stop, free_port, start_builtin, wait_healthy  # noqa: E402
+from inference import DEFAULT_MODEL, against_builtin, medians  # noqa: E402
 
 from rft_runtime.data.task import Task  # noqa: E402
 from rft_runtime.rollout import ChatTokenizer, EvaluatorBundle, InferenceClient, RolloutWorker, SamplingParams  # noqa: E402
@@ -100,15 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_builtin(args.model, port, args.threads, args.concurrency, out.parent / "rollout_tokens_server.log")
-    try:
-        wait_healthy(url, proc, 120)
-        runs = asyncio.run(measure(url, args))
-    finally:
-        _stop(proc)
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
+    runs = against_builtin(args.model, args.threads, args.concurrency, out.parent / "rollout_tokens_server.log",
+                           lambda url: measure(url, args))
+    med = medians(runs)
     report = {
         "benchmark": "rollout_tokens", "model": args.model, "tasks": args.tasks, "n": args.n, "turns": args.turns,
         "max_tokens": args.max_tokens, "concurrency": args.concurrency, "repeats": args.repeats, "quick": args.quick,
