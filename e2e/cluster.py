@@ -99,10 +99,19 @@ def ensure_binaries(log: Path | None = None, stream: bool = False) -> Path:
     if not BUILD_SCRIPT.exists():
         raise BuildError(f"{BUILD_SCRIPT} is missing")
     log = log or cache_dir() / "k8s" / f"build-{os.getpid()}.log"
+    code = run_build_script(BUILD_SCRIPT, log, stream)
+    if code != 0 or not binaries_ready():
+        raise BuildError(f"hack/build-control-plane.sh failed (exit {code}); log {log}:\n{_tail(log, 40)}")
+    return bin_dir()
+
+
+def run_build_script(script: Path, log: Path, stream: bool) -> int:
+    """Run one of ``hack/``'s build scripts, its output to ``log`` (its stderr on ours with ``stream``); its
+    exit status."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as out:
         proc = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)],
+            ["bash", str(script)],
             stdout=subprocess.PIPE,
             stderr=None if stream else out,
             stdin=subprocess.DEVNULL,
@@ -110,11 +119,7 @@ def ensure_binaries(log: Path | None = None, stream: bool = False) -> Path:
             # (serialised by the script's lock) then finds finished or picks up.
             start_new_session=True,
         )
-    if proc.returncode != 0 or not binaries_ready():
-        raise BuildError(
-            f"hack/build-control-plane.sh failed (exit {proc.returncode}); log {log}:\n{_tail(log, 40)}"
-        )
-    return bin_dir()
+    return proc.returncode
 
 
 # --------------------------------------------------------------------------------------------------

@@ -49,10 +49,20 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .cluster import LocalCluster
+from .cluster import (
+    SERVICE_CIDR,
+    LocalCluster,
+    _die_with_parent,
+    _dump,
+    _proc_stat,
+    _start_time,
+    _tail,
+    cache_dir,
+    ensure_client_cert,
+    run_build_script,
+    stop_process_group,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-node.sh"
@@ -69,12 +79,8 @@ class NodeError(RuntimeError):
     """The node could not be built, started or stopped; the message says why."""
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("RFT_CACHE") or Path.home() / ".cache" / "rft-operator")
-
-
 def node_bin_dir() -> Path:
-    return _cache_dir() / "node" / "bin"
+    return cache_dir() / "node" / "bin"
 
 
 def node_binaries_ready() -> bool:
@@ -87,14 +93,10 @@ def ensure_node_binaries(stream: bool = False) -> Path:
     """The node's binary directory, running ``hack/build-node.sh`` first when incomplete."""
     if node_binaries_ready():
         return node_bin_dir()
-    log = _cache_dir() / "node" / f"build-{os.getpid()}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as out:
-        p = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,
-                           stderr=None if stream else out, stdin=subprocess.DEVNULL, start_new_session=True)
-    if p.returncode != 0 or not node_binaries_ready():
-        from .cluster import _tail
-        raise NodeError(f"hack/build-node.sh failed (exit {p.returncode}); log {log}:\n{_tail(log, 40)}")
+    log = cache_dir() / "node" / f"build-{os.getpid()}.log"
+    code = run_build_script(BUILD_SCRIPT, log, stream)
+    if code != 0 or not node_binaries_ready():
+        raise NodeError(f"hack/build-node.sh failed (exit {code}); log {log}:\n{_tail(log, 40)}")
     return node_bin_dir()
 
 
@@ -390,7 +392,6 @@ class LocalNode:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def running(self) -> bool:
-        from .cluster import _proc_stat
         for name in COMPONENTS:
             rec = self._read_pid(name)
             if rec is None:
@@ -420,7 +421,6 @@ class LocalNode:
         return self
 
     def _start_once(self, deadline: float) -> None:
-        from .cluster import ensure_client_cert
         for d in ("logs", "run", "containerd", "kubelet", "cni/net.d", "cni/ipam", "pv", "pki", "pod-logs"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
         api_port = int(self.cluster.server.rsplit(":", 1)[1])
@@ -471,7 +471,6 @@ class LocalNode:
         self._untaint()
         self._install_addons(imgs["coredns"])
         # kube-router reads its Node object when it starts: after the kubelet registered it
-        from .cluster import SERVICE_CIDR
         self._launch("kube-router", [*self.net.nsenter(), self.binary("kube-router"),
                                      f"--kubeconfig={self.workdir / 'kube-router.kubeconfig'}",
                                      f"--hostname-override={self.name}", "--run-firewall=true",
@@ -487,7 +486,6 @@ class LocalNode:
     def _kubeconfig(self, name: str, server: str, cert: Path, key: Path) -> None:
         import base64
 
-        from .cluster import _dump
         cfg = {
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "rft-local", "cluster": {
@@ -554,7 +552,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         (self.workdir / "cni" / "net.d" / "10-rftn.conflist").write_text(json.dumps(conf, indent=2))
 
     def _write_kubelet_config(self) -> None:
-        from .cluster import _dump
         k = self.workdir / "kubelet"
         (k / "resolv.conf").write_text(f"nameserver {DNS_IP}\n")
         cfg = {
@@ -595,7 +592,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             shutil.copyfile(f, dest / f.name)
 
     def _write_kube_proxy_config(self) -> None:
-        from .cluster import SERVICE_CIDR, _dump
         cfg = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
             "clientConnection": {"kubeconfig": str(self.workdir / "kube-proxy.kubeconfig")},
@@ -606,7 +602,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
             "iptables": {"masqueradeAll": True},
         }
-        del SERVICE_CIDR
         (self.workdir / "kube-proxy.yaml").write_text(_dump(cfg))
 
     # ---- API objects -----------------------------------------------------------------------------
@@ -710,7 +705,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             f.write(f"{archive}\n")
 
     def _launch(self, name: str, argv: list[str], cwd: Path | None = None, cgroup_procs: Path | None = None) -> None:
-        from .cluster import _die_with_parent, _start_time
         log = open(self.log_path(name), "ab")
         env = {**os.environ, "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
         if name == "provisioner":
@@ -739,7 +733,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         return int(parts[0]), (parts[1] if len(parts) > 1 else None)
 
     def _alive(self, name: str) -> bool:
-        from .cluster import _proc_stat
         rec = self._read_pid(name)
         if rec is None:
             return False
@@ -750,7 +743,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         return bool(st) and st[0] != "Z" and (not rec[1] or st[19] == rec[1])
 
     def _wait(self, what: str, deadline: float, watch: list[str], ok) -> None:
-        from .cluster import _tail
         last = ""
         while True:
             for name in watch:
@@ -769,7 +761,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
 
     def stop(self, delete_node: bool = True) -> None:
         """Stop everything (see the module docstring) and check that nothing is left."""
-        from .cluster import stop_process_group
         for name in ("provisioner", "kube-router", "kube-proxy", "kubelet"):
             rec = self._read_pid(name)
             if rec is not None:
@@ -918,14 +909,13 @@ def main(argv: list[str] | None = None) -> int:
     listed into that cluster's node."""
     import argparse
 
-    from .cluster import LocalCluster
 
     ap = argparse.ArgumentParser(prog="python -m e2e.node")
     ap.add_argument("command", choices=("load-images",))
     ap.add_argument("--dir", default=".cluster", type=Path)
     a = ap.parse_args(argv)
     node = LocalNode(LocalCluster(a.dir))
-    listing = _cache_dir() / "images" / "images.txt"
+    listing = cache_dir() / "images" / "images.txt"
     for line in listing.read_text().splitlines():
         ref, archive = line.split()
         t0 = time.monotonic()
