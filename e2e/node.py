@@ -909,7 +909,6 @@ def main(argv: list[str] | None = None) -> int:
     listed into that cluster's node."""
     import argparse
 
-
     ap = argparse.ArgumentParser(prog="python -m e2e.node")
     ap.add_argument("command", choices=("load-images",))
     ap.add_argument("--dir", default=".cluster", type=Path)
