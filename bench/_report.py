@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from pathlib import Path
+
+
+def started() -> str:
+    """The local time now, as every benchmark's ``started`` records it (call it before the measurements)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def machine(**extra) -> dict:

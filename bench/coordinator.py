@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "benchmark": "coordinator", "quick": args.quick,
         "machine": _report.machine(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started": _report.started(),
         "shape": {k: getattr(args, k) for k in ("rounds", "seconds", "workers", "per_lease", "n", "prompts", "ahead",
                                                  "rate", "prompt_len", "response_len", "vocab")}}
     runs: dict[str, list[dict]] = {"coordinator": [], "floor": [], "compute_idle": [], "compute_loaded": []}

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help=f"cells {QUICK_CELLS}, 2 layers, 3 passes, one round")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode_attention.json"))
     args = p.parse_args(argv)
-    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine(torch=torch.__version__)
+    started, machine = _report.started(), _report.machine(torch=torch.__version__)
     if args.quick:
         args.cells, args.layers, args.passes, args.repeats = QUICK_CELLS, 2, 3, 1
     torch.set_num_threads(args.threads)

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     values = [int(s) for s in args.staleness.split(",")]
     if args.steps <= args.warmup:
         p.error("--steps must exceed --warmup")
-    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
+    started, machine = _report.started(), _report.machine()
     runs: dict[int, list[dict]] = {s: [] for s in values}
     with tempfile.TemporaryDirectory(prefix="rft-e2e-step-") as tmp:
         work = Path(tmp)

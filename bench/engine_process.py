@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import _report
@@ -43,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         args.levels, args.rounds, args.max_tokens, args.min_seconds = "1,8", 1, 8, 0.0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
+    started, machine = _report.started(), _report.machine()
     procs, servers = [], {}
     try:
         for name, extra in (("thread", ["--no-engine-process"]), ("process", [])):

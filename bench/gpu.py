@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -43,6 +42,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import _report  # noqa: E402
 import torch  # noqa: E402
 
 from rft_runtime.algos import compute_advantages  # noqa: E402
@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--device {device}: the trainer's process group is on {ctx.device}")
     device = ctx.device
     report: dict = {"benchmark": "gpu", "quick": args.quick, "device": str(device),
-                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                                "gpu": torch.cuda.get_device_name(device) if gpu else None},
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "machine": _report.machine(torch=torch.__version__,
+                                               gpu=torch.cuda.get_device_name(device) if gpu else None),
+                    "started": _report.started(),
                     "shape": {"prompt_len": args.prompt_len, "resp_len": args.resp_len, "gen_batch": args.gen_batch,
                               "group": args.group, "engine_dtype": engine_dtype,
                               "trainer_compute_dtype": "bfloat16" if gpu else "float32",
@@ -282,12 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         ratios[f"train_default_vs_fp32_mb{ours['micro_batch_size']}"] = round(ours["tokens_per_s"] / base["tokens_per_s"], 3)
     report["ratios"] = ratios
     distributed.leave_group()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({**ratios, **{f"logprob_absdiff_mean_{k}": v["absdiff_mean"] for k, v in report["parity"].items()}},
-                     indent=2))
-    print(f"wrote {out}")
+    _report.write(args.out, report, show={**ratios, **{f"logprob_absdiff_mean_{k}": v["absdiff_mean"]
+                                                       for k, v in report["parity"].items()}})
     return 0
 
 

@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                   "both servers are idle (under 0.1 CPU together, at most 10 s of waiting; servers_cpu_before); "
                   "medians over rounds; ratios are medians of per-round ratios",
         "machine": _report.machine(platform=platform.platform()),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started": _report.started(),
         "builtin_args": {"threads": args.threads, "max_batch_size": args.max_batch_size, "extra": args.builtin_arg},
     }
     procs: list[subprocess.Popen] = []

@@ -125,7 +125,7 @@ def main() -> int:
     from rft_runtime.model import make_tiny_model
     from rft_runtime.trainer import prefix
 
-    report: dict = {"benchmark": "prefix_costs", "quick": args.quick, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    report: dict = {"benchmark": "prefix_costs", "quick": args.quick, "started": _report.started(),
                     "machine": _report.machine(threads=args.threads, torch=torch.__version__),
                     "models": {}, "ratios": {}}
     chosen_logs, token_logs = [], []

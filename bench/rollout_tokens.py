@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tasks, args.n, args.turns, args.max_tokens, args.repeats = 2, 2, 2, 4, 2
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine()
+    started, machine = _report.started(), _report.machine()
     runs = against_builtin(args.model, args.threads, args.concurrency, out.parent / "rollout_tokens_server.log",
                            lambda url: measure(url, args))
     med = medians(runs)

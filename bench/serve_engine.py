@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="batch 1 and 8, 16 and 64 tokens, one round")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve_engine.json"))
     args = p.parse_args(argv)
-    started, machine = time.strftime("%Y-%m-%dT%H:%M:%S%z"), _report.machine(torch=torch.__version__)
+    started, machine = _report.started(), _report.machine(torch=torch.__version__)
     if args.quick:
         args.batches, args.new_tokens, args.repeats = "1,8", "16,64", 1
     batches = [int(x) for x in args.batches.split(",")]

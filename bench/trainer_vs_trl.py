@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"benchmark": "trainer_vs_trl", "quick": args.quick,
                     "machine": _report.machine(torch=torch.__version__, gpu=torch.cuda.get_device_name()
                                                if torch.cuda.is_available() else None),
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "started": _report.started(),
                     "shape": {"batch": args.batch, "group": args.group, "micro_batch": args.micro_batch,
                               "prompt_len": args.prompt_len, "resp_len": args.resp_len, "steps": args.steps,
                               "rounds": args.rounds, "threads": args.threads,
