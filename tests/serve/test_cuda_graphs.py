@@ -125,8 +125,12 @@ def test_fixed_shape_decode_matches_transformers(kind, kernels):
 def test_half_precision_kv_cache(dtype):
     """``kv_cache_dtype`` float16 / bfloat16 under a float32 model: the cache holds that type, and the three
     decode paths (the native kernel, torch's batched attention, the fixed-shape iteration) read the same rounded
-    keys and values, so they agree to float rounding; against transformers' float32 logits they differ by what
-    the rounding of the cached keys and values makes (float16's 11-bit significand, bfloat16's 8), and no more."""
+    keys and values; against transformers' float32 logits they differ by what the rounding of the cached keys and
+    values makes (float16's 11-bit significand, bfloat16's 8), and no more. The paths' float32 keys can differ in
+    their last bit (the native rotary embedding fuses its multiply-adds), which rounds a key that lies on a
+    boundary of the cache's type to its neighbour: so the paths agree within a quarter of what the rounding itself
+    makes against transformers (one such key moves a bfloat16 cache's logits by about a fifth of it), where a path
+    reading unrounded or other values would differ by about all of it."""
     model = small_decoder("qwen2")
     results = {}
     for mode, kernels in (("never", "native"), ("never", "torch"), ("uncaptured", "torch")):
@@ -134,11 +138,11 @@ def test_half_precision_kv_cache(dtype):
         assert runner.kv_dtype == getattr(torch, dtype) and runner.make_cache(1, 16).keys[0].dtype == runner.kv_dtype
         results[(mode, kernels)] = pairs
     native = results[("never", "native")]
-    for other in (results[("never", "torch")], results[("uncaptured", "torch")]):
-        for (got, _), (want, _) in zip(other, native):
-            assert torch.allclose(got, want, atol=1e-5, rtol=0)
     worst = max((got - want).abs().max().item() for got, want in native)
     assert 1e-6 < worst < {"float16": 5e-4, "bfloat16": 4e-3}[dtype]  # rounded, but no more than that
+    for other in (results[("never", "torch")], results[("uncaptured", "torch")]):
+        for (got, _), (want, _) in zip(other, native):
+            assert torch.allclose(got, want, atol=max(1e-5, worst / 4), rtol=0)
 
 
 def test_kv_cache_dtype_is_checked(monkeypatch):

@@ -72,9 +72,9 @@ SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def _fuse_rows(mods: list[Any], name: str) -> torch.Tensor | None:
-    """Concatenate the ``name`` tensors (weight or bias) of ``mods`` along their output rows into one
-    new tensor, and make each module's parameter a view of its rows in it (no extra memory; an in-place
-    update of a parameter, as a weight swap does, updates the fused tensor). None where they have none."""
+    """Concatenate the ``name`` biases of ``mods`` into one new tensor, and make each module's bias a view of
+    its part of it (no extra memory; an in-place update of a parameter, as a weight swap does, updates the
+    fused tensor). None where they have none."""
     parts = [getattr(m, name, None) for m in mods]
     if all(p is None for p in parts):
         return None
@@ -88,11 +88,38 @@ def _fuse_rows(mods: list[Any], name: str) -> torch.Tensor | None:
     return fused
 
 
+def _fuse_weights(mods: list[Any], in_major: bool) -> torch.Tensor:
+    """The weights ``[out, in]`` of ``mods`` (linear layers on one input) as one ``[in, sum of outs]``
+    operand of ``x @ w``, and each module's weight made a view of its columns in it (no extra memory; a
+    weight swap's in-place update of a parameter updates it). ``in_major``: the operand is stored
+    contiguous (``[in, out]`` rows), the modules' weights becoming transposed views of it: on the CPU a
+    decode-sized matrix multiplication (8-128 rows) runs 1.1-2.5x faster against it than against the
+    transpose of an ``[out, in]`` weight, more so when the operand is no longer in the cache
+    (``docs/inference-server.md``, session 39). Elsewhere (GPUs,
+    and other dtypes, not measured) stored ``[out, in]`` as the model has it, the operand a transposed view."""
+    weights = [m.weight for m in mods]
+    if in_major:
+        fused = torch.cat([w.detach().t() for w in weights], dim=1).contiguous()
+        col = 0
+        for w in weights:
+            w.data = fused[:, col: col + w.shape[0]].t()
+            col += w.shape[0]
+        return fused
+    if len(weights) == 1:
+        return weights[0].detach().t()
+    fused = torch.cat([w.detach() for w in weights])
+    row = 0
+    for w in weights:
+        w.data = fused[row: row + w.shape[0]]
+        row += w.shape[0]
+    return fused.t()
+
+
 @dataclass
 class _Layer:
     """One decoder layer's fused weights and what its forward needs."""
 
-    qkv_w: torch.Tensor  # each weight [in, out]: a transposed view of the model's (or fused) [out, in] one
+    qkv_w: torch.Tensor  # each weight the [in, out] operand of x @ w (_fuse_weights: contiguous on the CPU in float32)
     qkv_b: torch.Tensor | None
     o_w: torch.Tensor
     o_b: torch.Tensor | None
@@ -115,19 +142,18 @@ def _silu_modules() -> tuple[type, ...]:
     return (torch.nn.SiLU, SiLUActivation)
 
 
-def _fused_layer(layer: Any) -> _Layer:
+def _fused_layer(layer: Any, in_major: bool) -> _Layer:
     attn, mlp = layer.self_attn, layer.mlp
     for name in ("gate_proj", "up_proj", "down_proj", "act_fn"):
         if not hasattr(mlp, name):
             raise UnsupportedModel(f"{type(mlp).__name__} has no {name}")
     act = F.silu if isinstance(mlp.act_fn, _silu_modules()) else mlp.act_fn
-    qkv_w = _fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj], "weight")
-    gate_up_w = _fuse_rows([mlp.gate_proj, mlp.up_proj], "weight")
-    assert qkv_w is not None and gate_up_w is not None
-    return _Layer(qkv_w=qkv_w.t(), qkv_b=_fuse_rows([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
-                  o_w=attn.o_proj.weight.t(), o_b=attn.o_proj.bias,
-                  gate_up_w=gate_up_w.t(), gate_up_b=_fuse_rows([mlp.gate_proj, mlp.up_proj], "bias"),
-                  down_w=mlp.down_proj.weight.t(), down_b=mlp.down_proj.bias,
+    qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+    return _Layer(qkv_w=_fuse_weights(qkv, in_major), qkv_b=_fuse_rows(qkv, "bias"),
+                  o_w=_fuse_weights([attn.o_proj], in_major), o_b=attn.o_proj.bias,
+                  gate_up_w=_fuse_weights([mlp.gate_proj, mlp.up_proj], in_major),
+                  gate_up_b=_fuse_rows([mlp.gate_proj, mlp.up_proj], "bias"),
+                  down_w=_fuse_weights([mlp.down_proj], in_major), down_b=mlp.down_proj.bias,
                   intermediate=int(mlp.gate_proj.weight.shape[0]), act=act,
                   qk_norm=getattr(attn, "q_norm", None) is not None)
 
@@ -194,7 +220,7 @@ class SlotRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
-        self.layers = [_fused_layer(layer) for layer in base.layers]
+        self.layers = [_fused_layer(layer, in_major=self.device.type == "cpu" and self.dtype == torch.float32) for layer in base.layers]
         self._qk_norm = any(L.qk_norm for L in self.layers)
         self._norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in base.layers]
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for positions 0..n-1
