@@ -148,17 +148,25 @@ def test_runner_matches_transformers_on_each_supported_architecture(kind, kernel
 
 def test_runner_sees_an_in_place_weight_update(lm):
     """The engine swaps weights by copying into the model's parameters (``state_dict()[name].copy_``): the
-    runner's fused q/k/v and gate/up weights are those parameters' storage, so it computes with the new
-    weights, as transformers' forward of the updated model does."""
+    runner's fused q/k/v and gate/up weights and its o and down operands are those parameters' storage (on the
+    CPU in float32 laid out ``[in, out]``, contiguous, the parameters transposed views of it), so it computes
+    with the new weights, as transformers' forward of the updated model does."""
     from rft_runtime.serve.model import load_model as load
 
     fresh = load(TINY, device="cpu")
     runner = SlotRunner(fresh.model)
+    cfg = fresh.model.config
+    for L in runner.layers:
+        for w, cols in ((L.qkv_w, cfg.hidden_size + 2 * cfg.num_key_value_heads * runner.head_dim),
+                        (L.o_w, cfg.hidden_size), (L.gate_up_w, 2 * cfg.intermediate_size)):
+            assert w.is_contiguous() and w.shape == (cfg.hidden_size, cols)
+        assert L.down_w.is_contiguous() and L.down_w.shape == (cfg.intermediate_size, cfg.hidden_size)
     params = fresh.model.state_dict()
     torch.manual_seed(3)
     with torch.no_grad():
         for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.1.self_attn.v_proj.bias",
-                     "model.layers.1.mlp.up_proj.weight", "model.layers.0.mlp.gate_proj.weight"):
+                     "model.layers.1.mlp.up_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+                     "model.layers.1.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"):
             params[name].copy_(params[name] + 0.05 * torch.randn_like(params[name]))
         out = runner.forward(runner.make_cache(1, 64), [], [], [], [Chunk(0, CHAT_PROMPT, 0)], [len(CHAT_PROMPT) - 1])
         ref = fresh.model(torch.tensor([CHAT_PROMPT])).logits[0, -1]

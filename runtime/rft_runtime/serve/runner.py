@@ -72,9 +72,9 @@ SUPPORTED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def _fuse_rows(mods: list[Any], name: str) -> torch.Tensor | None:
-    """Concatenate the ``name`` biases of ``mods`` into one new tensor, and make each module's bias a view of
-    its part of it (no extra memory; an in-place update of a parameter, as a weight swap does, updates the
-    fused tensor). None where they have none."""
+    """Concatenate the ``name`` tensors (weight or bias) of ``mods`` along their output rows into one
+    new tensor, and make each module's parameter a view of its rows in it (no extra memory; an in-place
+    update of a parameter, as a weight swap does, updates the fused tensor). None where they have none."""
     parts = [getattr(m, name, None) for m in mods]
     if all(p is None for p in parts):
         return None
@@ -90,29 +90,24 @@ def _fuse_rows(mods: list[Any], name: str) -> torch.Tensor | None:
 
 def _fuse_weights(mods: list[Any], in_major: bool) -> torch.Tensor:
     """The weights ``[out, in]`` of ``mods`` (linear layers on one input) as one ``[in, sum of outs]``
-    operand of ``x @ w``, and each module's weight made a view of its columns in it (no extra memory; a
-    weight swap's in-place update of a parameter updates it). ``in_major``: the operand is stored
-    contiguous (``[in, out]`` rows), the modules' weights becoming transposed views of it: on the CPU a
-    decode-sized matrix multiplication (8-128 rows) runs 1.1-2.5x faster against it than against the
-    transpose of an ``[out, in]`` weight, more so when the operand is no longer in the cache
-    (``docs/inference-server.md``, session 39). Elsewhere (GPUs,
-    and other dtypes, not measured) stored ``[out, in]`` as the model has it, the operand a transposed view."""
+    operand of ``x @ w``, each module's weight a view of its part of it (a weight swap's in-place update of
+    a parameter updates it). ``in_major``: the operand is stored contiguous, ``[in, out]`` rows, the
+    modules' weights becoming transposed views of it: MKL's decode-sized multiplications (8-128 rows) run
+    up to 2.5x faster against it on one thread than against the transpose of ``[out, in]`` weights
+    (0.8-1.7x on two; ``docs/inference-server.md``, session 39). Else (GPUs, other dtypes: not measured)
+    the operand is a transposed view of the weights as the model stores them (fused with
+    :func:`_fuse_rows`)."""
+    if not in_major:
+        fused = mods[0].weight if len(mods) == 1 else _fuse_rows(mods, "weight")
+        assert fused is not None
+        return fused.detach().t()
     weights = [m.weight for m in mods]
-    if in_major:
-        fused = torch.cat([w.detach().t() for w in weights], dim=1).contiguous()
-        col = 0
-        for w in weights:
-            w.data = fused[:, col: col + w.shape[0]].t()
-            col += w.shape[0]
-        return fused
-    if len(weights) == 1:
-        return weights[0].detach().t()
-    fused = torch.cat([w.detach() for w in weights])
-    row = 0
+    fused = torch.cat([w.detach().t() for w in weights], dim=1)
+    col = 0
     for w in weights:
-        w.data = fused[row: row + w.shape[0]]
-        row += w.shape[0]
-    return fused.t()
+        w.data = fused[:, col: col + w.shape[0]].t()
+        col += w.shape[0]
+    return fused
 
 
 @dataclass
@@ -220,7 +215,8 @@ class SlotRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.kv_dtype = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
-        self.layers = [_fused_layer(layer, in_major=self.device.type == "cpu" and self.dtype == torch.float32) for layer in base.layers]
+        in_major = self.device.type == "cpu" and self.dtype == torch.float32
+        self.layers = [_fused_layer(layer, in_major) for layer in base.layers]
         self._qk_norm = any(L.qk_norm for L in self.layers)
         self._norms = [(layer.input_layernorm, layer.post_attention_layernorm) for layer in base.layers]
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin for positions 0..n-1
