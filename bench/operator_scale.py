@@ -21,7 +21,12 @@ the chart, its own ServiceAccount bound to exactly its rules), then:
 Keys of the JSON: jobs, converge_s, raw_apply_s, converge_ratio_vs_raw_apply, idle_requests_per_s,
 idle_mutating_requests (and the same without the Lease renewals of leader election),
 status_latency_p50_s, status_latency_p99_s, operator_rss_peak_mb, api_requests_by_verb (the
-operator's, over the whole run), plus phase timings and parameters.
+operator's, over the whole run), plus phase timings and parameters; ``ratios``:
+``converge_ratio_vs_raw_apply``; ``machine`` and ``started`` as every benchmark records them (bench/_report.py).
+
+Goals (docs/operator.md, "Cost at scale"): ``converge_s`` <= 60 and ``converge_ratio_vs_raw_apply`` <= 1.5;
+``idle_requests_per_s`` <= 1 with ``idle_mutating_requests_excluding_lease`` 0; ``status_latency_p99_s`` <= 5;
+``operator_rss_peak_mb`` <= 200.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
+import _report
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -368,10 +374,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = ap.parse_args(argv)
     if a.quick:
         a.jobs, a.idle, a.timeout = min(a.jobs, 20), 15.0, min(a.timeout, 300.0)
+    head = {"benchmark": "operator_scale", "quick": a.quick, "machine": _report.machine(), "started": _report.started()}
     result = run(a)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    report = {**head, **result, "ratios": {"converge_ratio_vs_raw_apply": result["converge_ratio_vs_raw_apply"]}}
+    _report.write(a.out, report, show=report)
     return 0
 
 

@@ -31,13 +31,21 @@ die() { echo "[images] ERROR: $*" >&2; exit 1; }
 exec 8>"$out/.lock"
 flock 8
 
-command -v buildah >/dev/null || die "buildah is missing (hack/build-node.sh installs it)"
-command -v mmdebstrap >/dev/null || {
-  [ "$(id -u)" = 0 ] || die "mmdebstrap is missing"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >/dev/null; } \
-    || die "apt-get install mmdebstrap failed"
+# buildah and mmdebstrap from Debian when missing (root only). This runs beside hack/build-node.sh's own
+# apt-get (hack/prepare.sh starts both): each waits for the other's dpkg lock instead of failing.
+apt_install() {
+  local a=(-o DPkg::Lock::Timeout=900 -y -q --no-install-recommends)
+  DEBIAN_FRONTEND=noninteractive apt-get install "${a[@]}" "$@" >/dev/null 2>&1 \
+    || { apt-get -o DPkg::Lock::Timeout=900 update -q >/dev/null 2>&1 \
+         && DEBIAN_FRONTEND=noninteractive apt-get install "${a[@]}" "$@" >/dev/null; }
 }
+missing=()
+command -v buildah >/dev/null || missing+=(buildah)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+if [ ${#missing[@]} -gt 0 ]; then
+  [ "$(id -u)" = 0 ] || die "${missing[*]} missing (run as root to install them from Debian)"
+  apt_install "${missing[@]}" || die "apt-get install ${missing[*]} failed"
+fi
 driver=${RFT_BUILDAH_DRIVER:-overlay}
 export BUILDAH_ISOLATION=chroot STORAGE_DRIVER=$driver
 b() { buildah --root "$store/root" --runroot "$store/run" --storage-driver "$driver" "$@"; }

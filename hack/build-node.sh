@@ -66,9 +66,9 @@ if ! packages_present; then
   t0=$SECONDS
   log "apt-get install containerd runc containernetworking-plugins iptables ipset buildah gcc libc6-dev"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get install -y -q --no-install-recommends containerd runc containernetworking-plugins iptables \
+  apt-get install -o DPkg::Lock::Timeout=900 -y -q --no-install-recommends containerd runc containernetworking-plugins iptables \
     ipset buildah gcc libc6-dev >"$node/apt.log" 2>&1 \
-    || { apt-get update -q >>"$node/apt.log" 2>&1 && apt-get install -y -q --no-install-recommends containerd \
+    || { apt-get -o DPkg::Lock::Timeout=900 update -q >>"$node/apt.log" 2>&1 && apt-get install -o DPkg::Lock::Timeout=900 -y -q --no-install-recommends containerd \
          runc containernetworking-plugins iptables ipset buildah gcc libc6-dev >>"$node/apt.log" 2>&1; } \
     || { tail -20 "$node/apt.log" >&2; die "apt-get install failed"; }
   packages_present || die "packages installed but a command is still missing"

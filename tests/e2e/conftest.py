@@ -18,7 +18,6 @@ CoreDNS) on the session's control plane (``cluster`` fixture), and the project's
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +39,9 @@ from tests.e2e.stack import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_NODE_BUILD_FAILURE: list[str] = []
+"""Why hack/build-node.sh failed in this run, once it has: the node is not built again for each test."""
+
 _IMAGES = [IMAGES]
 """The images this session's tests need: the vLLM image only when a collected test is marked ``vllm``."""
 
@@ -55,11 +57,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if "real_node" in wants or "on_real_node" in wants:
         try:
             ensure_node_binaries()
-        except NodeError:
-            return  # the real_node fixture reports it
+        except NodeError as e:
+            _NODE_BUILD_FAILURE.append(str(e))
+            return  # the real_node fixture reports it, without building again
     if "node_images" in wants:
-        subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], capture_output=True, timeout=3600,
-                       env={**os.environ, "RFT_IMAGES": _IMAGES[0]}, check=False)  # node_images reports a failure
+        try:
+            build_images(_IMAGES[0])
+        except pytest.fail.Exception:
+            pass  # remembered: node_images reports it in the first test that needs it, and builds nothing again
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -73,9 +78,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 def real_node(cluster: LocalCluster) -> Iterator[LocalNode]:
     if os.geteuid() != 0:
         pytest.skip("a real node needs root (network namespace, mounts, cgroups)")
+    if _NODE_BUILD_FAILURE:
+        pytest.fail(f"not built again in this run: {_NODE_BUILD_FAILURE[0]}", pytrace=False)
     try:
         node = LocalNode(cluster, bin=ensure_node_binaries())
     except NodeError as e:
+        _NODE_BUILD_FAILURE.append(str(e))
         pytest.fail(str(e), pytrace=False)
     if os.environ.get("RFT_KUBECONFIG") and node.running() and node.ready():
         node.reused = True  # a `make cluster-up` node: left as it was found (schedulable)

@@ -68,12 +68,22 @@ IMAGES = "operator runtime vllm"
 _IMAGE_REPOS = {"operator": "/rft-operator:", "runtime": "/rft-runtime:", "vllm": "/vllm-openai:"}
 
 
+_BUILD_FAILURES: dict[str, str] = {}
+"""Image name -> why ``hack/build-images.sh`` failed for it in this pytest process: a build that failed
+fails once, and every later test that needs the image fails at once with the same message."""
+
+
 def build_images(names: str = IMAGES) -> dict[str, Path]:
     """``hack/build-images.sh`` for ``names`` (of :data:`IMAGES`); image reference -> oci-archive."""
+    failed = [n for n in names.split() if n in _BUILD_FAILURES]
+    if failed:
+        pytest.fail(f"not built again in this run: {_BUILD_FAILURES[failed[0]]}", pytrace=False)
     p = subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], capture_output=True, text=True,
                        env={**os.environ, "RFT_IMAGES": names}, timeout=3600)
     if p.returncode != 0:
-        pytest.fail(f"hack/build-images.sh failed ({p.returncode}):\n{p.stderr[-4000:]}", pytrace=False)
+        why = f"hack/build-images.sh ({names}) failed ({p.returncode}):\n{p.stderr[-4000:]}"
+        _BUILD_FAILURES.update(dict.fromkeys(names.split(), why))
+        pytest.fail(why, pytrace=False)
     listing = Path(p.stdout.strip().splitlines()[-1])
     out = {}
     for line in listing.read_text().splitlines():

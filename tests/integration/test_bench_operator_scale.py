@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.bench]
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"jobs", "converge_s", "raw_apply_s", "converge_ratio_vs_raw_apply", "idle_requests_per_s",
         "idle_mutating_requests", "status_latency_p99_s", "operator_rss_peak_mb", "api_requests_by_verb"}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds everything `make test` needs before its first test, the independent builds concurrently, and
+# prints how long each took. All of them are cached in ${RFT_CACHE:-$HOME/.cache/rft-operator} and return
+# at once when present, so a warm run costs seconds.
+#
+#   hack/prepare.sh [PART ...]      PART: venv vllm hadolint control-plane node images (default: all)
+#
+# Three chains run side by side (they share no inputs, and each is bound by something else: the Go
+# builds by the CPU, the venvs and images mostly by downloads and disk):
+#   python   venv -> vllm venv, hadolint
+#   k8s      control-plane -> node (kubelet, kube-proxy, CoreDNS, kube-router; Debian packages)
+#   images   hack/build-images.sh (base, operator, runtime, vLLM-on-CPU; RFT_IMAGES picks a subset)
+# A part that fails stops nothing else; the script then exits 1 naming each failed part with the end of
+# its log. Logs: $RFT_CACHE/logs/prepare-PART.log. Timings: $RFT_CACHE/logs/prepare-times.txt.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${RFT_CACHE:-$HOME/.cache/rft-operator}
+export RFT_CACHE=$cache
+logs=$cache/logs
+mkdir -p "$logs"
+parts=("$@")
+[ ${#parts[@]} -gt 0 ] || parts=(venv vllm hadolint control-plane node images)
+wants() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
+for p in "${parts[@]}"; do
+  case $p in venv|vllm|hadolint|control-plane|node|images) ;; *) echo "[prepare] unknown part '$p'" >&2; exit 2 ;; esac
+done
+
+times=$logs/prepare-times.txt
+: >"$times"
+step() { # NAME COMMAND... : runs one part, logs it, records its time; returns its status
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  "$@" >"$logs/prepare-$name.log" 2>&1 || rc=$?
+  printf '%-14s %5ss  %s\n' "$name" $((SECONDS - t0)) "$([ $rc = 0 ] && echo ok || echo "FAILED ($rc)")" | tee -a "$times" >&2
+  return $rc
+}
+
+t_all=$SECONDS
+pids=()
+if wants venv || wants vllm || wants hadolint; then
+  (
+    if wants venv || wants vllm; then step venv bash "$root/hack/venv.sh" || exit 1; fi
+    rc=0
+    if wants vllm; then step vllm bash "$root/hack/vllm-venv.sh" || rc=1; fi
+    if wants hadolint; then step hadolint bash "$root/hack/hadolint.sh" || rc=1; fi
+    exit $rc
+  ) &
+  pids+=($!)
+fi
+if wants control-plane || wants node; then
+  (
+    step control-plane bash "$root/hack/build-control-plane.sh" || exit 1
+    if wants node; then step node bash "$root/hack/build-node.sh" || exit 1; fi
+  ) &
+  pids+=($!)
+fi
+if wants images; then
+  ( step images bash "$root/hack/build-images.sh" ) &
+  pids+=($!)
+fi
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+printf '%-14s %5ss\n' total $((SECONDS - t_all)) | tee -a "$times" >&2
+if [ $failed = 1 ]; then
+  for log in "$logs"/prepare-*.log; do
+    name=$(basename "$log" .log); name=${name#prepare-}
+    grep -q "^$name .*FAILED" "$times" || continue
+    echo "[prepare] $name failed; the end of $log:" >&2
+    tail -25 "$log" >&2
+  done
+  exit 1
+fi
