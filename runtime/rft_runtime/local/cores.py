@@ -7,7 +7,7 @@ to the kernel's scheduler on a small machine, the trainer's thread is moved betw
 its core with the others' bursts of work, and its step gets longer. Given cores of its own, it keeps
 its speed: on the 2-core development VM the sample job's ``time/train`` at ``maxStaleness`` 1 went
 from 0.22-0.23 s to 0.19 s (the synchronous run's is 0.18 s), and the step from 0.24-0.27 s to
-0.22 s (docs/trainer.md, session 31). So :func:`role_cores` gives the trainer's processes ``threads``
+0.22 s. So :func:`role_cores` gives the trainer's processes ``threads``
 cores each and the other roles the rest.
 
 A synchronous run (``maxStaleness`` 0) is not pinned: its roles take turns, and generation is then
