@@ -23,7 +23,7 @@ help:
 	@echo "make bench        benchmarks (JSON under bench/results/), each run compared with its baseline in"
 	@echo "                  bench/baselines/ (RFT_BENCH_SAVE_BASELINE=1: a full run becomes the baseline)"
 	@echo "make bench-report regenerate docs/benchmarks.md from bench/baselines/"
-	@echo "make lint         ruff, mypy (rft_api, rft_operator), the import layers and cycles"
+	@echo "make lint         ruff, mypy (rft_api, rft_operator, rft_runtime), the import layers and cycles"
 	@echo "make lock         regenerate the lock files under requirements/ from pyproject.toml"
 
 $(VENV)/.ready: pyproject.toml requirements/dev.txt hack/venv.sh
@@ -61,11 +61,12 @@ crds: venv
 lock:
 	bash hack/lock.sh
 
-# Style (ruff), types (mypy on the API and the operator), the import layers written in pyproject.toml
+# Style (ruff), types (mypy on the API, operator and runtime), the import layers written in pyproject.toml
 # (import-linter: api <- operator, api <- runtime, roles independent) and no cycles between packages.
 lint: venv
+	@date +"[make] lint starts at %T"
 	$(PY) -m ruff check api operator runtime e2e tests bench hack
-	$(PY) -m mypy -p rft_api -p rft_operator
+	$(PY) -m mypy -p rft_api -p rft_operator -p rft_runtime
 	$(PY) -c 'from importlinter.cli import lint_imports_command; lint_imports_command()' --config pyproject.toml
 	$(PY) hack/check_cycles.py
 
@@ -78,6 +79,7 @@ prepare:
 # (marker `bench`) are left to `make bench`. pytest's exit code 5 (no tests collected) fails the target like
 # any other non-zero code.
 test: prepare lint
+	@date +"[make] pytest starts at %T"
 	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests \
 		-m "not bench" $(PYTEST_ARGS)
 

@@ -26,7 +26,6 @@ import ipaddress
 import json
 import os
 import secrets
-import signal
 import socket
 import ssl
 import subprocess
@@ -38,11 +37,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .common import (
+    SERVICE_CIDR,
+    ClusterError,
+    cache_dir,
+    dump,
+    ensure_client_cert,
+    proc_start_time,
+    proc_stat,
+    run_build_script,
+    set_pdeathsig,
+    stop_process_group,
+    tail,
+)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-control-plane.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm")
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
-SERVICE_CIDR = "10.0.0.0/24"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # kube-controller-manager's canonical controller names (1.34). No kubelet runs here, so the node
 # controllers (node-lifecycle would taint nodes without heartbeats; ttl; node-ipam) are left out.
@@ -60,21 +72,12 @@ DEFAULT_CONTROLLERS = (
 )
 
 
-class ClusterError(RuntimeError):
-    """The control plane could not be started, reached or stopped; the message says why."""
-
-
 class BuildError(ClusterError):
     """``hack/build-control-plane.sh`` failed; the message holds the tail of its output."""
 
 
 # --------------------------------------------------------------------------------------------------
 # binaries
-
-
-def cache_dir() -> Path:
-    """``$RFT_CACHE`` or ``~/.cache/rft-operator``."""
-    return Path(os.environ.get("RFT_CACHE") or Path.home() / ".cache" / "rft-operator")
 
 
 def bin_dir() -> Path:
@@ -101,25 +104,8 @@ def ensure_binaries(log: Path | None = None, stream: bool = False) -> Path:
     log = log or cache_dir() / "k8s" / f"build-{os.getpid()}.log"
     code = run_build_script(BUILD_SCRIPT, log, stream)
     if code != 0 or not binaries_ready():
-        raise BuildError(f"hack/build-control-plane.sh failed (exit {code}); log {log}:\n{_tail(log, 40)}")
+        raise BuildError(f"hack/build-control-plane.sh failed (exit {code}); log {log}:\n{tail(log, 40)}")
     return bin_dir()
-
-
-def run_build_script(script: Path, log: Path, stream: bool) -> int:
-    """Run one of ``hack/``'s build scripts, its output to ``log`` (its stderr on ours with ``stream``); its
-    exit status."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as out:
-        proc = subprocess.run(
-            ["bash", str(script)],
-            stdout=subprocess.PIPE,
-            stderr=None if stream else out,
-            stdin=subprocess.DEVNULL,
-            # Its own session: an interrupted caller does not kill a long build, which a later call
-            # (serialised by the script's lock) then finds finished or picks up.
-            start_new_session=True,
-        )
-    return proc.returncode
 
 
 # --------------------------------------------------------------------------------------------------
@@ -140,24 +126,6 @@ def _port_free(port: int) -> bool:
         except OSError:
             return False
         return True
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        data = path.read_bytes()[-20000:].decode(errors="replace").splitlines()
-    except OSError as e:
-        return f"<no log: {e}>"
-    return "\n".join(data[-lines:])
-
-
-def _dump(obj: dict) -> str:
-    """YAML when pyyaml is importable, else JSON (which kubectl and yaml loaders read too)."""
-    try:
-        import yaml
-
-        return yaml.safe_dump(obj, sort_keys=False)
-    except ImportError:
-        return json.dumps(obj, indent=2) + "\n"
 
 
 def _load(text: str) -> dict:
@@ -187,7 +155,7 @@ def write_kubeconfig(path: Path, server: str, ca_pem: bytes, token: str, user: s
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(_dump(cfg))
+        f.write(dump(cfg))
     os.replace(path.with_suffix(".tmp"), path)
     return path
 
@@ -309,117 +277,8 @@ def _pki_openssl(pki: Path) -> None:
         (pki / f).unlink()
 
 
-def ensure_client_cert(pki: Path, name: str, common_name: str, organization: str | None) -> None:
-    """``<name>.crt``/``<name>.key`` in ``pki``: a client certificate (CN ``common_name``, O
-    ``organization``) signed by the cluster's CA, unless present. With the ``cryptography`` package
-    when importable, else ``openssl``."""
-    if (pki / f"{name}.crt").exists() and (pki / f"{name}.key").exists():
-        return
-    try:
-        from cryptography import x509
-        from cryptography.hazmat.primitives import hashes, serialization
-        from cryptography.hazmat.primitives.asymmetric import rsa
-        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-    except ImportError:
-        subj = f"/CN={common_name}" + (f"/O={organization}" if organization else "")
-        for args in (["req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                      "-subj", subj],
-                     ["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-set_serial",
-                      str(secrets.randbits(63)), "-out", f"{name}.crt", "-days", "3650", "-sha256"]):
-            p = subprocess.run(["openssl", *args], cwd=pki, capture_output=True, text=True)
-            if p.returncode != 0:
-                raise ClusterError(f"openssl {' '.join(args)} failed: {p.stderr.strip()}") from None
-        (pki / f"{name}.csr").unlink()
-        os.chmod(pki / f"{name}.key", 0o600)
-        return
-    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
-    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
-    if organization:
-        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
-    now = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
-    cert = (x509.CertificateBuilder().subject_name(x509.Name(attrs)).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=3650))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    (pki / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    fd = os.open(pki / f"{name}.key", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL,
-                                  serialization.NoEncryption()))
-
-
 # --------------------------------------------------------------------------------------------------
-# processes: pid files with start times, process-group termination
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # fields after the parenthesised command name: state is [0], pgrp [2], starttime [19]
-    return raw[raw.rindex(")") + 2:].split()
-
-
-def _start_time(pid: int) -> str | None:
-    st = _proc_stat(pid)
-    return st[19] if st else None
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            st = _proc_stat(int(entry.name))
-            if st and st[2] == str(pgid) and st[0] != "Z":
-                members.append(int(entry.name))
-    return members
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def stop_process_group(pid: int, start_time: str | None, timeout: float = 15.0) -> None:
-    """SIGTERM the process group led by ``pid``, SIGKILL it at the deadline, wait until it is gone.
-
-    ``start_time`` (from ``/proc/<pid>/stat``) guards against a recycled pid: a leader whose start
-    time differs is not ours, and its group is left alone. Raises :class:`ClusterError` when
-    processes survive SIGKILL.
-    """
-    if start_time is not None and _start_time(pid) not in (None, start_time):
-        return
-    if not _group_members(pid):
-        _reap(pid)
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            _reap(pid)
-            if not _group_members(pid):
-                return
-            time.sleep(0.1)
-    raise ClusterError(f"processes {_group_members(pid)} of group {pid} survived SIGKILL")
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: have the kernel SIGKILL the child when the process that started it dies."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+# processes: the components, each recorded in a pid file with its start time
 
 
 @dataclass
@@ -432,7 +291,7 @@ class _Proc:
     def alive(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
-        st = _proc_stat(self.pid)
+        st = proc_stat(self.pid)
         return bool(st) and st[0] != "Z" and (self.start_time is None or st[19] == self.start_time)
 
     def exit_code(self) -> int | None:
@@ -745,10 +604,10 @@ class LocalCluster:
             log.flush()
             popen = subprocess.Popen([exe, *args], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      cwd=self.workdir, start_new_session=True,
-                                     preexec_fn=_die_with_parent if self.die_with_parent else None)
+                                     preexec_fn=set_pdeathsig if self.die_with_parent else None)
         finally:
             log.close()
-        proc = _Proc(name, popen.pid, _start_time(popen.pid), popen)
+        proc = _Proc(name, popen.pid, proc_start_time(popen.pid), popen)
         self._procs[name] = proc
         self._pid_path(name).write_text(f"{proc.pid} {proc.start_time or ''}\n")
 
@@ -758,7 +617,7 @@ class LocalCluster:
                 proc = self._procs[name]
                 if not proc.alive():
                     raise ClusterError(f"{name} exited (code {proc.exit_code()}) while waiting for {what}; "
-                                       f"log {self.log_path(name)}:\n{_tail(self.log_path(name))}")
+                                       f"log {self.log_path(name)}:\n{tail(self.log_path(name))}")
             try:
                 if ok():
                     return
@@ -766,7 +625,7 @@ class LocalCluster:
             except OSError as e:  # connection refused, TLS or HTTP errors while it comes up
                 last = f"{type(e).__name__}: {e}"
             if time.monotonic() > deadline:
-                tails = "\n".join(f"--- {n} ({self.log_path(n)}):\n{_tail(self.log_path(n), 12)}"
+                tails = "\n".join(f"--- {n} ({self.log_path(n)}):\n{tail(self.log_path(n), 12)}"
                                   for n in watch)
                 raise ClusterError(f"timed out waiting for {what} (last check: {last})\n{tails}")
             time.sleep(0.5)

@@ -49,19 +49,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from .cluster import (
+from .common import (
     SERVICE_CIDR,
-    LocalCluster,
-    _die_with_parent,
-    _dump,
-    _proc_stat,
-    _start_time,
-    _tail,
     cache_dir,
+    dump,
     ensure_client_cert,
+    proc_start_time,
+    proc_stat,
     run_build_script,
+    set_pdeathsig,
     stop_process_group,
+    tail,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +73,30 @@ COMPONENTS = ("containerd", "kubelet", "kube-proxy", "kube-router", "provisioner
 KUBE_ROUTER_CHAIN = "KUBE-ROUTER-FORWARD"  # exists in the node's namespace once kube-router has synced
 STORAGE_CLASS = "local"
 PROVISIONER_NAME = "rft.dev/local-dir"
+
+
+class ControlPlane(Protocol):
+    """What a node needs of the control plane it joins: :class:`e2e.cluster.LocalCluster` is one. (This
+    module does not import :mod:`e2e.cluster`, whose ``up`` starts a node.)"""
+
+    workdir: Path
+
+    @property
+    def server(self) -> str: ...
+
+    @property
+    def pki(self) -> Path: ...
+
+    @property
+    def ca_pem(self) -> bytes: ...
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    def ready(self) -> bool: ...
+
+    def kubectl(self, *args: str, kubeconfig: Path | None = None, input: str | None = None,
+                check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]: ...
 
 
 class NodeError(RuntimeError):
@@ -96,7 +120,7 @@ def ensure_node_binaries(stream: bool = False) -> Path:
     log = cache_dir() / "node" / f"build-{os.getpid()}.log"
     code = run_build_script(BUILD_SCRIPT, log, stream)
     if code != 0 or not node_binaries_ready():
-        raise NodeError(f"hack/build-node.sh failed (exit {code}); log {log}:\n{_tail(log, 40)}")
+        raise NodeError(f"hack/build-node.sh failed (exit {code}); log {log}:\n{tail(log, 40)}")
     return node_bin_dir()
 
 
@@ -344,18 +368,40 @@ def mounts_under(path: Path) -> list[str]:
 # ------------------------------------------------------------------------------------------ the node
 
 
+def node_workdir(cluster_workdir: Path) -> Path:
+    """``<cluster workdir>/node``: where the node of the control plane in ``cluster_workdir`` keeps its state."""
+    return (Path(cluster_workdir) / "node").resolve()
+
+
+def _containerd_socket(workdir: Path) -> Path:
+    return workdir / "containerd" / "containerd.sock"
+
+
+def import_archive(workdir: Path, archive: Path, timeout: float = 900) -> None:
+    """``ctr -n k8s.io images import`` of an oci-archive into the containerd of the node whose state is in
+    ``workdir``, unless that node already imported that archive (its name carries the input hash)."""
+    done = workdir / "imported.txt"
+    seen = done.read_text().split() if done.exists() else []
+    if str(archive) in seen:
+        return
+    _run("ctr", f"--address={_containerd_socket(workdir)}", "-n", "k8s.io", "images", "import", str(archive),
+         timeout=timeout)
+    with open(done, "a") as f:
+        f.write(f"{archive}\n")
+
+
 @dataclass
 class LocalNode:
     """One node registered with ``cluster``; its state lives in ``<cluster workdir>/node``."""
 
-    cluster: LocalCluster
+    cluster: ControlPlane
     name: str = "rft-node"
     die_with_parent: bool = False
     bin: Path | None = None
     _net: NodeNetwork | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.workdir = (self.cluster.workdir / "node").resolve()
+        self.workdir = node_workdir(self.cluster.workdir)
         self.ident = hashlib.sha1(str(self.workdir).encode()).hexdigest()[:6]
         self.cgroups = NodeCgroups(self.ident)
         state = self.workdir / "node.json"
@@ -374,7 +420,7 @@ class LocalNode:
 
     @property
     def socket(self) -> Path:
-        return self.workdir / "containerd" / "containerd.sock"
+        return _containerd_socket(self.workdir)
 
     @property
     def pv_root(self) -> Path:
@@ -396,7 +442,7 @@ class LocalNode:
             rec = self._read_pid(name)
             if rec is None:
                 return False
-            st = _proc_stat(rec[0])
+            st = proc_stat(rec[0])
             if not st or st[0] == "Z" or (rec[1] and st[19] != rec[1]):
                 return False
         return self._net is not None and self._net.exists()
@@ -495,7 +541,7 @@ class LocalNode:
             "contexts": [{"name": "rft-local", "context": {"cluster": "rft-local", "user": name}}],
             "current-context": "rft-local",
         }
-        (self.workdir / f"{name}.kubeconfig").write_text(_dump(cfg))
+        (self.workdir / f"{name}.kubeconfig").write_text(dump(cfg))
 
     def _write_containerd_config(self) -> None:
         d = self.workdir / "containerd"
@@ -581,7 +627,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             "localStorageCapacityIsolation": True,
             "failCgroupV1": False,
         }
-        (k / "config.yaml").write_text(_dump(cfg))
+        (k / "config.yaml").write_text(dump(cfg))
 
     def _install_seccomp_profiles(self) -> None:
         """The chart's seccomp profiles, where the kubelet resolves ``Localhost`` profiles
@@ -602,7 +648,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
             "iptables": {"masqueradeAll": True},
         }
-        (self.workdir / "kube-proxy.yaml").write_text(_dump(cfg))
+        (self.workdir / "kube-proxy.yaml").write_text(dump(cfg))
 
     # ---- API objects -----------------------------------------------------------------------------
 
@@ -696,13 +742,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
     def import_image(self, archive: Path, timeout: float = 900) -> None:
         """``ctr -n k8s.io images import`` of an oci-archive into the node's containerd, unless this
         node already imported that archive (its name carries the input hash)."""
-        done = self.workdir / "imported.txt"
-        seen = done.read_text().split() if done.exists() else []
-        if str(archive) in seen:
-            return
-        self._ctr("images", "import", str(archive), timeout=timeout)
-        with open(done, "a") as f:
-            f.write(f"{archive}\n")
+        import_archive(self.workdir, archive, timeout)
 
     def _launch(self, name: str, argv: list[str], cwd: Path | None = None, cgroup_procs: Path | None = None) -> None:
         log = open(self.log_path(name), "ab")
@@ -714,7 +754,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             if cgroup_procs is not None:
                 cgroup_procs.write_text(str(os.getpid()))
             if self.die_with_parent and name != "containerd":
-                _die_with_parent()
+                set_pdeathsig()
         try:
             log.write(f"\n==== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
             log.flush()
@@ -722,7 +762,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
                                      start_new_session=True, env=env, preexec_fn=pre)
         finally:
             log.close()
-        self._pid_path(name).write_text(f"{popen.pid} {_start_time(popen.pid) or ''}\n")
+        self._pid_path(name).write_text(f"{popen.pid} {proc_start_time(popen.pid) or ''}\n")
         setattr(self, f"_popen_{name.replace('-', '_')}", popen)
 
     def _read_pid(self, name: str) -> tuple[int, str | None] | None:
@@ -739,7 +779,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         popen = getattr(self, f"_popen_{name.replace('-', '_')}", None)
         if popen is not None:
             return popen.poll() is None
-        st = _proc_stat(rec[0])
+        st = proc_stat(rec[0])
         return bool(st) and st[0] != "Z" and (not rec[1] or st[19] == rec[1])
 
     def _wait(self, what: str, deadline: float, watch: list[str], ok) -> None:
@@ -748,14 +788,14 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
             for name in watch:
                 if self._read_pid(name) is not None and not self._alive(name):
                     raise NodeError(f"{name} exited while waiting for {what}; log {self.log_path(name)}:\n"
-                                    f"{_tail(self.log_path(name), 30)}")
+                                    f"{tail(self.log_path(name), 30)}")
             try:
                 if ok():
                     return
             except (OSError, NodeError, subprocess.SubprocessError) as e:
                 last = str(e)
             if time.monotonic() > deadline:
-                tails = "\n".join(f"--- {n}:\n{_tail(self.log_path(n), 15)}" for n in watch)
+                tails = "\n".join(f"--- {n}:\n{tail(self.log_path(n), 15)}" for n in watch)
                 raise NodeError(f"timed out waiting for {what} {last}\n{tails}")
             time.sleep(0.5)
 
@@ -913,12 +953,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=("load-images",))
     ap.add_argument("--dir", default=".cluster", type=Path)
     a = ap.parse_args(argv)
-    node = LocalNode(LocalCluster(a.dir))
+    workdir = node_workdir(a.dir)
     listing = cache_dir() / "images" / "images.txt"
     for line in listing.read_text().splitlines():
         ref, archive = line.split()
         t0 = time.monotonic()
-        node.import_image(Path(archive))
+        import_archive(workdir, Path(archive))
         print(f"[node] {ref} imported in {time.monotonic() - t0:.0f}s", file=sys.stderr)
     return 0
 

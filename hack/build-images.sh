@@ -109,6 +109,11 @@ fi
 # vllm is built FROM the runtime image: that one first.
 case " $want " in *" vllm "*) want="$(echo " $want " | sed 's/ runtime / /; s/ vllm / runtime vllm /')";; esac
 
+# Every key once, before any build: a file edited while an image builds cannot make the vLLM image look
+# for a runtime archive of other inputs than the one just built.
+declare -A keys=()
+for name in $want; do keys[$name]=$(inputs_key "$name"); done
+
 list=$out/images.txt
 # The listing keeps other images' lines (still present archives) and replaces the ones built now.
 : >"$list.tmp"
@@ -121,14 +126,14 @@ if [ -f "$list" ]; then
 fi
 for name in $want; do
   ref=${refs[$name]}
-  key=$(inputs_key "$name")
+  key=${keys[$name]}
   archive=$out/$name-$key.oci
   if ! [ -s "$archive" ]; then
     t0=$SECONDS
     log "building $ref from ${dockerfiles[$name]} (inputs $key)"
     build_args=()
     if [ "$name" = vllm ]; then  # its base, the runtime image, back into the store from its archive
-      runtime_archive=$out/runtime-$(inputs_key runtime).oci
+      runtime_archive=$out/runtime-${keys[runtime]}.oci
       [ -s "$runtime_archive" ] || die "the runtime image's archive $runtime_archive is missing"
       base_id=$(b pull --quiet "oci-archive:$runtime_archive") || die "buildah pull of $runtime_archive failed"
       b tag "$base_id" "$runtime_ref" || die "buildah tag of the runtime image failed"

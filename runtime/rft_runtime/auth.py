@@ -25,11 +25,14 @@ import hmac
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from aiohttp import web
 
 from rft_api.runtime import JOB_TOKEN_ENV, job_token
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Middleware
 
 __all__ = ["JOB_TOKEN_ENV", "OPEN_PATHS", "MissingToken", "client_headers", "middleware", "server_token"]
 
@@ -66,7 +69,7 @@ def _unauthorized() -> web.Response:
                              status=401, headers={"WWW-Authenticate": 'Bearer realm="rft"'})
 
 
-def middleware(token: Optional[str]) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def middleware(token: Optional[str]) -> Middleware:
     """aiohttp middleware requiring ``Authorization: Bearer <token>`` on every path but
     :data:`OPEN_PATHS` (unknown paths too: no route enumeration without the token). ``token=None``
     lets everything through (see :func:`server_token`)."""

@@ -33,7 +33,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from rft_api.constants import API_VERSION, DEFAULT_RUNTIME_IMAGE, KIND
 from rft_api.progress import PROGRESS_KEY, Progress, ProgressError, parse_text
@@ -125,7 +125,8 @@ class Client:
 
     def job(self, name: str) -> dict[str, Any]:
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+            return cast("dict[str, Any]", self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                                                  PLURAL, name))
         except Exception as e:
             raise self._api_error(e, f"{KIND} {name}") from None
 
@@ -159,7 +160,7 @@ class Client:
 
     def create_pod(self, body: dict[str, Any]) -> None:
         try:
-            self.core.create_namespaced_pod(self.namespace, body)
+            self.core.create_namespaced_pod(self.namespace, body)  # type: ignore[arg-type]  # a dict body is sent as is
         except Exception as e:
             raise self._api_error(e, f"creating pod {body['metadata']['name']}") from None
 

@@ -61,7 +61,7 @@ def prometheus_series(key: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The objects of a ``metrics.jsonl`` file (a torn last line is ignored)."""
-    out = []
+    out: list[dict[str, Any]] = []
     p = Path(path)
     if not p.exists():
         return out

@@ -202,7 +202,7 @@ class Step(_JsonModel):
     prompt_ids: list[StrictInt]
     response_ids: list[StrictInt]
     logprobs: list[float]
-    response_mask: list[StrictInt] = Field(
+    response_mask: list[StrictInt] = Field(  # type: ignore[call-overload]  # None: the before-validator fills it
         default=None, validate_default=False,
         description="1 = sampled by the model, 0 = tool/environment token; defaults to all 1",
     )

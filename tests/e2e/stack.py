@@ -37,12 +37,13 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from e2e.cluster import LocalCluster, free_port
+from e2e.cluster import LocalCluster
 from e2e.node import LocalNode
 from rft_api.layout import JOB_TOKEN_SECRET_KEY
 from rft_operator import names
 from rft_operator.kube import Kube, KubeError
-from tests.polling import wait_for as poll
+from tests.support.polling import wait_for as poll
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rft-operator"
@@ -57,7 +58,7 @@ Obj = dict[str, Any]
 
 def wait_for(what: str, fn: Callable[[], T | None], timeout: float, interval: float = 1.0,
              on_timeout: Callable[[], str] | None = None) -> T:
-    """:func:`tests.polling.wait_for`, where an API hiccup under load is not the answer (keep polling)."""
+    """:func:`tests.support.polling.wait_for`, where an API hiccup under load is not the answer (keep polling)."""
     return poll(what, fn, timeout, interval, on_timeout=on_timeout, retry_on=(KubeError,))
 
 

@@ -20,8 +20,8 @@ import pytest
 
 from rft_operator import names
 from rft_operator.builders.common import RUN_AS
-from tests import metrics_text
 from tests.e2e.stack import EXAMPLES, JobDriver, _pod_ready, example_job, load_docs
+from tests.support import metrics_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 

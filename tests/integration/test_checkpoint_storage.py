@@ -11,8 +11,8 @@ from tests.operator.cluster_support import (  # noqa: F401
     create_job,
     job_manifest,
     operator,
-    wait_for,
 )
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -8,28 +8,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-from e2e.cluster import LocalCluster, _group_members, generate_pki, stop_process_group
+from e2e.cluster import LocalCluster, generate_pki
+from e2e.common import group_members, stop_process_group
+from tests.support.polling import wait_for
 
-T = TypeVar("T")
-
-
-def poll(what: str, fn: Callable[[], T | None], timeout: float = 90.0) -> T:
-    """Call ``fn`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
+CONTROLLERS_S = 90.0
+"""How long the controllers and the scheduler get to act before a test fails."""
 
 
 # ---------------------------------------------------------------------------------------- cluster
@@ -72,7 +60,7 @@ def test_garbage_collector_deletes_owned_configmap(kube, namespace: str) -> None
             raise
         return False
 
-    poll("the garbage collector to delete configmap/child", child_gone)
+    wait_for("the garbage collector to delete configmap/child", child_gone, CONTROLLERS_S)
 
 
 @pytest.mark.cluster
@@ -97,7 +85,7 @@ def test_deployment_gets_replicaset_and_pod_is_seen_by_scheduler(kube, namespace
                 return rs
         return None
 
-    rs = poll("the deployment controller to create a ReplicaSet", owned_replicaset)
+    rs = wait_for("the deployment controller to create a ReplicaSet", owned_replicaset, CONTROLLERS_S)
     assert rs.spec.replicas == 1
 
     def owned_pod():
@@ -106,7 +94,7 @@ def test_deployment_gets_replicaset_and_pod_is_seen_by_scheduler(kube, namespace
                 return pod
         return None
 
-    pod = poll("the replicaset controller to create a Pod", owned_pod)
+    pod = wait_for("the replicaset controller to create a Pod", owned_pod, CONTROLLERS_S)
     # The pod got the namespace's default ServiceAccount (admission + serviceaccount controller) ...
     assert pod.spec.service_account_name == "default"
 
@@ -116,7 +104,7 @@ def test_deployment_gets_replicaset_and_pod_is_seen_by_scheduler(kube, namespace
         return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
                    for c in p.status.conditions or [])
 
-    poll("the scheduler to mark the pod Unschedulable", unschedulable)
+    wait_for("the scheduler to mark the pod Unschedulable", unschedulable, CONTROLLERS_S)
 
 
 @pytest.mark.cluster
@@ -185,7 +173,7 @@ def test_pki_serving_cert_chains_to_ca_with_loopback_san(backend: str, tmp_path:
 
 def test_stop_process_group_kills_leader_and_children() -> None:
     proc = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 300 & wait"], start_new_session=True)
-    poll("the group's children to start", lambda: len(_group_members(proc.pid)) >= 3, timeout=10)
+    wait_for("the group's children to start", lambda: len(group_members(proc.pid)) >= 3, 10)
     stop_process_group(proc.pid, None, timeout=5)
-    assert _group_members(proc.pid) == []
+    assert group_members(proc.pid) == []
     assert proc.wait(timeout=5) is not None

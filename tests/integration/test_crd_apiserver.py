@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.api.cases import base_manifest, invalid_cases
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster
@@ -30,13 +30,12 @@ def kubectl(cluster, *args, stdin: str | None = None, check=True) -> subprocess.
 def crd_installed(cluster):
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "rftjob.yaml"))
     # Poll instead of `kubectl wait`, which can exit early on a CRD whose conditions are still empty.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def established() -> bool:
         got = json.loads(kubectl(cluster, "get", "crd", "rftjobs.rft.dev", "-o", "json").stdout)
-        if any(c["type"] == "Established" and c["status"] == "True" for c in got.get("status", {}).get("conditions", [])):
-            return cluster
-        time.sleep(0.2)
-    raise AssertionError("CRD rftjobs.rft.dev not Established within 60s")
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in got.get("status", {}).get("conditions", []))
+    wait_for("CRD rftjobs.rft.dev to be Established", established, 60, 0.2)
+    return cluster
 
 
 def test_sample_manifest_is_accepted_and_printed(crd_installed, namespace):

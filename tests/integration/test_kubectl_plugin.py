@@ -20,9 +20,9 @@ from tests.operator.cluster_support import (  # noqa: F401
     job_manifest,
     make_role_ready,
     operator,
-    wait_for,
     wait_phase,
 )
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 PLUGIN = shutil.which("kubectl-rft", path=str(Path(sys.executable).parent))

@@ -1,6 +1,7 @@
-"""Kueue gang admission against a real kube-apiserver serving Kueue's real CRDs (tests/integration/kueue).
+"""Kueue gang admission against a real kube-apiserver serving Kueue's real CRDs (``shared/kueue-crds/``
+beside the checkout, pinned by hash in :mod:`tests.support.shared`).
 
-Kueue's controller cannot run here (see tests/integration/kueue/README.md). **The test stands in for
+Kueue's controller cannot run here (see shared/kueue-crds/README.md). **The test stands in for
 Kueue's admission**: it writes the Workload status as Kueue's scheduler and controllers document it
 (``QuotaReserved``/``Admitted`` with ``status.admission``; ``Evicted`` with reason ``Preempted``;
 ``QuotaReserved`` False with Kueue's "insufficient quota" message). Everything the operator writes
@@ -29,12 +30,12 @@ from tests.operator.cluster_support import (  # noqa: F401
     job_manifest,
     make_role_ready,
     pods_of,
-    wait_for,
     wait_phase,
 )
+from tests.support.polling import wait_for
+from tests.support.shared import kueue_crds
 
 pytestmark = pytest.mark.cluster
-KUEUE_CRDS = Path(__file__).parent / "kueue"
 QUEUE = "team-a"
 FLAVOR = "pool-a"
 INSUFFICIENT = ("couldn't assign flavors to pod set trainer: insufficient quota for cpu in flavor pool-a, "
@@ -46,7 +47,7 @@ def kueue_api(cluster, crd):
     """Kueue's CRDs installed and Established, and the cluster-scoped objects jobs refer to: a
     ResourceFlavor with node labels and a toleration, a WorkloadPriorityClass, a ClusterQueue with
     quota for one job and its LocalQueue (created once; the LocalQueue per namespace)."""
-    for f in sorted(KUEUE_CRDS.glob("*.yaml")):
+    for f in kueue_crds():
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f))
     k = Kube.from_kubeconfig(str(cluster.kubeconfig))
 

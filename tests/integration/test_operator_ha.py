@@ -12,7 +12,8 @@ import time
 import pytest
 
 from rft_operator.leader import LEASE_NAME
-from tests.operator.cluster_support import ROOT, api, crd, create_job, get_job, job_manifest, wait_for, wait_phase  # noqa: F401
+from tests.operator.cluster_support import ROOT, api, crd, create_job, get_job, job_manifest, wait_phase  # noqa: F401
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

@@ -30,9 +30,9 @@ from tests.operator.cluster_support import (  # noqa: F401
     operator,
     pods_of,
     set_pod_phase,
-    wait_for,
     wait_phase,
 )
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

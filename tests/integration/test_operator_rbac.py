@@ -18,9 +18,9 @@ from tests.operator.cluster_support import (  # noqa: F401
     crd,
     create_job,
     job_manifest,
-    wait_for,
     wait_phase,
 )
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

@@ -27,10 +27,10 @@ from tests.operator.cluster_support import (  # noqa: F401
     get_job,
     job_manifest,
     run_operator_process,
-    wait_for,
     wait_phase,
 )
 from tests.operator.crashing_operator import ENV, KILLED_EXIT_CODE, MESSAGE
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.cluster
 JOB = "tiny-arith"

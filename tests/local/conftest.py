@@ -7,17 +7,19 @@ local Ray. Sizes are small so that each run stays around a minute on 2 cores.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
+
+from tests.support.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "01-tiny-arith.yaml"
@@ -91,14 +93,8 @@ def read_rows(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def wait_for(cond: Callable[[], bool], timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)  # steps take a few tenths of a second: a slower poll can miss the one to act on
+STEP_POLL_S = 0.1
+"""How often ``rft.wait`` polls: steps take a few tenths of a second, a slower poll can miss the one to act on."""
 
 
 @pytest.fixture(scope="session")
@@ -120,11 +116,12 @@ def manifest(tmp_path: Path) -> Callable[..., Path]:
 
 @pytest.fixture
 def rft() -> Any:
-    """Helpers to run the CLI: ``start``, ``run``, ``kill_session``, ``read_rows``, ``wait_for``."""
+    """Helpers to run the CLI: ``start``, ``run``, ``kill_session``, ``read_rows``, and ``wait``
+    (:func:`tests.support.polling.wait_for` polling every :data:`STEP_POLL_S`)."""
     class Helpers:
         start = staticmethod(start_rft)
         run = staticmethod(run_rft)
         kill = staticmethod(kill_session)
         rows = staticmethod(read_rows)
-        wait = staticmethod(wait_for)
+        wait = staticmethod(functools.partial(wait_for, interval=STEP_POLL_S))
     return Helpers

@@ -25,7 +25,7 @@ def test_rft_run_with_the_engine_in_a_process_of_its_own(tmp_path, tiny_model, m
     # extraArgs reached the engine (its batch and cache), env its process (torch's kernels, not the native ones)
     assert "engine: 24 sequences at once, KV cache bfloat16" in text and "; torch kernels)" in text, text[-3000:]
     # the run kills its actors; the engine process goes with its actor (killed, or at its pipe's end)
-    rft.wait(lambda: not os.path.exists(f"/proc/{pid}"), 30, "the engine process to end")
+    rft.wait("the engine process to end", lambda: not os.path.exists(f"/proc/{pid}"), 30)
     # the rollout actor runs none of the job's code (a builtin evaluator): it never imported torch
     rollout = (out / "logs" / "rollout-0.log").read_text()
     assert "loaded (torch not imported)" in rollout, rollout[-3000:]

@@ -16,7 +16,7 @@ def test_sigint_leaves_a_checkpoint_that_resume_continues(tmp_path, tiny_model, 
     out = tmp_path / "out"
     p = rft.start(["run", str(job), "--out", str(out)], tmp_path / "run.log")
     try:
-        rft.wait(lambda: len(rft.rows(out)) >= 2, 600, "step 2", p)
+        rft.wait("step 2", lambda: len(rft.rows(out)) >= 2, 600, proc=p)
         os.kill(p.pid, signal.SIGINT)  # the CLI process only, as a terminal's Ctrl-C reaches the driver
         code = p.wait(300)
     finally:

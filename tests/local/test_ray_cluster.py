@@ -16,7 +16,6 @@ import json
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,13 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import kill_session, rft_env, wait_for
+from tests.support.polling import wait_for
+from tests.support.ports import free_port
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .conftest import kill_session, rft_env
 
 
 def _ray() -> str:
@@ -40,7 +36,7 @@ def _ray() -> str:
 def _start_head(log: Path, temp_dir: str, *, num_cpus: int, client_port: int | None = None) -> tuple[subprocess.Popen, str]:
     """``ray start --head --block`` on loopback in its own session; returns (process, address) once
     ``ray status`` answers."""
-    port = _free_port()
+    port = free_port()
     args = [_ray(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
             "--num-cpus", str(num_cpus), "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir]
     if client_port is not None:
@@ -53,7 +49,7 @@ def _start_head(log: Path, temp_dir: str, *, num_cpus: int, client_port: int | N
     with log.open("wb") as f:
         p = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     address = f"127.0.0.1:{port}"
-    wait_for(lambda: _nodes_alive(address) >= 1, 120, "the Ray head to answer `ray status`", p)
+    wait_for("the Ray head to answer `ray status`", lambda: _nodes_alive(address) >= 1, 120, proc=p)
     return p, address
 
 
@@ -166,7 +162,7 @@ def two_node_cluster(tmp_path, tiny_model, ray_auth):
     (GCS address, Ray Client address, the worker's stage directory)."""
     temp_dir = tempfile.mkdtemp(prefix="rft-ray-", dir="/tmp")
     stage = Path(tempfile.mkdtemp(prefix="rft-stage-", dir="/tmp"))
-    client_port = _free_port()
+    client_port = free_port()
     head, address = _start_head(tmp_path / "ray-head.log", temp_dir, num_cpus=0, client_port=client_port)
     hidden = [str(tmp_path), str(tiny_model.parent)]
     script = ('set -e; for d in "$@"; do mount -t tmpfs -o size=1m rft-hidden "$d"; done; '
@@ -178,7 +174,7 @@ def two_node_cluster(tmp_path, tiny_model, ray_auth):
         worker = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *hidden],
                                   stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        wait_for(lambda: _nodes_alive(address) >= 2, 120, "the worker node to join", worker)
+        wait_for("the worker node to join", lambda: _nodes_alive(address) >= 2, 120, proc=worker)
         yield address, f"ray://127.0.0.1:{client_port}", stage
     finally:
         _stop(worker)

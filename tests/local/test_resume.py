@@ -29,7 +29,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, tiny_model, manifest, rf
 
     p = rft.start(["run", str(job), "--out", str(b), "--no-progress"], tmp_path / "b.log")
     try:
-        rft.wait(lambda: len(rft.rows(b)) >= 3, 600, "step 3 of the run to kill", p)
+        rft.wait("step 3 of the run to kill", lambda: len(rft.rows(b)) >= 3, 600, proc=p)
     finally:
         rft.kill(p, signal.SIGKILL)  # no clean shutdown: the process group dies at once
     killed_at = len(rft.rows(b))

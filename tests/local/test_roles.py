@@ -6,40 +6,18 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import time
 
 import httpx
 import pytest
 import yaml
 
 from rft_api.job import validate_spec
-from tests import metrics_text
-from tests.processes import maps_torch
-from tests.runtime_config import local_config
-
-
-def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{url} not ready within {timeout}s")
+from tests.support import metrics_text
+from tests.support.ports import free_port
+from tests.support.processes import maps_torch
+from tests.support.runtime_config import local_config
+from tests.support.servers import wait_healthy
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["in-process-scoring", "reward-role-rollout-waits-when-done"])
@@ -52,7 +30,7 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
     if remote:
         job["spec"]["evaluator"]["remote"] = True
     spec = validate_spec(job["spec"])
-    p_inf, p_coord, p_rew = _port(), _port(), _port()
+    p_inf, p_coord, p_rew = free_port(), free_port(), free_port()
     procs: list[subprocess.Popen] = []
 
     def start(args: list[str], name: str) -> subprocess.Popen:
@@ -70,13 +48,13 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         if remote:  # the reward role reads the same runtime config as every other role
             reward = start(["reward", "--config", str(tmp_path / "config.json"), "--host", "127.0.0.1",
                             "--port", str(p_rew)], "reward")
-            _wait_http(reward_url + "/health", reward)
-        _wait_http(f"http://127.0.0.1:{p_inf}/get_policy_version", serve)
+            wait_healthy(reward_url + "/health", 180, proc=reward, log=tmp_path / "reward.log")
+        wait_healthy(f"http://127.0.0.1:{p_inf}/get_policy_version", 180, proc=serve, log=tmp_path / "serve.log")
         trainer = start(["trainer", "--config", str(tmp_path / "config.json")], "trainer")
-        _wait_http(f"http://127.0.0.1:{p_coord}/health", trainer)
+        wait_healthy(f"http://127.0.0.1:{p_coord}/health", 180, proc=trainer, log=tmp_path / "trainer.log")
         rollout = start(["rollout", "--config", str(tmp_path / "config.json"), "--worker-id", "r0",
                          *(["--when-done", "wait"] if remote else [])], "rollout")
-        rft.wait(lambda: len(rft.rows(tmp_path / "out")) >= 1, 600, "the first step", trainer)
+        rft.wait("the first step", lambda: len(rft.rows(tmp_path / "out")) >= 1, 600, proc=trainer)
         # No user code runs in this rollout worker (a builtin evaluator): it holds its tokenizer
         # without torch, as the inference front end does; the trainer has torch.
         assert not maps_torch(rollout.pid) and not maps_torch(serve.pid) and maps_torch(trainer.pid)
@@ -86,8 +64,8 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         assert metrics_text.samples(metrics, "rft_trainer_step_phase_seconds", phase="update")
         assert trainer.wait(600) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
         if remote:
-            rft.wait(lambda: "idle until stopped" in (tmp_path / "rollout.log").read_text(), 60,
-                     "the rollout worker to idle after done", rollout)
+            rft.wait("the rollout worker to idle after done",
+                     lambda: "idle until stopped" in (tmp_path / "rollout.log").read_text(), 60, proc=rollout)
             assert rollout.poll() is None, "a --when-done wait worker stays up after done"
             rollout.send_signal(signal.SIGTERM)
         assert rollout.wait(60) == 0, (tmp_path / "rollout.log").read_text()[-3000:]

@@ -25,8 +25,8 @@ from rft_runtime.rewards.server import make_app
 from rft_runtime.rewards.service import RewardService
 from rft_runtime.rollout.loop import RolloutLoop
 from rft_runtime.trainer.trainer import Trainer
-from tests import metrics_text
-from tests.runtime_config import local_config, with_coordinator
+from tests.support import metrics_text
+from tests.support.runtime_config import local_config, with_coordinator
 from tests.trainer.served_logprobs import builtin_server
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "rft-operator" / "files" / "dashboards" / "rft-jobs.json"

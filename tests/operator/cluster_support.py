@@ -15,7 +15,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 import pytest
 import yaml
@@ -25,16 +25,11 @@ from rft_operator.app import OperatorConfig, run
 from rft_operator.controller import Controller
 from rft_operator.kube import Kube
 from rft_operator.metrics import Metrics
-from tests.polling import wait_for as poll
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "rftjob.yaml"
 EXAMPLE = ROOT / "examples" / "01-tiny-arith.yaml"
-T = TypeVar("T")
-
-
-def wait_for(what: str, fn: Callable[[], Optional[T]], timeout: float = 60.0, interval: float = 0.25) -> T:
-    return poll(what, fn, timeout, interval)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from rft_operator.observe import Observed
 from rft_operator.policies import admission
 from rft_operator.status import compute_status
 from tests.operator.support import T0, make_job, manifest
+from tests.support.shared import KUEUE_CRDS_SHA256, kueue_crds
 
 
 def queued_job(**labels: str):
@@ -97,3 +98,10 @@ def test_a_held_job_is_suspended_with_kueues_reason() -> None:
     susp = next(c for c in s.conditions if c.type == "Suspended")
     assert s.phase == "Suspended" and susp.status == "True" and susp.reason == admission.QUEUED
     assert s.roles.trainer.desired == 0 and "QuotaReserved Pending" in s.message
+
+
+def test_the_kueue_crds_the_cluster_tests_install_are_the_pinned_ones():
+    """tests/integration/test_kueue.py installs Kueue's CRDs from shared/kueue-crds/ (beside the checkout):
+    every file pinned is there with its pinned content (checked here too, without a cluster)."""
+    files = kueue_crds()
+    assert [f.name for f in files] == sorted(KUEUE_CRDS_SHA256)

@@ -7,7 +7,7 @@ import pytest
 from rft_operator.app import make_settings
 from rft_operator.main import config_from_args, parse_args
 from rft_operator.metrics import Metrics
-from tests import metrics_text
+from tests.support import metrics_text
 
 
 def test_metrics_are_served() -> None:

@@ -1,21 +1,15 @@
-"""Fixtures for the reward tests: a tiny OpenAI-style chat server, free ports, process checks."""
+"""Fixtures for the reward tests: a tiny OpenAI-style chat server, process checks."""
 
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import pytest
 from aiohttp import web
 
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 def processes_of_uid(uid: int) -> list[int]:

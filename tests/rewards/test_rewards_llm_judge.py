@@ -18,9 +18,10 @@ import pytest
 from rft_runtime.rewards import ConfigError, EvaluatorError, Item, Sample
 from rft_runtime.rewards.builtins import LLMJudgeEvaluator
 from rft_runtime.rewards.builtins.llm_judge import chat_completions_url
-from tests.processes import stop
+from tests.support.ports import free_port
+from tests.support.processes import stop
 
-from .conftest import ChatServer, free_port
+from .conftest import ChatServer
 
 FAST = {"backoffSeconds": 0.01, "maxBackoffSeconds": 0.05}
 

@@ -19,9 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from rft_api.job import validate_spec
 from rft_runtime.rewards import CompositeEvaluator, CustomEvaluator, Item, RewardService, Sample, Slot
 from rft_runtime.rewards.server import make_app
-from tests.runtime_config import local_config
-
-from .conftest import free_port
+from tests.support.ports import free_port
+from tests.support.runtime_config import local_config
 
 
 class InFlight:

@@ -18,12 +18,13 @@ import contextlib
 import copy
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
 
 import pytest
 from aiohttp import web
+
+from tests.support.ports import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -44,12 +45,6 @@ def _request_key(body: dict[str, Any]) -> str:
     if b.get("n") == 1:
         del b["n"]
     return json.dumps(b, sort_keys=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.asynccontextmanager

@@ -11,7 +11,7 @@ import pytest
 
 from rft_api.job import validate_spec
 from rft_runtime.rollout.loop import runs_user_code
-from tests.runtime_config import local_config
+from tests.support.runtime_config import local_config
 
 FILE = {"file": {"configMapKeyRef": {"name": "ev", "key": "ev.py"}}}
 BUNDLE = {"bundle": {"image": "registry.example/bundle:1", "entrypoint": "ev:score"}}

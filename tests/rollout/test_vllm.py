@@ -20,7 +20,7 @@ from rft_runtime.rollout import (
     SamplingParams,
     load_bundle,
 )
-from tests.vllm_process import running_vllm
+from tests.support.vllm_process import running_vllm
 
 from .conftest import MODEL_NAME, TINY_MODEL
 from .test_logprob_parity import _live_parity, model  # noqa: F401  (module fixture reused)

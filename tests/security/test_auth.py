@@ -18,6 +18,8 @@ import pytest
 
 from rft_runtime import auth
 from rft_runtime.rollout.coordinator_client import CoordinatorClient, CoordinatorRejected
+from tests.support.ports import free_port
+from tests.support.servers import wait_healthy
 
 from .auth_servers import (
     TOKEN_A,
@@ -192,23 +194,15 @@ async def test_the_inference_client_sends_the_env_token(servers, monkeypatch) ->
     assert TOKEN_B not in str(info.value)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("role", ["serve", "reward"])
 def test_the_server_clis_on_a_cluster_require_the_token_from_the_environment(role: str, tmp_path) -> None:
     """The entry points the operator's pods run, as processes with a pod's environment."""
     from rft_api.job import validate_spec
-    from tests.runtime_config import local_config
+    from tests.support.runtime_config import local_config
 
     from .auth_servers import TINY
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "KUBERNETES_SERVICE_HOST": "10.0.0.1", auth.JOB_TOKEN_ENV: TOKEN_A, "HF_HUB_OFFLINE": "1"}
     if role == "serve":
         args, path = ["serve", "--model", str(TINY), "--served-model-name", "tiny", "--threads", "1"], "/v1/models"
@@ -224,15 +218,7 @@ def test_the_server_clis_on_a_cluster_require_the_token_from_the_environment(rol
                              str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
-        from tests.polling import wait_for
-
-        def healthy() -> bool:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            try:
-                return httpx.get(url + "/health", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-        wait_for(f"rft {role} /health", healthy, 180)
+        wait_healthy(url + "/health", 180, proc=proc, log=tmp_path / "server.log", what=f"rft {role} /health")
         method = "GET" if path == "/v1/models" else "POST"
         body = None if method == "GET" else {"samples": [{"id": "a", "sample": {"text": "4"}, "item": {"ground_truth": "4"}}]}
         for headers in BAD_CREDENTIALS.values():

@@ -313,7 +313,7 @@ def test_reward_server_refuses_to_start_without_a_sandbox(tmp_path, monkeypatch,
     cause (also as the container's termination message) and never offers to run unsandboxed."""
     from rft_api.job import validate_spec
     from rft_runtime.rewards import server
-    from tests.runtime_config import local_config
+    from tests.support.runtime_config import local_config
 
     spec = validate_spec({"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
                           "evaluator": {"builtin": "code_sandbox", "config": {"python": "/nonexistent/python3"}}})

@@ -6,8 +6,8 @@ import asyncio
 
 import httpx
 
-from tests import metrics_text
 from tests.serve.support import CHAT_PROMPT
+from tests.support import metrics_text
 
 PROMPTS = [CHAT_PROMPT, [269, 272], [5, 17, 99, 230, 4, 8], CHAT_PROMPT[:9], [100 + i for i in range(40)]]
 

@@ -11,10 +11,10 @@ import pytest
 
 from rft_runtime.serve.engine import EngineError
 from rft_runtime.serve.procengine import ProcessEngine, served_model
-from tests import metrics_text
 from tests.serve.support import CHAT_PROMPT, TINY, ServerThread, fixture
 from tests.serve.test_fixture_shapes import GENERATION_CASES, OUR_EXTRA_TOP_LEVEL, skeleton
 from tests.serve.test_streaming import _events
+from tests.support import metrics_text
 
 
 @pytest.fixture(scope="module")

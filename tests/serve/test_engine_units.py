@@ -404,3 +404,14 @@ def test_the_apis_builtin_engine_options_are_rft_serves():
             elif action.choices:
                 with pytest.raises(SystemExit):
                     parser.parse_args(["--model", "m", name, value])
+
+
+def test_null_sampling_fields_mean_their_defaults():
+    """OpenAI clients send ``null`` for an unset field: the request gets the default, never ``None``."""
+    from rft_runtime.serve.protocol import parse_completion
+
+    req, _ = parse_completion({"prompt": [1, 2], "n": None, "temperature": None, "top_k": None, "top_p": None,
+                               "max_tokens": None}, vocab_size=64)
+    plain, _ = parse_completion({"prompt": [1, 2]}, vocab_size=64)
+    assert req == plain
+    assert req.n == 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,9 +14,11 @@ import pytest
 
 from rft_runtime.serve.engine import Engine
 from rft_runtime.serve.model import load_model
-from tests import metrics_text
-from tests.processes import maps_torch
 from tests.serve.support import CHAT_PROMPT, TINY, ServerThread, fixture
+from tests.support import metrics_text
+from tests.support.ports import free_port
+from tests.support.processes import maps_torch
+from tests.support.servers import wait_healthy
 
 
 def _post(server, path: str, body) -> httpx.Response:
@@ -163,12 +164,6 @@ def test_client_disconnect_cancels_generation(server):
     assert r.status_code == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _engine_children(pid: int) -> list[int]:
     """Processes whose parent is ``pid`` and that run a multiprocessing-spawned engine."""
     found = []
@@ -187,7 +182,7 @@ def _engine_children(pid: int) -> list[int]:
 
 @pytest.mark.parametrize("mode", [[], ["--no-engine-process"]], ids=["engine-process", "one-process"])
 def test_cli_main_serves_and_stops(tmp_path, mode):
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "rft_runtime.serve.server", "--model", str(TINY), "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", "tiny", "--max-batch-size", "4", "--threads", "1",
            "--policy-version", "3", "--max-model-len", "64", "--dtype", "float32", "--kv-cache-dtype", "float16",
@@ -195,16 +190,7 @@ def test_cli_main_serves_and_stops(tmp_path, mode):
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server not healthy within 120 s"
-            time.sleep(0.5)
+        wait_healthy(f"http://127.0.0.1:{port}/health", 120, proc=proc, log=tmp_path / "server.log")
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                        json={"model": "tiny", "prompt": "what is", "max_tokens": 3, "temperature": 0}, timeout=60)
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == " 19 19 19"
@@ -258,7 +244,7 @@ def test_cli_exits_when_the_model_cannot_be_served(tmp_path, mode):
     """A model the engine cannot load ends the server with its error, in either mode (in process mode
     the model loads in the child, and the front end waits for it before it listens)."""
     cmd = [sys.executable, "-m", "rft_runtime.serve.server", "--model", str(TINY), "--host", "127.0.0.1",
-           "--port", str(_free_port()), "--threads", "1", "--max-model-len", "100000", *mode]
+           "--port", str(free_port()), "--threads", "1", "--max-model-len", "100000", *mode]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert r.returncode != 0
     assert "max_model_len" in r.stderr or "max-model-len" in r.stderr, r.stderr[-2000:]

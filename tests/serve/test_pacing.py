@@ -134,7 +134,7 @@ async def test_the_engine_pauses_under_pressure_and_counts_it(tmp_path, monkeypa
 
     from rft_runtime.serve.metrics import ServeMetrics
     from rft_runtime.serve.protocol import SamplingParams
-    from tests import metrics_text
+    from tests.support import metrics_text
 
     f = tmp_path / "cpu.pressure"
     share = {"value": 0.5}

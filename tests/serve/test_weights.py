@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from rft_runtime.serve.weights import merge_lora, read_safetensors_dir
-from tests import metrics_text
 from tests.serve.support import CHAT_PROMPT, TINY, recompute_logprobs, start_server
+from tests.support import metrics_text
 
 ATOL = 1e-4
 

@@ -80,7 +80,7 @@ def test_the_trainer_refuses_always_before_any_rank_starts(tmp_path, monkeypatch
     from rft_api.job import validate_spec
     from rft_runtime.trainer import distributed
     from rft_runtime.trainer.main import main
-    from tests.runtime_config import local_config
+    from tests.support.runtime_config import local_config
 
     spec = validate_spec({"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
                           "evaluator": {"builtin": "math"}, "trainer": {"compile": "always"}})

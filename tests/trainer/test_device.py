@@ -37,7 +37,7 @@ def test_row_shards_cover_the_batch_once_with_equal_lengths(n, world):
 def test_global_rank_from_the_node_index_and_the_local_rank(tmp_path, monkeypatch):
     from rft_api.job import validate_spec
     from rft_runtime.trainer.distributed import NODE_ENV, context_for
-    from tests.runtime_config import local_config
+    from tests.support.runtime_config import local_config
 
     spec = validate_spec({"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
                           "evaluator": {"builtin": "math"}, "trainer": {"nodes": 2, "processesPerNode": 3}})
@@ -55,7 +55,7 @@ def test_a_trainer_of_several_processes_is_not_run_alone(tmp_path):
     from rft_api.job import validate_spec
     from rft_runtime.trainer.distributed import context_for
     from rft_runtime.trainer.trainer import Trainer
-    from tests.runtime_config import local_config
+    from tests.support.runtime_config import local_config
 
     spec = validate_spec({"model": {"base": "builtin:tiny"}, "dataset": {"train": {"builtin": "arithmetic"}},
                           "evaluator": {"builtin": "math"}, "trainer": {"processesPerNode": 2}})

@@ -13,7 +13,6 @@ resumed from a world-size-2 checkpoint of FSDP2 shards, where it does to the sam
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -23,17 +22,12 @@ from torch.multiprocessing.spawn import ProcessException
 
 from rft_api.job import validate_spec
 from rft_runtime.trainer.compiled import missing_toolchain
-from tests.runtime_config import local_config
+from tests.support.ports import free_port
+from tests.support.runtime_config import local_config
 from tests.trainer.dist_harness import run_rank
 
 STEPS = [1, 2, 3]
 ATOL = 2e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(tmp_path: Path, model_dir: Path, world: int, lora: bool = False, compile: str | None = None) -> str:
@@ -58,7 +52,7 @@ def _train(tmp_path: Path, model_dir: Path, world: int, name: str, *, steps: lis
     out.mkdir()
     try:
         mp.spawn(run_rank, nprocs=world, join=True,
-                 args=(_config(tmp_path, model_dir, world, lora, compile), _free_port(), steps, str(out),
+                 args=(_config(tmp_path, model_dir, world, lora, compile), free_port(), steps, str(out),
                        str(resume_from) if resume_from else None, save_after, bf16_compute))
     except ProcessException:
         for log in sorted(out.glob("rank-*.log")):

@@ -10,7 +10,6 @@ port, as pods share the container port; the DNS lookup of the headless Service i
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -26,16 +25,11 @@ from rft_runtime.serve.server import create_app, current_published
 from rft_runtime.trainer.inference_sync import InferenceSync
 from rft_runtime.trainer.publisher import PublishError, WeightPublisher
 from rft_runtime.trainer.replicas import InferenceReplicas, address_url, resolve_addresses
+from tests.support.ports import free_port
 from tests.trainer.served_logprobs import sample
 
 SERVED = "m"
 DISCOVER = "http://job-inference-pods.ns.svc:{port}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -63,7 +57,7 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 
 @pytest.fixture
 def three(tiny_model_dir: Path) -> Iterator[tuple[list[str], int, ExitStack]]:
-    port = _free_port()
+    port = free_port()
     with ExitStack() as stack:
         urls = [stack.enter_context(replica(tiny_model_dir, f"127.0.0.{i}", port)) for i in (1, 2, 3)]
         yield urls, port, stack
@@ -110,7 +104,7 @@ def test_a_replica_that_went_away_is_skipped_not_waited_for(three, tiny_model, t
 
 
 def test_a_replica_that_starts_serves_the_current_version_before_it_answers(tiny_model, tiny_model_dir, tmp_path):
-    port = _free_port()
+    port = free_port()
     weights = tmp_path / "weights"
     with replica(tiny_model_dir, "127.0.0.1", port) as first:
         replicas = InferenceReplicas([first])
@@ -172,13 +166,13 @@ def test_a_publication_waits_for_discovery_to_list_a_replica_instead_of_the_serv
     """While no replica is Ready the publication asks the headless name again (every POLL_S) and
     publishes to the replica it lists, never through the Service (a connection to a Service without
     endpoints hangs until its connect timeout; here the Service's address answers nothing at all)."""
-    port = _free_port()
+    port = free_port()
     asked: list[int] = []
 
     def resolve(host: str, p: int) -> list[str]:
         asked.append(1)
         return ["127.0.0.1"] if len(asked) > 4 else []  # the replica turns Ready at the fifth question
-    service = f"http://127.0.0.9:{_free_port()}"  # nothing listens there
+    service = f"http://127.0.0.9:{free_port()}"  # nothing listens there
     with replica(tiny_model_dir, "127.0.0.1", port) as url:
         replicas = InferenceReplicas([service], DISCOVER.format(port=port), resolve=resolve, wait_s=60)
         pub = WeightPublisher(tmp_path / "weights", replicas, deadline_s=5)
@@ -189,7 +183,7 @@ def test_a_publication_waits_for_discovery_to_list_a_replica_instead_of_the_serv
 def test_a_name_that_lists_nothing_is_waited_for_once_then_the_service_is_used(tiny_model, tiny_model_dir, tmp_path):
     """Discovery that never lists anything (no DNS for the headless name) costs one wait of ``wait_s``:
     the static URL serves, and later publications use it at once until the name lists a replica."""
-    port = _free_port()
+    port = free_port()
     asked: list[int] = []
     listed: list[str] = []
 

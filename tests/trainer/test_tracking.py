@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import struct
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,16 +18,12 @@ import pytest
 
 from rft_runtime.trainer.tracking import MlflowTracker, WandbTracker, auth_headers, flatten
 from tests.local.conftest import read_rows, run_rft, write_manifest
-from tests.processes import stop
+from tests.support.ports import free_port
+from tests.support.processes import stop
+from tests.support.servers import wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 API = "/api/2.0/mlflow"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +31,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     exe = subprocess.run(["bash", str(ROOT / "hack" / "mlflow-venv.sh")], capture_output=True, text=True,
                          check=True, timeout=1800).stdout.strip()
     root = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
+    port = free_port()
     log = (root / "server.log").open("w")
     proc = subprocess.Popen([exe, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
@@ -45,16 +39,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:]
-            time.sleep(0.5)
+        wait_healthy(url + "/health", 180, proc=proc, log=root / "server.log", what="the mlflow server to start")
         yield url
     finally:
         stop(proc)
@@ -109,7 +94,7 @@ def test_a_run_with_its_spec_and_metrics_and_a_resumed_attempt(mlflow_server, tm
 
 def test_a_tracker_that_is_down_never_stops_training_and_warns_once(tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="rft_runtime.trainer.tracking")
-    t = MlflowTracker(f"http://127.0.0.1:{_free_port()}", "e", "r", tmp_path, timeout_s=1).start({"a": "1"})
+    t = MlflowTracker(f"http://127.0.0.1:{free_port()}", "e", "r", tmp_path, timeout_s=1).start({"a": "1"})
     for step in range(1, 6):
         t.log_metrics(step, {"reward_mean": 0.5})
     t.finish("FINISHED")

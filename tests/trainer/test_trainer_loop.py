@@ -22,7 +22,7 @@ from rft_runtime.metrics_sink import read_metrics
 from rft_runtime.rollout.loop import RolloutLoop
 from rft_runtime.trainer.state import ResumeError
 from rft_runtime.trainer.trainer import Trainer
-from tests.runtime_config import local_config, with_coordinator
+from tests.support.runtime_config import local_config, with_coordinator
 from tests.trainer.served_logprobs import builtin_server
 
 
@@ -223,7 +223,8 @@ def test_a_waiting_worker_exits_when_the_trainer_stops_unfinished_and_idles_when
     stops before the end (its pod deleted) says done but not finished, and the worker exits 0 by itself,
     so that its restart reaches the trainer's next attempt; after a finished run it stays up, idle, until
     SIGTERM."""
-    from tests.local.conftest import kill_session, start_rft, wait_for
+    from tests.local.conftest import kill_session, start_rft
+    from tests.support.polling import wait_for
 
     spec = validate_spec(_spec(tiny_model_dir, trainer={"maxSteps": 2}))
     for attempt, finish in (("stopped", False), ("finished", True)):
@@ -244,7 +245,7 @@ def test_a_waiting_worker_exits_when_the_trainer_stops_unfinished_and_idles_when
             finally:
                 trainer.close()
             if finish:
-                wait_for(lambda log=log: "idle until stopped" in log.read_text(), 60, "the worker to idle", worker)
+                wait_for("the worker to idle", lambda log=log: "idle until stopped" in log.read_text(), 60, proc=worker)
                 assert worker.poll() is None
                 worker.send_signal(signal.SIGTERM)
             assert worker.wait(60) == 0, log.read_text()[-3000:]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,16 +18,11 @@ from pathlib import Path
 from rft_api.job import validate_spec
 from rft_runtime.metrics_sink import read_metrics
 from rft_runtime.rollout.loop import RolloutLoop
-from tests.runtime_config import local_config, with_coordinator
+from tests.support.ports import free_port
+from tests.support.runtime_config import local_config, with_coordinator
 from tests.trainer.served_logprobs import builtin_server
 
 STEPS = 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rollouts(cfg, should_stop) -> threading.Thread:
@@ -54,12 +48,12 @@ def test_two_local_ranks_stop_on_sigterm_and_resume(tmp_path, tiny_model_dir):
                     "processesPerNode": 2},
         "checkpoint": {"everySteps": 10},
     })
-    port = _free_port()
+    port = free_port()
     out = tmp_path / "out"
     with builtin_server(tiny_model_dir, "job", max_batch_size=16) as url:
         cfg = local_config("job", spec, inference=[url], checkpoints=tmp_path / "ckpt", output=out,
                            coordinator_port=port)
-        cfg = cfg.model_copy(update={"ports": cfg.ports.model_copy(update={"rendezvous": _free_port()})})
+        cfg = cfg.model_copy(update={"ports": cfg.ports.model_copy(update={"rendezvous": free_port()})})
         config = tmp_path / "config.json"
         config.write_text(cfg.to_json())
         log = tmp_path / "trainer.log"

@@ -20,8 +20,8 @@ from rft_runtime.rollout import InferenceClient, InferenceUnavailableError, Retr
 from rft_runtime.trainer.inference_sync import InferenceSync
 from rft_runtime.trainer.publisher import WeightPublisher
 from rft_runtime.trainer.reload import NO_VERSION, AdapterReload
+from tests.support.vllm_process import running_vllm
 from tests.trainer.served_logprobs import PROMPT, local_logprobs, sample
-from tests.vllm_process import running_vllm
 
 pytestmark = pytest.mark.vllm
 SERVED = "m"

@@ -95,8 +95,8 @@ class _Groups(NamedTuple):
 
     r: torch.Tensor  # [N] float64, invalid entries set to 0
     valid: torch.Tensor  # [N] bool
-    index: torch.Tensor  # [N] long, group index
-    count: torch.Tensor  # [G] float64, valid members per group
+    index: torch.Tensor  # type: ignore[assignment]  # [N] long, group index (shadows tuple.index)
+    count: torch.Tensor  # type: ignore[assignment]  # [G] float64, valid members per group (shadows tuple.count)
     n_groups: int
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Literal, NamedTuple, TypeVar
 
 G = TypeVar("G")
-RewardsOf = Callable[[object], Sequence[float | None]]
+RewardsOf = Callable[[G], Sequence[float | None]]
 
 
 def rewards_of(group: object) -> Sequence[float | None]:
@@ -31,7 +31,7 @@ def rewards_of(group: object) -> Sequence[float | None]:
     if r is not None:
         return r() if callable(r) else r
     if isinstance(group, Sequence) and not isinstance(group, (str, bytes)):
-        return group  # type: ignore[return-value]
+        return group
     raise TypeError(f"cannot read rewards from a {type(group).__name__}; pass rewards_of=")
 
 
@@ -53,7 +53,7 @@ class FilterResult(NamedTuple, Generic[G]):
 
 
 def filter_groups(
-    groups: Iterable[G], rewards_of: RewardsOf = rewards_of, tol: float = 0.0
+    groups: Iterable[G], rewards_of: RewardsOf[G] = rewards_of, tol: float = 0.0
 ) -> FilterResult[G]:
     """Split ``groups`` into those with a learning signal and those without (pure function)."""
     kept: list[G] = []
@@ -106,7 +106,7 @@ class DynamicSampler(Generic[G]):
 
     target_groups: int
     max_rounds: int
-    rewards_of: RewardsOf = rewards_of
+    rewards_of: RewardsOf[G] = rewards_of
     tol: float = 0.0
     rounds: int = 0
     state: State = "collecting"

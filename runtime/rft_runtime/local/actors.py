@@ -170,7 +170,7 @@ class InferenceActor(_Staged):
         super().cleanup()
 
 
-@ray.remote(num_cpus=0, max_concurrency=2)
+@ray.remote(num_cpus=0, max_concurrency=2)  # type: ignore[call-overload]  # ray's stubs lack max_concurrency
 class TrainerActor(_Staged):
     """The trainer role (:class:`~rft_runtime.trainer.trainer.Trainer`, coordinator included): global
     rank 0 of the trainer's process group. With ``trainer.nodes × processesPerNode`` above 1 it
@@ -267,7 +267,7 @@ class TrainerActor(_Staged):
             launch.wait_ranks(self._ranks)
 
 
-@ray.remote(num_cpus=0, max_concurrency=2)
+@ray.remote(num_cpus=0, max_concurrency=2)  # type: ignore[call-overload]  # ray's stubs lack max_concurrency
 class RolloutActor(_Staged):
     """The rollout role (:class:`~rft_runtime.rollout.loop.RolloutLoop`). Created with the other roles,
     before its config exists (that names the coordinator, which the trainer's set-up starts): its

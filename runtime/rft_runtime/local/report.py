@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 
-def _mean(xs: Sequence[float]) -> float | None:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else None
+def _mean(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None and math.isfinite(x)]
+    return sum(vals) / len(vals) if vals else None
 
 
 def reward_summary(rows: Sequence[dict[str, Any]], window: int = 3) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def plot_reward_curve(rows: Sequence[dict[str, Any]], path: str | Path, title: s
 
     rows = sorted((r for r in rows if isinstance(r.get("step"), int)), key=lambda r: r["step"])
     steps = [r["step"] for r in rows]
-    mean = [r.get("reward_mean") if r.get("reward_mean") is not None else float("nan") for r in rows]
+    mean: list[Any] = [r.get("reward_mean") if r.get("reward_mean") is not None else float("nan") for r in rows]
     k = max(1, min(5, len(mean) // 3))
     smooth = [_mean(mean[max(0, i - k + 1): i + 1]) for i in range(len(mean))]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)

@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .tiny import TinyModelConfig
 
@@ -30,8 +31,8 @@ __all__ = ["BUILTIN_MODELS", "DEFAULT_WARM_START_STEPS", "default_cache_dir", "r
 DEFAULT_WARM_START_STEPS = 700
 DEFAULT_WARM_START_DATASET = "arithmetic"
 # Everything that shapes the warm start; part of the cache key, so a change here rebuilds.
-WARM_START_RECIPE = {"lr": 3e-3, "batch_size": 32, "num_tasks": 2000, "threads": 1,
-                     "dataset_options": {"max_operand": 20, "ops": "+-"}}
+WARM_START_RECIPE: dict[str, Any] = {"lr": 3e-3, "batch_size": 32, "num_tasks": 2000, "threads": 1,
+                                     "dataset_options": {"max_operand": 20, "ops": "+-"}}
 BUILTIN_MODELS = ("tiny", "tiny-random", "tiny-vllm")
 # Sizes per builtin model (the defaults of TinyModelConfig unless named here).
 _SIZES = {"tiny-vllm": {"heads": 2, "kv_heads": 2}}

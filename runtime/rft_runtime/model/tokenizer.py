@@ -84,7 +84,7 @@ def build_tokenizer() -> "PreTrainedTokenizerFast":
         merges=[],
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
-        unk_token=None,
+        unk_token=None,  # type: ignore[arg-type]  # no unknown token (byte-level)
         extra_special_tokens=[IM_START],
         chat_template=chat_template(),
         model_max_length=1 << 30,

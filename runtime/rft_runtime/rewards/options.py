@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from typing import Any, Mapping, Sequence
 
 __all__ = ["ConfigError", "Options"]
@@ -48,7 +49,7 @@ class Options:
             raise self.error(key, f"must be one of {', '.join(choices)}; got {value!r}")
         return value
 
-    def number(self, key: str, default: Any = _MISSING, *, minimum: float | None = None,
+    def number(self, key: builtins.str, default: Any = _MISSING, *, minimum: float | None = None,
                maximum: float | None = None, integer: bool = False) -> Any:
         value = self._raw(key, default)
         if value is None:
@@ -63,13 +64,13 @@ class Options:
             raise self.error(key, f"must be <= {maximum}, got {value}")
         return int(value) if integer else float(value)
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def bool(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self._raw(key, default)
         if not isinstance(value, bool):
             raise self.error(key, f"must be true or false, got {value!r}")
         return value
 
-    def str_list(self, key: str, default: Any = _MISSING) -> Any:
+    def str_list(self, key: builtins.str, default: Any = _MISSING) -> Any:
         value = self._raw(key, default)
         if isinstance(value, str):
             value = [value]
@@ -77,7 +78,7 @@ class Options:
             raise self.error(key, "must be a list of strings")
         return list(value)
 
-    def any(self, key: str, default: Any = _MISSING) -> Any:
+    def any(self, key: builtins.str, default: Any = _MISSING) -> Any:
         return self._raw(key, default)
 
     def done(self) -> None:

@@ -69,6 +69,7 @@ def is_group(body: Any) -> Any:
 
 def parse_request(body: Any) -> list[tuple[str | None, Sample, Item]]:
     """All entries of a score request; raises RequestError naming the first bad entry."""
+    entries: Any
     if isinstance(body, list):
         entries, key = body, "samples"
     elif isinstance(body, Mapping):

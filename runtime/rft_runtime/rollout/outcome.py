@@ -50,7 +50,7 @@ class RunOutcome:
              parse_error: bool = False) -> None:
         """Record an error (the first message wins); rollout errors unless another flag is given."""
         flags = {"timeout": timeout, "runtime_error": runtime_error, "parse_error": parse_error}
-        update = {k: True for k, v in flags.items() if v} or {"rollout_error": True}
+        update: dict[str, Any] = {k: True for k, v in flags.items() if v} or {"rollout_error": True}
         update["message"] = self.errors.message or message
         self.errors = self.errors.model_copy(update=update)
         if self.termination is None:

@@ -54,7 +54,7 @@ class TextCodec:
                 return head
         return text
 
-    def piece(self, context: Sequence[int], token_id: int) -> str:
+    def piece(self, context: Sequence[int] | None, token_id: int) -> str:
         """The text one token adds after ``context``, as vLLM shows it in logprobs.
 
         A token that ends in an incomplete UTF-8 sequence shows as ``""``; the token that completes the

@@ -197,6 +197,7 @@ class Engine:
                 _post(loop, progress, None)
 
         def advanced(version: int, seqs: list[tuple[Sequence, int, str | None]]) -> None:
+            assert progress is not None  # passed only with a progress queue
             _post(loop, progress, (version, seqs))
 
         req = self.request(prompts, params, done, advanced if progress is not None else None)
@@ -376,6 +377,7 @@ class Engine:
             if s.owner.on_progress is not None:
                 streams.setdefault(id(s.owner), (s.owner, []))[1].append((s, len(s.output), s.finish_reason))
         for req, seqs in streams.values():
+            assert req.on_progress is not None  # streams holds only requests with one
             _call(req.on_progress, int(req.version or 0), seqs)
         for s in finished:
             req = s.owner

@@ -66,7 +66,7 @@ def load_model(model_dir: str | os.PathLike, *, dtype: str = "auto", device: str
     torch_dtype = resolve_dtype(dtype, config, dev)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True,
                                                  attn_implementation="sdpa")
-    model.to(dev).eval()
+    model.to(dev).eval()  # type: ignore[arg-type]  # transformers types `to` for a dtype only
     model.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     try:

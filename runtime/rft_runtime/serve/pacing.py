@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 from .choices import pick
 
@@ -103,7 +104,7 @@ class PressureClock:
 class ContentionPacer:
     """See the module docstring. Call :meth:`after` from the engine thread after every iteration."""
 
-    def __init__(self, clock: PressureClock | None = None, now=time.perf_counter):
+    def __init__(self, clock: PressureClock | None = None, now: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock if clock is not None else PressureClock()
         self._now = now
         self.contention = 0.0  # the last window's fraction of time some task waited for a CPU

@@ -76,8 +76,10 @@ def _is_int(v: Any) -> bool:
 
 
 def get_int(body: dict, name: str, default: int | None, lo: int | None = None, hi: int | None = None) -> int | None:
-    """Read an optional integer field, checking bounds."""
-    v = body.get(name, default)
+    """Read an optional integer field, checking bounds; absent or JSON ``null`` gives ``default``."""
+    v = body.get(name)
+    if v is None:
+        v = default
     if v is None:
         return None
     if isinstance(v, float) and v.is_integer():
@@ -93,8 +95,11 @@ def get_int(body: dict, name: str, default: int | None, lo: int | None = None, h
 
 def get_float(body: dict, name: str, default: float | None, lo: float | None = None, hi: float | None = None,
               lo_open: bool = False) -> float | None:
-    """Read an optional number field, checking bounds (``lo_open``: the lower bound is excluded)."""
-    v = body.get(name, default)
+    """Read an optional number field, checking bounds (``lo_open``: the lower bound is excluded); absent or
+    JSON ``null`` gives ``default``."""
+    v = body.get(name)
+    if v is None:
+        v = default
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):

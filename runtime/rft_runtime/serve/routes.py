@@ -47,6 +47,7 @@ from .stream import Streamer, sse
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .sequence import GenerationResult
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class ServeRoutes:
             raise bad_request(f"Rendering the chat template took longer than {self.render_timeout_s:g} s",
                               "messages") from None
 
-    async def _generate(self, prompts: list[list[int]], params: list[SamplingParams]):
+    async def _generate(self, prompts: list[list[int]], params: list[SamplingParams]) -> GenerationResult:
         try:
             return await self.engine.generate(prompts, params)
         except EngineError as exc:

@@ -75,7 +75,7 @@ def _fuse_rows(mods: list[Any], name: str) -> torch.Tensor | None:
     """Concatenate the ``name`` tensors (weight or bias) of ``mods`` along their output rows into one
     new tensor, and make each module's parameter a view of its rows in it (no extra memory; an in-place
     update of a parameter, as a weight swap does, updates the fused tensor). None where they have none."""
-    parts = [getattr(m, name, None) for m in mods]
+    parts: list[Any] = [getattr(m, name, None) for m in mods]
     if all(p is None for p in parts):
         return None
     if any(p is None for p in parts):

@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiohttp import web
 
@@ -26,6 +26,8 @@ from .metrics import ServeMetrics
 from .routes import VERSION_HEADER, ServeRoutes, max_body_bytes
 
 if TYPE_CHECKING:
+    from aiohttp.typedefs import Middleware
+
     from .engine import Engine
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ UNPUBLISHED = -1
 version the trainer grants, so its samples are refused and the trainer loads the current version."""
 
 
-def _error_middleware(metrics: ServeMetrics, engine: Engine):
+def _error_middleware(metrics: ServeMetrics, engine: Engine) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         start = time.perf_counter()
@@ -185,7 +187,7 @@ class ExtraArgsError(ValueError):
 
 
 class _Refusing(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse exits; rft run reports it against the field instead
+    def error(self, message: str) -> NoReturn:  # argparse exits; rft run reports it against the field instead
         raise ExtraArgsError(message)
 
 

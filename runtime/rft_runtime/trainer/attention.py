@@ -64,6 +64,6 @@ def use_float32_attention(model: torch.nn.Module) -> bool:
     if config is None or getattr(config, "_attn_implementation", None) not in ("sdpa", NAME):
         return False
     _register()
-    model.set_attn_implementation(NAME)
+    model.set_attn_implementation(NAME)  # type: ignore[operator]  # a transformers PreTrainedModel's
     log.info("attention runs in float32 (the rest in the lower-precision compute dtype on the CPU)")
     return True

@@ -114,7 +114,7 @@ class CheckpointManager:
 
     def _complete(self) -> list[CheckpointInfo]:
         """Complete checkpoints (with a valid marker), oldest first, committed or not."""
-        out = []
+        out: list[CheckpointInfo] = []
         if not self.root.is_dir():
             return out
         for d in self.root.iterdir():

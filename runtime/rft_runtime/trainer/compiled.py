@@ -84,5 +84,5 @@ def wants_compile(setting: CompileSetting, device: torch.device) -> bool:
 def compile_blocks(blocks: list[torch.nn.Module]) -> int:
     """Compile each of ``blocks``' ``forward`` in place (dynamic shapes); returns how many."""
     for block in blocks:
-        block.forward = torch.compile(block.forward, dynamic=True)  # type: ignore[method-assign]
+        block.forward = torch.compile(block.forward, dynamic=True)
     return len(blocks)

@@ -23,7 +23,7 @@ import datetime
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -153,7 +153,7 @@ def autocast_forward(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
     """Run ``model``'s forward under ``torch.autocast(dtype)`` on its device (its parameters keep their
     dtype; the autograd graph casts the gradients back to it). Returns ``model``."""
     device = next(model.parameters()).device
-    model.forward = torch.autocast(device.type, dtype=dtype)(model.forward)  # type: ignore[method-assign]
+    model.forward = torch.autocast(device.type, dtype=dtype)(model.forward)
     return model
 
 
@@ -183,7 +183,8 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state gathered to CPU on rank 0 (an empty dict on the others). Collective."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast("dict[str, torch.Tensor]",
+                get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
 
 
 def broadcast(obj: Any = None) -> Any:

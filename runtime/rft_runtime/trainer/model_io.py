@@ -67,7 +67,7 @@ def load_policy(model_spec: Any, model_dir: Path, seed: int, warm_start: str | N
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = wrap_lora(model, model_spec.lora)
-    model.config.use_cache = False
+    model.config.use_cache = False  # type: ignore[union-attr]
     return model
 
 
@@ -86,7 +86,7 @@ class Reference:
         self._model: torch.nn.Module | None = None
         if not hasattr(policy, "disable_adapter"):
             self._model = load_base(model_dir, torch_dtype(model_spec.dtype), warm_start)
-            self._model.config.use_cache = False
+            self._model.config.use_cache = False  # type: ignore[union-attr]
             self._model.eval()
             for p in self._model.parameters():
                 p.requires_grad_(False)
@@ -101,5 +101,5 @@ class Reference:
 
         if self._model is not None:
             return sequence_logprobs(self._model, batch, temperature, micro_batch_size, shard)
-        with self._policy.disable_adapter():
+        with self._policy.disable_adapter():  # type: ignore[operator]
             return sequence_logprobs(self._policy, batch, temperature, micro_batch_size, shard)

@@ -229,7 +229,7 @@ class _PromptCache:
     def __init__(self, cache: Any) -> None:
         from transformers.cache_utils import DynamicLayer
 
-        layers = getattr(cache, "layers", None)
+        layers: Any = getattr(cache, "layers", None)
         self.cache = cache
         self.reusable = layers is not None and all(type(layer) is DynamicLayer and layer.is_initialized
                                                    for layer in layers)

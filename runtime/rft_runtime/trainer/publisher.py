@@ -253,7 +253,7 @@ def detached_state(state: dict[str, Any], model: Any) -> dict[str, Any]:
     changing = itertools.chain((p for p in model.parameters() if p.requires_grad), model.buffers())
     live = {getattr(t, "_local_tensor", t).untyped_storage().data_ptr() for t in changing}
     out: dict[str, Any] = {}
-    copies: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], Any] = {}
+    copies: dict[tuple[int, Any, tuple[int, ...], tuple[int, ...]], Any] = {}
     for name, value in state.items():
         if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in live:
             t = value.detach()

@@ -170,7 +170,7 @@ def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.op
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     msd, osd = get_state_dict(model, optimizer)
-    loaded = {"model": msd, "optim": osd}
+    loaded: dict[str, Any] = {"model": msd, "optim": osd}
     try:
         dcp.load(loaded, checkpoint_id=str(directory / DCP_DIR))
     except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many exception types

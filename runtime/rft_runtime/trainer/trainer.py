@@ -277,6 +277,7 @@ class Worker:
         tis = None
         if self.alg.importance_sampling and self.alg.old_logprobs == "recompute":
             isc = self.alg.importance_sampling
+            assert old is not None  # old_from_update is False where TIS needs them
             out = tis_weights(old, batch.inference_logprobs, batch.loss_mask, level=isc["level"],
                               mode=isc["mode"], cap=float(isc["cap"]))
             tis = out.weights
@@ -481,7 +482,7 @@ class Trainer:
         """What a posted episode may contain: token ids inside the policy's vocabulary (its embedding
         table), the first prompt within ``rollout.maxPromptTokens``, every step within the context
         (``inference.maxModelLen``, else the model's ``max_position_embeddings``)."""
-        vocab = self.model.get_input_embeddings().num_embeddings
+        vocab = self.model.get_input_embeddings().num_embeddings  # type: ignore[operator]
         context = self.spec.inference.max_model_len or getattr(self.model.config, "max_position_embeddings", None)
         return EpisodeLimits(vocab_size=int(vocab), max_prompt_tokens=self.spec.rollout.max_prompt_tokens,
                              max_model_len=int(context) if context else None)
@@ -814,7 +815,7 @@ class Trainer:
         fmt, merged = export_final_model(self.model, Path(self.cfg.paths.checkpoints), self.tokenizer,
                                          state_dict=self._gather(), base_model_dir=self.model_dir,
                                          merge_adapter=self.spec.checkpoint.merge_final_adapter)
-        self.final_model = FinalModel(path=FINAL_DIR, format=fmt, merged_path=merged)  # type: ignore[arg-type]
+        self.final_model = FinalModel(path=FINAL_DIR, format=fmt, merged_path=merged)
         log.info("final model (%s) at %s", fmt, Path(self.cfg.paths.checkpoints) / FINAL_DIR)
         self._report(message=f"finished {self.step_count} steps", done=True)
         self._tracker_status = "FINISHED"

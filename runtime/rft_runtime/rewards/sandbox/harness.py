@@ -58,7 +58,7 @@ def encode(x: object, handles: list | None, depth: int = 0) -> list:
     if t is bytes:
         return ["y", x.hex()]  # type: ignore[attr-defined]
     if depth < MAX_DEPTH:
-        tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}.get(t)
+        tag = {list: "l", tuple: "t", set: "S", frozenset: "F"}.get(t)  # type: ignore[call-overload]
         if tag is not None:
             return [tag, [encode(v, handles, depth + 1) for v in x]]  # type: ignore[attr-defined]
         if t is dict:
@@ -69,7 +69,7 @@ def encode(x: object, handles: list | None, depth: int = 0) -> list:
         # items() or __repr__ never run on the trusted side and cannot change what is compared.
         for base, read in _BASES:
             if isinstance(x, base):
-                return encode(read(x), handles, depth + 1)
+                return encode(read(x), handles, depth + 1)  # type: ignore[arg-type]
     ref = getattr(x, "_rft_handle", None) if handles is None else None
     if isinstance(ref, int):
         return ["h", ref]
@@ -265,6 +265,8 @@ class Remote:
 
     __slots__ = ("_rft_link", "_rft_handle")
     __hash__ = object.__hash__
+    _rft_link: Link
+    _rft_handle: int
 
     def __init__(self, link: Link, h: int) -> None:
         object.__setattr__(self, "_rft_link", link)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from typing import Iterator, Sequence
 
 import httpx
 import pytest
+
+from tests.support.ports import free_port
 
 READY_TIMEOUT_S = 600.0
 
@@ -29,18 +30,12 @@ def vllm_python() -> str:
     return python
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running_vllm(model_dir: str | Path, served_model: str, log: Path, *, extra_args: Sequence[str] = (),
                  env: dict[str, str] | None = None) -> Iterator[str]:
     """Run vLLM's OpenAI server on ``model_dir`` as ``served_model`` (float32, processed logprobs,
     256 tokens of context); yields its URL; the whole process group is stopped on exit."""
-    port = _free_port()
+    port = free_port()
     cmd = [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", served_model, "--max-model-len", "256", "--host", "127.0.0.1",
            "--port", str(port), "--logprobs-mode", "processed_logprobs", "--dtype", "float32", *extra_args]
