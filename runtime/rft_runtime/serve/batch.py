@@ -93,8 +93,24 @@ class RunningBatch:
         if not self.seqs:
             return []
         decoding = sorted((s for s in self.seqs if s.output), key=lambda s: s.slot)
+        chunks = self._prefill_chunks(len(decoding))
+        rows, samplers, completing = self._logit_rows(decoding, chunks)
+        logits = self.runner.forward(self.cache, [s.slot for s in decoding], [s.output[-1] for s in decoding],
+                                     [s.computed for s in decoding], [c for _, c in chunks], rows)
+        for s in decoding:
+            s.computed += 1
+        for (s, c) in chunks:
+            s.computed += len(c.tokens)
+        samplers.extend(self._complete_prefills(logits, completing))
+        if not samplers:
+            return []
+        return self._sample(logits, samplers)
+
+    def _prefill_chunks(self, decodes: int) -> list[tuple[Sequence, Chunk]]:
+        """The prompt chunks this iteration prefills, in admission order: what fits in ``prefill_tokens``
+        beside the ``decodes`` decoding sequences (at least one token), a prompt cut where it runs out."""
         prefilling = [s for s in self.seqs if not s.output and s.leader is None and s.computed < len(s.prompt)]
-        budget = max(self.prefill_tokens - len(decoding), 1)
+        budget = max(self.prefill_tokens - decodes, 1)
         chunks: list[tuple[Sequence, Chunk]] = []
         for s in prefilling:
             if budget <= 0:
@@ -102,7 +118,15 @@ class RunningBatch:
             take = s.prompt[s.computed: s.computed + budget]
             chunks.append((s, Chunk(slot=s.slot, tokens=take, start=s.computed)))
             budget -= len(take)
+        return chunks
 
+    @staticmethod
+    def _logit_rows(decoding: list[Sequence], chunks: list[tuple[Sequence, Chunk]]
+                    ) -> tuple[list[int], list[tuple[Sequence, int]], list[tuple[Sequence, int, int]]]:
+        """Which packed rows' logits the forward returns (every decoding sequence's; every prompt token's
+        of a chunk asking for prompt log-probs; else a prompt's last), the decoding sequences' rows among
+        them (sampled now), and per chunk whose logits are returned: its sequence (a leader), the first of
+        its rows among them and how many."""
         rows: list[int] = list(range(len(decoding)))  # packed rows whose logits are needed
         samplers: list[tuple[Sequence, int]] = [(s, i) for i, s in enumerate(decoding)]
         completing: list[tuple[Sequence, int, int]] = []  # leader, first row of its logits, chunk length
@@ -118,12 +142,13 @@ class RunningBatch:
                 completing.append((s, len(rows), 1))
                 rows.append(off + n - 1)
             off += n
-        logits = self.runner.forward(self.cache, [s.slot for s in decoding], [s.output[-1] for s in decoding],
-                                     [s.computed for s in decoding], [c for _, c in chunks], rows)
-        for s in decoding:
-            s.computed += 1
-        for (s, c) in chunks:
-            s.computed += len(c.tokens)
+        return rows, samplers, completing
+
+    def _complete_prefills(self, logits: torch.Tensor, completing: list[tuple[Sequence, int, int]]
+                           ) -> list[tuple[Sequence, int]]:
+        """Keep each chunk's prompt logits; for each prompt now whole, its prompt log-probs, its followers
+        given its prompt KV; return the sequences that sample their first token and their logits' row."""
+        samplers: list[tuple[Sequence, int]] = []
         for s, first, n in completing:
             if s.params.prompt_logprobs is not None:
                 s.prompt_chunks.append(logits[first:first + n])
@@ -142,8 +167,11 @@ class RunningBatch:
                 f.prompt_logprobs = s.prompt_logprobs
                 samplers.append((f, last))
             s.followers = []
-        if not samplers:
-            return []
+        return samplers
+
+    def _sample(self, logits: torch.Tensor, samplers: list[tuple[Sequence, int]]) -> list[Sequence]:
+        """Sample one token for each of ``samplers`` (a sequence, its row of ``logits``), append it, and
+        retire the sequences that finished; return those."""
         index = [r for _, r in samplers]
         picked = logits if len(index) == logits.shape[0] and index == list(range(len(index))) \
             else logits.index_select(0, torch.tensor(index, dtype=torch.long, device=logits.device))

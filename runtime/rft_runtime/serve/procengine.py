@@ -118,36 +118,71 @@ class _MetricsRelay:
             return out
 
 
-async def _child_serve(conn: Any, engine: Any) -> None:
+class _ChildServer:
     """The child's side of the pipe. Generation requests are answered from the engine thread itself
     (:meth:`Engine.request` callbacks): a finished request costs no wake-up of this event loop, and no hand
-    of the GIL back and forth between the two threads per answer. This loop reads the pipe, loads
+    of the GIL back and forth between the two threads per answer. The event loop reads the pipe, loads
     weights and sends the periodic metrics; a lock keeps the two threads' messages whole."""
-    loop = asyncio.get_running_loop()
-    requests: dict[int, Any] = {}  # rid -> the engine's request, until answered (for "cancel")
-    closed = asyncio.Event()
-    relay: _MetricsRelay = engine.metrics
-    send_lock = threading.Lock()
 
-    def send(msg: tuple) -> None:
+    def __init__(self, conn: Any, engine: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.conn, self.engine, self.loop = conn, engine, loop
+        self.requests: dict[int, Any] = {}  # rid -> the engine's request, until answered (for "cancel")
+        self.closed = asyncio.Event()
+        self.relay: _MetricsRelay = engine.metrics
+        self.send_lock = threading.Lock()
+
+    async def serve(self) -> None:
+        """Answer the pipe until it closes or the front end says stop."""
+        self.loop.add_reader(self.conn.fileno(), self.on_readable)
+        flusher = asyncio.ensure_future(self.flush_metrics())
+        self.send(("ready", self.engine.policy_version))
+        await self.closed.wait()
+        flusher.cancel()
+        self.loop.remove_reader(self.conn.fileno())
+
+    def send(self, msg: tuple) -> None:
+        """Send ``msg`` from either thread (an answer after the metrics observed before it); a broken pipe
+        closes the server."""
         try:
-            with send_lock:
-                if msg[0] in ("done", "fail") and (counts := relay.take()) is not None:
-                    conn.send(("metrics", None, counts))
-                conn.send(msg)
+            with self.send_lock:
+                if msg[0] in ("done", "fail") and (counts := self.relay.take()) is not None:
+                    self.conn.send(("metrics", None, counts))
+                self.conn.send(msg)
         except (OSError, EOFError, BrokenPipeError):
             try:
-                loop.call_soon_threadsafe(closed.set)
+                self.loop.call_soon_threadsafe(self.closed.set)
             except RuntimeError:  # the loop has closed: so has the pipe's reader
                 pass
 
-    async def flush_metrics() -> None:
+    async def flush_metrics(self) -> None:
         while True:
             await asyncio.sleep(METRICS_INTERVAL_S)
-            if (counts := relay.take()) is not None:
-                send(("metrics", None, counts))
+            if (counts := self.relay.take()) is not None:
+                self.send(("metrics", None, counts))
 
-    def gen(rid: int, prompts: list, params: list, stream: bool) -> None:
+    def on_readable(self) -> None:
+        """Handle every message waiting in the pipe."""
+        while self.conn.poll():
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.closed.set()
+                return
+            kind = msg[0]
+            if kind == "gen":
+                self.gen(*msg[1:])
+            elif kind == "cancel":
+                req = self.requests.pop(msg[1], None)
+                if req is not None:
+                    self.engine.cancel(req)
+            elif kind == "load":
+                asyncio.ensure_future(self.load(*msg[1:]))
+            elif kind == "stop":
+                self.closed.set()
+                return
+
+    def gen(self, rid: int, prompts: list, params: list, stream: bool) -> None:
+        """Submit a generation request; the engine thread answers it through the callbacks made here."""
         sent: dict[int, int] = {}  # tokens of each sequence already sent (streaming)
 
         def progress(version: int, ups: list) -> None:
@@ -155,61 +190,40 @@ async def _child_serve(conn: Any, engine: Any) -> None:
             for s, n, reason in ups:
                 out.append(_seq_state(s, sent.get(s.index, 0), n, reason))
                 sent[s.index] = n
-            send(("tok", rid, version, out))
+            self.send(("tok", rid, version, out))
 
         def done(result: GenerationResult | None, exc: BaseException | None) -> None:
-            requests.pop(rid, None)
+            self.requests.pop(rid, None)
             if result is None:
-                send(("fail", rid, "engine", str(exc)))
+                self.send(("fail", rid, "engine", str(exc)))
                 return
-            send(("done", rid, result.policy_version,
-                  [_seq_state(s, sent.get(s.index, 0), len(s.output), s.finish_reason) for s in result.sequences]))
+            self.send(("done", rid, result.policy_version,
+                       [_seq_state(s, sent.get(s.index, 0), len(s.output), s.finish_reason) for s in result.sequences]))
 
-        req = requests[rid] = engine.request(prompts, params, done, progress if stream else None)
+        req = self.requests[rid] = self.engine.request(prompts, params, done, progress if stream else None)
         try:
-            engine.submit(req)
+            self.engine.submit(req)
         except EngineError as exc:
             done(None, exc)
 
-    async def load(rid: int, path: str, version: int | None) -> None:
+    async def load(self, rid: int, path: str, version: int | None) -> None:
+        """Read the weights at ``path`` off the event loop, swap them in, and answer."""
         from .weights import read_weights
 
         try:
-            weights, kind = await asyncio.to_thread(read_weights, path, base_dir=engine.lm.model_dir,
-                                                    model=engine.lm.model)
-            new = await engine.swap_weights(weights, version)
-            send(("loaded", rid, new, kind))
+            weights, kind = await asyncio.to_thread(read_weights, path, base_dir=self.engine.lm.model_dir,
+                                                    model=self.engine.lm.model)
+            new = await self.engine.swap_weights(weights, version)
+            self.send(("loaded", rid, new, kind))
         except (WeightLoadError, OSError) as exc:
-            send(("fail", rid, "weights", str(exc)))
+            self.send(("fail", rid, "weights", str(exc)))
         except EngineError as exc:
-            send(("fail", rid, "engine", str(exc)))
+            self.send(("fail", rid, "engine", str(exc)))
 
-    def on_readable() -> None:
-        while conn.poll():
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                closed.set()
-                return
-            kind = msg[0]
-            if kind == "gen":
-                gen(*msg[1:])
-            elif kind == "cancel":
-                req = requests.pop(msg[1], None)
-                if req is not None:
-                    engine.cancel(req)
-            elif kind == "load":
-                asyncio.ensure_future(load(*msg[1:]))
-            elif kind == "stop":
-                closed.set()
-                return
 
-    loop.add_reader(conn.fileno(), on_readable)
-    flusher = asyncio.ensure_future(flush_metrics())
-    send(("ready", engine.policy_version))
-    await closed.wait()
-    flusher.cancel()
-    loop.remove_reader(conn.fileno())
+async def _child_serve(conn: Any, engine: Any) -> None:
+    """The child's side of the pipe (:class:`_ChildServer`), until it closes."""
+    await _ChildServer(conn, engine, asyncio.get_running_loop()).serve()
 
 
 def _child_main(conn: Any, model_dir: str, load_kwargs: dict, engine_kwargs: dict, threads: int | None,

@@ -32,7 +32,7 @@ converted, the native kernel converting them as it reads.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -169,6 +169,35 @@ def _plus_linear(h: torch.Tensor, x: torch.Tensor, weight_t: torch.Tensor, bias:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class _Iteration:
+    """What every layer of one :meth:`SlotRunner.forward` reads, worked out once per iteration."""
+
+    total: int  # packed tokens T
+    n_dec: int  # decoding sequences: the first n_dec packed rows
+    pos_t: torch.Tensor  # [T] each packed token's position
+    # the rotary embedding: the tables [positions, hd] (the native kernel looks them up itself), or the
+    # packed tokens' cos/sin [1, T, hd] (the model's apply_rotary_pos_emb) and [1, 1, T, hd] (every head alike)
+    cos_t: torch.Tensor | None = None
+    sin_t: torch.Tensor | None = None
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+    cos_h: torch.Tensor | None = None
+    sin_h: torch.Tensor | None = None
+    # decode attention: the rows' slots and positions; the native kernel's lengths and output buffer, or
+    # torch's batched plan (SlotRunner._batched_plan)
+    dslots: torch.Tensor | None = None
+    dpos: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    attn_out: torch.Tensor | None = None
+    plan: tuple[bool, int, int, torch.Tensor | None] | None = None
+    # prefill attention: (offset, length, slots, mask) per run (SlotRunner._plan_prefill), the slots of a
+    # run of several prompts on the device, each chunk's first position by slot
+    runs: list[tuple[int, int, list[int], torch.Tensor | None]] = field(default_factory=list)
+    run_slots: list[torch.Tensor | None] = field(default_factory=list)
+    starts: dict[int, int] = field(default_factory=dict)
 
 
 class SlotRunner:
@@ -336,6 +365,16 @@ class SlotRunner:
             out = self.graphs.decode(cache, decode_slots, decode_tokens, decode_pos, logit_rows)
             if out is not None:
                 return out
+        it, h, rows = self._pack(cache, decode_slots, decode_tokens, decode_pos, chunks, logit_rows)
+        for li, (L, layer) in enumerate(zip(self.layers, self.base.layers)):
+            h = self._layer(cache, it, li, L, layer, h)
+        return self.logits(h.index_select(0, rows))
+
+    def _pack(self, cache: SlotKVCache, decode_slots: list[int], decode_tokens: list[int], decode_pos: list[int],
+              chunks: list[Chunk], logit_rows: list[int]) -> tuple[_Iteration, torch.Tensor, torch.Tensor]:
+        """The iteration's tokens packed into one sequence (the decoding sequences' first, then the chunks'):
+        what every layer reads (:class:`_Iteration`), the embedded tokens ``[T, hidden]``, and the packed rows
+        whose logits are returned. Makes room in ``cache`` for the furthest position."""
         dev = self.device
         n_dec = len(decode_slots)
         ids = list(decode_tokens)
@@ -354,28 +393,41 @@ class SlotRunner:
         idx = 2 * total + 2 * n_dec
         rows = packed[idx:idx + len(logit_rows)]
         h = self.base.embed_tokens(ids_t)  # [T, hidden]: the packed tokens are one sequence
-        kernel = self.kernels
-        if kernel is not None:  # the native rotary embedding reads the tables at each token's position itself
-            cos_t, sin_t = self.rope_tables(max(pos) + 1)
-        if kernel is None or self._qk_norm:
-            cos, sin = self._rope(pos_t, max(pos) + 1)
-            cos_h, sin_h = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, hd]: every head alike
+        it = _Iteration(total=total, n_dec=n_dec, pos_t=pos_t)
+        if self.kernels is not None:  # the native rotary embedding reads the tables at each token's position itself
+            it.cos_t, it.sin_t = self.rope_tables(max(pos) + 1)
+        if self.kernels is None or self._qk_norm:
+            it.cos, it.sin = self._rope(pos_t, max(pos) + 1)
+            it.cos_h, it.sin_h = it.cos.unsqueeze(1), it.sin.unsqueeze(1)  # [1, 1, T, hd]: every head alike
         if n_dec:
-            dslots = packed[2 * total:2 * total + n_dec]
-            dpos = pos_t[:n_dec]
-            if kernel is not None:
-                lengths = packed[2 * total + n_dec:idx]
-                buf = self._attn_out
-                if buf is None or buf.shape[0] < n_dec:
-                    buf = self._attn_out = torch.empty((max(n_dec, 32), self.kv_heads, self.heads // self.kv_heads,
-                                                        self.head_dim), dtype=self.dtype)
-                attn_out = buf[:n_dec]
-            else:
-                plan = self._batched_plan(decode_slots, decode_pos, dslots, dpos, h.dtype)
-        # prefill work: runs of consecutive whole-prompt chunks of one length (attention among their own
-        # tokens, batched), and single chunks continuing a prompt (attention over their slot's cache)
+            self._plan_decode(it, packed[2 * total:2 * total + n_dec], packed[2 * total + n_dec:idx], decode_slots,
+                              decode_pos, h.dtype)
+        self._plan_prefill(it, chunks)
+        return it, h, rows
+
+    def _plan_decode(self, it: _Iteration, dslots: torch.Tensor, lengths: torch.Tensor, decode_slots: list[int],
+                     decode_pos: list[int], dtype: torch.dtype) -> None:
+        """The decoding rows' slots ``dslots`` and lengths ``lengths`` (on the device) into ``it``, with what
+        their attention needs: the native kernel's output buffer, or torch's batched plan."""
+        n_dec = it.n_dec
+        it.dslots, it.dpos = dslots, it.pos_t[:n_dec]
+        if self.kernels is not None:
+            it.lengths = lengths
+            buf = self._attn_out
+            if buf is None or buf.shape[0] < n_dec:
+                buf = self._attn_out = torch.empty((max(n_dec, 32), self.kv_heads, self.heads // self.kv_heads,
+                                                    self.head_dim), dtype=self.dtype)
+            it.attn_out = buf[:n_dec]
+        else:
+            it.plan = self._batched_plan(decode_slots, decode_pos, dslots, it.dpos, dtype)
+
+    def _plan_prefill(self, it: _Iteration, chunks: list[Chunk]) -> None:
+        """The prefill's attention work into ``it``: runs of consecutive whole-prompt chunks of one length
+        (attention among their own tokens, batched), and single chunks continuing a prompt (attention over
+        their slot's cache, under a causal mask offset by the tokens already there)."""
+        dev = self.device
         runs: list[tuple[int, int, list[int], torch.Tensor | None]] = []  # (offset, length, slots, mask)
-        off = n_dec
+        off = it.n_dec
         for c in chunks:
             n = len(c.tokens)
             if c.start == 0 and runs and runs[-1][3] is None and runs[-1][1] == n \
@@ -388,83 +440,122 @@ class SlotRunner:
                 q_pos = torch.arange(c.start, end, device=dev)
                 runs.append((off, n, [c.slot], torch.arange(end, device=dev).unsqueeze(0) <= q_pos.unsqueeze(1)))
             off += n
-        run_slots = [torch.tensor(r[2], dtype=torch.long, device=dev) if len(r[2]) > 1 else None for r in runs]
-        starts = {c.slot: c.start for c in chunks}
+        it.runs = runs
+        it.run_slots = [torch.tensor(r[2], dtype=torch.long, device=dev) if len(r[2]) > 1 else None for r in runs]
+        it.starts = {c.slot: c.start for c in chunks}
 
-        hd, nh = self.head_dim, self.heads
-        group = nh // self.kv_heads
-        nkv = self.kv_heads
-        for li, (L, layer) in enumerate(zip(self.layers, self.base.layers)):
-            residual = h
-            qkv = _linear(self._norm(self._norms[li][0], h), L.qkv_w, L.qkv_b).view(total, nh + 2 * nkv, hd)
-            packed = kernel is not None and not L.qk_norm  # decode attention reads `qkv` itself
-            if L.qk_norm:
-                attn = layer.self_attn
-                q, k, v = qkv.split((nh, nkv, nkv), dim=1)
-                q, k = attn.q_norm(q), attn.k_norm(k)
-                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, T, hd]
-                q, k = self.rope(q, k, cos, sin)
-            elif packed:  # queries and keys turned in place
-                kernel.rope(qkv, nh + nkv, cos_t, sin_t, pos_t)
-                if runs:  # [1, heads, T, hd] views of `qkv` for the prefill
-                    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in qkv.split((nh, nkv, nkv), dim=1))
-            else:  # queries and keys turned together: [1, heads + kv_heads, T, hd]
-                qk = qkv[:, : nh + nkv].transpose(0, 1).unsqueeze(0)
-                qk = qk * cos_h + _rotate_half(qk) * sin_h
-                q, k = qk[:, :nh], qk[:, nh:]
-                v = qkv[:, nh + nkv:].transpose(0, 1).unsqueeze(0)
-            keys, values = cache.keys[li], cache.values[li]
-            outs = []
-            if n_dec:
-                if packed:  # writes the new keys and values; each row up to its own length, no mask
-                    o = kernel.decode_attention_packed(qkv, n_dec, nh, keys, values, dslots, lengths, self.scaling,
-                                                       attn_out)
-                else:
-                    # queries grouped by KV head: [D, kv_heads, heads / kv_heads, hd]; the cache is read in place
-                    qd = q[0, :, :n_dec].transpose(0, 1).reshape(n_dec, self.kv_heads, group, hd)
-                    k_new, v_new = k[0, :, :n_dec].transpose(0, 1), v[0, :, :n_dec].transpose(0, 1)  # [D, kv, hd]
-                    if kernel is not None:
-                        o = kernel.decode_attention(qd, k_new, v_new, keys, values, dslots, lengths, self.scaling,
-                                                    attn_out)
-                    else:
-                        keys[dslots, :, dpos] = k_new.to(keys.dtype)
-                        values[dslots, :, dpos] = v_new.to(values.dtype)
-                        o = self._batched_decode(qd, keys, values, dslots, plan)
-                outs.append(o.reshape(n_dec, nh * hd))
-            for (off, n, slots, m), slot_t in zip(runs, run_slots):
-                if m is None:  # g whole prompts of n tokens: [g, heads, n, hd], attending among themselves
-                    g = len(slots)
-                    qq = q[0, :, off:off + g * n].reshape(nh, g, n, hd).transpose(0, 1)
-                    kk = k[0, :, off:off + g * n].reshape(-1, g, n, hd).transpose(0, 1)
-                    vv = v[0, :, off:off + g * n].reshape(-1, g, n, hd).transpose(0, 1)
-                    if slot_t is None:
-                        keys[slots[0], :, :n] = kk[0]
-                        values[slots[0], :, :n] = vv[0]
-                    else:
-                        keys[slot_t, :, :n] = kk.to(keys.dtype)
-                        values[slot_t, :, :n] = vv.to(values.dtype)
-                    o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=self.scaling,
-                                                       enable_gqa=True)
-                    outs.append(o.transpose(1, 2).reshape(g * n, nh * hd))
-                    continue
-                slot = slots[0]
-                start = starts[slot]
-                end = start + n
-                keys[slot, :, start:end] = k[0, :, off:off + n]
-                values[slot, :, start:end] = v[0, :, off:off + n]
-                o = F.scaled_dot_product_attention(q[:, :, off:off + n], keys[slot:slot + 1, :, :end].to(q.dtype),
-                                                   values[slot:slot + 1, :, :end].to(q.dtype), attn_mask=m,
-                                                   scale=self.scaling, enable_gqa=True)
-                outs.append(o[0].transpose(0, 1).reshape(n, nh * hd))
-            h = _plus_linear(residual, torch.cat(outs) if len(outs) > 1 else outs[0], L.o_w, L.o_b)
-            gate_up = _linear(self._norm(self._norms[li][1], h), L.gate_up_w, L.gate_up_b)
-            if kernel is not None and L.act is F.silu and gate_up.dtype == torch.float32:
-                act = kernel.silu_mul(gate_up, L.intermediate)
+    def _layer(self, cache: SlotKVCache, it: _Iteration, li: int, L: _Layer, layer: Any,
+               h: torch.Tensor) -> torch.Tensor:
+        """Decoder layer ``li`` over the packed hidden states ``h`` ``[T, hidden]``: attention (writing the new
+        keys and values into ``cache``), then the MLP, each added to the residual."""
+        residual = h
+        qkv, q, k, v = self._qkv(it, li, L, layer, h)
+        keys, values = cache.keys[li], cache.values[li]
+        outs = []
+        if it.n_dec:
+            outs.append(self._decode_attention(it, L, qkv, q, k, v, keys, values))
+        for (off, n, slots, m), slot_t in zip(it.runs, it.run_slots):
+            if m is None:
+                outs.append(self._prompts_attention(q, k, v, keys, values, off, n, slots, slot_t))
             else:
-                gate, up = gate_up.split(L.intermediate, dim=-1)
-                act = L.act(gate) * up
-            h = _plus_linear(h, act, L.down_w, L.down_b)
-        return self.logits(h.index_select(0, rows))
+                outs.append(self._chunk_attention(q, k, v, keys, values, off, n, slots[0], it.starts[slots[0]], m))
+        h = _plus_linear(residual, torch.cat(outs) if len(outs) > 1 else outs[0], L.o_w, L.o_b)
+        return self._mlp(li, L, h)
+
+    def _qkv(self, it: _Iteration, li: int, L: _Layer, layer: Any, h: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """Layer ``li``'s queries, keys and values of the packed tokens, q and k normalised (Qwen3) and turned
+        by the rotary embedding: ``qkv`` ``[T, heads + 2 * kv_heads, hd]`` and ``q``, ``k``, ``v``
+        ``[1, heads, T, hd]`` (None where only the native decode attention reads them, from ``qkv``)."""
+        hd, nh, nkv = self.head_dim, self.heads, self.kv_heads
+        kernel = self.kernels
+        qkv = _linear(self._norm(self._norms[li][0], h), L.qkv_w, L.qkv_b).view(it.total, nh + 2 * nkv, hd)
+        q = k = v = None
+        if L.qk_norm:
+            attn = layer.self_attn
+            q, k, v = qkv.split((nh, nkv, nkv), dim=1)
+            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))  # [1, heads, T, hd]
+            q, k = self.rope(q, k, it.cos, it.sin)
+        elif kernel is not None:  # queries and keys turned in place
+            kernel.rope(qkv, nh + nkv, it.cos_t, it.sin_t, it.pos_t)
+            if it.runs:  # [1, heads, T, hd] views of `qkv` for the prefill
+                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in qkv.split((nh, nkv, nkv), dim=1))
+        else:  # queries and keys turned together: [1, heads + kv_heads, T, hd]
+            qk = qkv[:, : nh + nkv].transpose(0, 1).unsqueeze(0)
+            qk = qk * it.cos_h + _rotate_half(qk) * it.sin_h
+            q, k = qk[:, :nh], qk[:, nh:]
+            v = qkv[:, nh + nkv:].transpose(0, 1).unsqueeze(0)
+        return qkv, q, k, v
+
+    def _decode_attention(self, it: _Iteration, L: _Layer, qkv: torch.Tensor, q: torch.Tensor | None,
+                          k: torch.Tensor | None, v: torch.Tensor | None, keys: torch.Tensor,
+                          values: torch.Tensor) -> torch.Tensor:
+        """The decoding rows' attention ``[D, heads * hd]``, each attending to its own slot of the layer's
+        cache ``keys`` / ``values``, its new key and value written there first."""
+        n_dec, hd, nh = it.n_dec, self.head_dim, self.heads
+        kernel = self.kernels
+        if kernel is not None and not L.qk_norm:
+            # reads `qkv` itself, writes the new keys and values; each row up to its own length, no mask
+            o = kernel.decode_attention_packed(qkv, n_dec, nh, keys, values, it.dslots, it.lengths, self.scaling,
+                                               it.attn_out)
+        else:
+            # queries grouped by KV head: [D, kv_heads, heads / kv_heads, hd]; the cache is read in place
+            qd = q[0, :, :n_dec].transpose(0, 1).reshape(n_dec, self.kv_heads, nh // self.kv_heads, hd)
+            k_new, v_new = k[0, :, :n_dec].transpose(0, 1), v[0, :, :n_dec].transpose(0, 1)  # [D, kv, hd]
+            if kernel is not None:
+                o = kernel.decode_attention(qd, k_new, v_new, keys, values, it.dslots, it.lengths, self.scaling,
+                                            it.attn_out)
+            else:
+                keys[it.dslots, :, it.dpos] = k_new.to(keys.dtype)
+                values[it.dslots, :, it.dpos] = v_new.to(values.dtype)
+                o = self._batched_decode(qd, keys, values, it.dslots, it.plan)
+        return o.reshape(n_dec, nh * hd)
+
+    def _prompts_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                           values: torch.Tensor, off: int, n: int, slots: list[int],
+                           slot_t: torch.Tensor | None) -> torch.Tensor:
+        """Attention of g whole prompts of ``n`` tokens each, packed from row ``off`` on, among themselves
+        (causal, batched ``[g, heads, n, hd]``), their keys and values written into ``slots`` (``slot_t``
+        on the device where g > 1). Returns ``[g * n, heads * hd]``."""
+        hd, nh = self.head_dim, self.heads
+        g = len(slots)
+        qq = q[0, :, off:off + g * n].reshape(nh, g, n, hd).transpose(0, 1)
+        kk = k[0, :, off:off + g * n].reshape(-1, g, n, hd).transpose(0, 1)
+        vv = v[0, :, off:off + g * n].reshape(-1, g, n, hd).transpose(0, 1)
+        if slot_t is None:
+            keys[slots[0], :, :n] = kk[0]
+            values[slots[0], :, :n] = vv[0]
+        else:
+            keys[slot_t, :, :n] = kk.to(keys.dtype)
+            values[slot_t, :, :n] = vv.to(values.dtype)
+        o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=self.scaling, enable_gqa=True)
+        return o.transpose(1, 2).reshape(g * n, nh * hd)
+
+    def _chunk_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor,
+                         values: torch.Tensor, off: int, n: int, slot: int, start: int,
+                         mask: torch.Tensor) -> torch.Tensor:
+        """Attention of a chunk continuing a prompt (``n`` tokens packed from row ``off`` on, at positions
+        ``start`` onwards) over its slot, its keys and values written there first, under ``mask`` (causal,
+        offset by the tokens already in the cache). Returns ``[n, heads * hd]``."""
+        end = start + n
+        keys[slot, :, start:end] = k[0, :, off:off + n]
+        values[slot, :, start:end] = v[0, :, off:off + n]
+        o = F.scaled_dot_product_attention(q[:, :, off:off + n], keys[slot:slot + 1, :, :end].to(q.dtype),
+                                           values[slot:slot + 1, :, :end].to(q.dtype), attn_mask=mask,
+                                           scale=self.scaling, enable_gqa=True)
+        return o[0].transpose(0, 1).reshape(n, self.heads * self.head_dim)
+
+    def _mlp(self, li: int, L: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """``h`` plus layer ``li``'s MLP of its normalised ``h``: ``down(act(gate) * up)``."""
+        gate_up = _linear(self._norm(self._norms[li][1], h), L.gate_up_w, L.gate_up_b)
+        kernel = self.kernels
+        if kernel is not None and L.act is F.silu and gate_up.dtype == torch.float32:
+            act = kernel.silu_mul(gate_up, L.intermediate)
+        else:
+            gate, up = gate_up.split(L.intermediate, dim=-1)
+            act = L.act(gate) * up
+        return _plus_linear(h, act, L.down_w, L.down_b)
 
     def decode_fixed(self, cache: SlotKVCache, ids: torch.Tensor, pos: torch.Tensor, write: torch.Tensor,
                      span: int, width: int) -> torch.Tensor:

@@ -218,6 +218,26 @@ class _Mean:
         return out
 
 
+@dataclass
+class _Update:
+    """One :meth:`Learner.update` call: its inputs as every micro-batch reads them, and the log-probs
+    it keeps (``own``: the policy's from the update's own forward, when no old log-probs are given)."""
+
+    batch: TrainBatch
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+    tis_weights: torch.Tensor | None
+    mask: torch.Tensor  # [B, L-1] the loss mask without the invalid rows (host)
+    norm: float  # the aggregation's global normaliser over the whole batch
+    pl_cfg: PolicyLossConfig
+    world: int
+    rows: torch.Tensor  # this rank's rows of the batch (padded: see `live`)
+    live: torch.Tensor  # [len(rows)] whether each is a real row
+    dev: torch.device
+    own: torch.Tensor | None  # [len(rows), L-1] float32 on dev
+
+
 class Learner:
     """Owns the policy, its optimiser and scheduler; computes log-probs and applies updates."""
 
@@ -274,10 +294,32 @@ class Learner:
         if old_logprobs is None and cfg.epochs != 1:
             raise ValueError(f"old log-probs from the update's own forward need one pass (epochsPerStep 1), "
                              f"not {cfg.epochs}: pass them recomputed")
-        mask = batch.loss_mask & valid.to(torch.bool).unsqueeze(-1)
-        norm = compute_global_normaliser(cfg.loss_aggregation, mask)
-        pl_cfg = cfg.policy_loss_config()
+        u = self._start_update(batch, advantages, valid, old_logprobs, ref_logprobs, tis_weights)
         params = self.trainable_parameters()
+        stats = _Mean()
+        grad_norms: list[float] = []
+        losses: list[float] = []
+        # Per micro-batch nothing is read back from the device (no host synchronisation): the token
+        # count comes from the mask on the host, the loss and the metrics are summed on the device.
+        self.model.train()
+        for epoch in range(cfg.epochs):
+            total = self._accumulate_gradients(u, epoch, stats, on_micro_batch)
+            grad_norms.append(self._clip_gradients(params))
+            losses.append(float(total))
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.update_logprobs = None if u.own is None else whole_batch(u.own, batch.size, self.shard, u.dev)
+        return self._update_metrics(u, stats, losses, grad_norms)
+
+    def _start_update(self, batch: TrainBatch, advantages: torch.Tensor, valid: torch.Tensor,
+                      old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
+                      tis_weights: torch.Tensor | None) -> _Update:
+        """An :meth:`update`'s inputs as its micro-batches read them: the loss mask without the invalid
+        rows and its global normaliser, this rank's rows, and where the update's own log-probs go."""
+        mask = batch.loss_mask & valid.to(torch.bool).unsqueeze(-1)
+        norm = compute_global_normaliser(self.cfg.loss_aggregation, mask)
         world = self.shard.world_size if self.shard is not None else 1
         if self.shard is None:
             rows, live = torch.arange(batch.size), torch.ones(batch.size, dtype=torch.bool)
@@ -288,69 +330,98 @@ class Learner:
         dev = model_device(self.model)
         own = (torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
                if old_logprobs is None else None)
-        stats = _Mean()
-        grad_norms: list[float] = []
-        losses: list[float] = []
-        # Per micro-batch nothing is read back from the device (no host synchronisation): the token
-        # count comes from the mask on the host, the loss and the metrics are summed on the device.
-        self.model.train()
-        for epoch in range(cfg.epochs):
-            # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
-            # rounding, so every pass cuts them the cheapest way (by length, or a shared prompt together)
-            order = order_rows(batch, rows, cfg.micro_batch_size, shares(dev), model_costs(self.model))
-            self.optimizer.zero_grad(set_to_none=True)
-            total = torch.zeros((), dtype=torch.float32, device=dev)
-            parts = micro_batches(len(rows), cfg.micro_batch_size, order)
-            mbs = [batch.select(rows[pos]) for pos in parts]
-            # a pass's shared prompts in few forwards; each one's backward after its last micro-batch's
-            prompts = step_prompts(self.model, batch, mbs, cfg.micro_batch_size, dev, world > 1)
-            for k, (pos, mb) in enumerate(zip(parts, mbs)):
-                idx = rows[pos]
-                w = mb.loss_mask.shape[1]
-                m_host = mask[idx, :w] & live[pos].unsqueeze(-1)
-                ntok = int(m_host.sum())
-                m = m_host.to(dev)
-                logits, start = forward_logits(self.model, mb, world > 1, (prompts, k) if prompts else None)
-                # [B, w], 0 left of the response window (those columns are off every row's mask)
-                lp = torch.nn.functional.pad(logprobs_from_logits(logits, mb.targets[:, start:].to(dev),
-                                                                  cfg.temperature), (start, 0))
-                if own is None:
-                    assert old_logprobs is not None
-                    old = old_logprobs[idx, :w].to(dev, lp.dtype)
-                else:
-                    old = lp.detach()
-                    keep = mb.loss_mask.to(dev) & live[pos].to(dev).unsqueeze(-1)
-                    own[pos.to(dev), :w] = torch.where(keep, old.float(), torch.zeros((), device=dev))
-                per_tok, pm = compute_policy_loss(cfg.policy_loss, lp, old, advantages[idx].to(dev, lp.dtype), m, pl_cfg)
-                if tis_weights is not None:
-                    per_tok = per_tok * tis_weights[idx, :w].to(dev, per_tok.dtype)
-                if cfg.kl_in_loss:
-                    assert ref_logprobs is not None
-                    per_tok, km = kl_in_loss(per_tok, lp, ref_logprobs[idx, :w].to(dev, lp.dtype), m,
-                                             cfg.kl_estimator, cfg.kl_coef)
-                    pm = {**pm, "kl_ref": km["kl_mean"]}
-                loss = aggregate_loss(cfg.loss_aggregation, per_tok, m, norm, cfg.max_response_tokens)
-                (loss * world if world > 1 else loss).backward()
-                total = total + loss.detach().float()
-                if epoch == 0 and ntok > 0:
-                    with torch.no_grad():
-                        ent = entropy_from_logits(logits.detach(), cfg.temperature)
-                        pm = {**pm, "entropy": (ent * m[:, start:]).sum() / ntok}
-                if ntok > 0:
-                    stats.add(pm, ntok)
-                if prompts is not None:
-                    prompts.finished(k)
-                if on_micro_batch is not None:
-                    on_micro_batch()
-            gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            full = getattr(gn, "full_tensor", None)  # a DTensor under FSDP: the global norm
-            grad_norms.append(float(full() if full is not None else gn))
-            losses.append(float(total))
-            self.optimizer.step()
-        if self.scheduler is not None:
-            self.scheduler.step()
+        return _Update(batch=batch, advantages=advantages, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+                       tis_weights=tis_weights, mask=mask, norm=norm, pl_cfg=self.cfg.policy_loss_config(),
+                       world=world, rows=rows, live=live, dev=dev, own=own)
+
+    def _accumulate_gradients(self, u: _Update, epoch: int, stats: _Mean,
+                              on_micro_batch: Callable[[], None] | None) -> torch.Tensor:
+        """One pass over this rank's rows: the gradients zeroed, then accumulated micro-batch by
+        micro-batch. Returns the pass's loss (a tensor on the device)."""
+        cfg = self.cfg
+        # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
+        # rounding, so every pass cuts them the cheapest way (by length, or a shared prompt together)
+        order = order_rows(u.batch, u.rows, cfg.micro_batch_size, shares(u.dev), model_costs(self.model))
         self.optimizer.zero_grad(set_to_none=True)
-        self.update_logprobs = None if own is None else whole_batch(own, batch.size, self.shard, dev)
+        total = torch.zeros((), dtype=torch.float32, device=u.dev)
+        parts = micro_batches(len(u.rows), cfg.micro_batch_size, order)
+        mbs = [u.batch.select(u.rows[pos]) for pos in parts]
+        # a pass's shared prompts in few forwards; each one's backward after its last micro-batch's
+        prompts = step_prompts(self.model, u.batch, mbs, cfg.micro_batch_size, u.dev, u.world > 1)
+        for k, (pos, mb) in enumerate(zip(parts, mbs)):
+            total = total + self._micro_batch(u, epoch, pos, mb, (prompts, k) if prompts else None, stats)
+            if prompts is not None:
+                prompts.finished(k)
+            if on_micro_batch is not None:
+                on_micro_batch()
+        return total
+
+    def _micro_batch(self, u: _Update, epoch: int, pos: torch.Tensor, mb: TrainBatch,
+                     step: tuple[StepPrompts, int] | None, stats: _Mean) -> torch.Tensor:
+        """Forward, loss and backward of micro-batch ``mb`` (this rank's rows ``pos``); its metrics go
+        into ``stats`` (the entropy in the first pass only). Returns its loss, detached, in float32."""
+        cfg = self.cfg
+        idx = u.rows[pos]
+        w = mb.loss_mask.shape[1]
+        m_host = u.mask[idx, :w] & u.live[pos].unsqueeze(-1)
+        ntok = int(m_host.sum())
+        m = m_host.to(u.dev)
+        logits, start = forward_logits(self.model, mb, u.world > 1, step)
+        # [B, w], 0 left of the response window (those columns are off every row's mask)
+        lp = torch.nn.functional.pad(logprobs_from_logits(logits, mb.targets[:, start:].to(u.dev),
+                                                          cfg.temperature), (start, 0))
+        old = self._old_logprobs(u, pos, idx, mb, lp)
+        loss, pm = self._loss(u, idx, w, lp, old, m)
+        (loss * u.world if u.world > 1 else loss).backward()
+        if epoch == 0 and ntok > 0:
+            with torch.no_grad():
+                ent = entropy_from_logits(logits.detach(), cfg.temperature)
+                pm = {**pm, "entropy": (ent * m[:, start:]).sum() / ntok}
+        if ntok > 0:
+            stats.add(pm, ntok)
+        return loss.detach().float()
+
+    @staticmethod
+    def _old_logprobs(u: _Update, pos: torch.Tensor, idx: torch.Tensor, mb: TrainBatch,
+                      lp: torch.Tensor) -> torch.Tensor:
+        """The old policy's log-probs [b, w] of micro-batch ``mb`` (this rank's rows ``pos``, the batch's
+        rows ``idx``): those given, else the policy's own ``lp`` detached, kept (0 off-mask) in ``u.own``."""
+        w = mb.loss_mask.shape[1]
+        if u.own is None:
+            assert u.old_logprobs is not None
+            return u.old_logprobs[idx, :w].to(u.dev, lp.dtype)
+        old = lp.detach()
+        keep = mb.loss_mask.to(u.dev) & u.live[pos].to(u.dev).unsqueeze(-1)
+        u.own[pos.to(u.dev), :w] = torch.where(keep, old.float(), torch.zeros((), device=u.dev))
+        return old
+
+    def _loss(self, u: _Update, idx: torch.Tensor, w: int, lp: torch.Tensor, old: torch.Tensor,
+              m: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """A micro-batch's loss (batch rows ``idx``, log-probs ``lp`` [b, w], mask ``m``) and its metrics:
+        the policy loss per token, × TIS weights, + KL to the reference, aggregated with the whole
+        batch's normaliser."""
+        cfg = self.cfg
+        per_tok, pm = compute_policy_loss(cfg.policy_loss, lp, old, u.advantages[idx].to(u.dev, lp.dtype), m, u.pl_cfg)
+        if u.tis_weights is not None:
+            per_tok = per_tok * u.tis_weights[idx, :w].to(u.dev, per_tok.dtype)
+        if cfg.kl_in_loss:
+            assert u.ref_logprobs is not None
+            per_tok, km = kl_in_loss(per_tok, lp, u.ref_logprobs[idx, :w].to(u.dev, lp.dtype), m,
+                                     cfg.kl_estimator, cfg.kl_coef)
+            pm = {**pm, "kl_ref": km["kl_mean"]}
+        loss = aggregate_loss(cfg.loss_aggregation, per_tok, m, u.norm, cfg.max_response_tokens)
+        return loss, pm
+
+    def _clip_gradients(self, params: list[torch.nn.Parameter]) -> float:
+        """Clip the accumulated gradients to ``cfg.grad_clip``; returns their norm before clipping."""
+        gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        full = getattr(gn, "full_tensor", None)  # a DTensor under FSDP: the global norm
+        return float(full() if full is not None else gn)
+
+    def _update_metrics(self, u: _Update, stats: _Mean, losses: list[float],
+                        grad_norms: list[float]) -> dict[str, float]:
+        """An :meth:`update`'s metrics: the micro-batches' token-weighted means and the last pass's loss
+        (summed over ranks), the gradient norms, the learning rate, the tokens trained on."""
         if self.shard is not None:
             from .distributed import gather_objects
 
@@ -361,8 +432,8 @@ class Learner:
         out["grad_norm"] = grad_norms[-1]
         out["grad_norm_max"] = max(grad_norms)
         out["lr"] = float(self.optimizer.param_groups[0]["lr"])
-        out["loss_tokens"] = float(mask.sum())
-        out["loss_normaliser"] = norm
+        out["loss_tokens"] = float(u.mask.sum())
+        out["loss_normaliser"] = u.norm
         return out
 
 
