@@ -89,6 +89,7 @@ async def workers(url: str, n_workers: int, per_lease: int, n: int, seconds: flo
     as they go)."""
     import random
 
+    from rft_runtime.coordinator.wire import LeaseGrant
     from rft_runtime.rollout.coordinator_client import CoordinatorClient
     from rft_runtime.rollout.posting import EpisodePoster
 
@@ -97,13 +98,13 @@ async def workers(url: str, n_workers: int, per_lease: int, n: int, seconds: flo
     interval = n / rate if rate > 0 else 0.0  # seconds between two tasks' posts, over all workers
     next_at = [time.monotonic()]
 
-    async def one(poster: EpisodePoster, grant: dict, rng: random.Random) -> None:
+    async def one(poster: EpisodePoster, grant: LeaseGrant, rng: random.Random) -> None:
         if interval:
             at = next_at[0] = max(next_at[0] + interval, time.monotonic())
             await asyncio.sleep(max(0.0, at - time.monotonic()))
-        eps = [episode(grant["task_key"], i, grant["policy_version"], rng, **shape) for i in range(grant["n"])]
-        res = await poster.post(eps, grant["lease_id"])
-        counts["episodes"] += len(res["accepted"])
+        eps = [episode(grant.task_key, i, grant.policy_version, rng, **shape) for i in range(grant.n)]
+        res = await poster.post(eps, grant.lease_id)
+        counts["episodes"] += len(res.accepted)
 
     async def worker(i: int) -> None:
         rng = random.Random(i)
@@ -115,9 +116,9 @@ async def workers(url: str, n_workers: int, per_lease: int, n: int, seconds: flo
                 if free > 0:
                     resp = await coord.lease(f"w{i}", free, wait_s=0.5)
                     counts["leases"] += 1
-                    if resp.get("done"):
+                    if resp.done:
                         break
-                    inflight |= {asyncio.create_task(one(poster, g, rng)) for g in resp["tasks"]}
+                    inflight |= {asyncio.create_task(one(poster, g, rng)) for g in resp.tasks}
                 if inflight:
                     done, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                     for t in done:

@@ -31,16 +31,16 @@ async def test_lease_post_status_roundtrip(served, episode, tasks):
     keys = svc.submit(tasks(2), seeds=[1, 2])
     async with CoordinatorClient(server.url) as c:
         out = await c.lease("w1", 5)
-        assert [t["task_key"] for t in out["tasks"]] == keys
+        assert [t.task_key for t in out.tasks] == keys
         eps = [episode(k, i) for k in keys for i in range(2)]
-        held = [t["lease_id"] for t in out["tasks"]]
+        held = [t.lease_id for t in out.tasks]
         res = await c.post_episodes("w1", eps, held)
-        assert len(res["accepted"]) == 4
+        assert len(res.accepted) == 4
         res = await c.post_episodes("w1", eps[:1], held)  # a retried post
-        assert res["duplicate"] == [eps[0]["id"]]
+        assert res.duplicate == [eps[0]["id"]]
         st = await c.status()
-        assert st["tasks"]["complete"] == 2
-        assert st["counters"]["episodes_accepted"] == 4 and st["counters"]["episodes_duplicate"] == 1
+        assert st.tasks.complete == 2
+        assert st.counters["episodes_accepted"] == 4 and st.counters["episodes_duplicate"] == 1
     groups = svc.collect(keys, stall_timeout_s=5)
     assert [g.key for g in groups] == keys
 
@@ -65,17 +65,17 @@ async def test_lease_expires_over_http_and_is_reissued(served, episode, tasks):
     svc, server = served
     (key,) = svc.submit(tasks(1), seeds=[0])
     async with CoordinatorClient(server.url) as c:
-        first = (await c.lease("slow", 1))["tasks"]
+        first = (await c.lease("slow", 1)).tasks
         assert first
         second: list = []
         for _ in range(100):  # the lease timeout is 0.5 s
-            second = (await c.lease("fast", 1))["tasks"]
+            second = (await c.lease("fast", 1)).tasks
             if second:
                 break
             await asyncio.sleep(0.05)
-        assert second and second[0]["task_key"] == key and second[0]["lease_id"] != first[0]["lease_id"]
+        assert second and second[0].task_key == key and second[0].lease_id != first[0].lease_id
         st = await c.status()
-        assert st["counters"]["leases_expired"] == 1 and st["counters"]["tasks_reissued"] == 1
+        assert st.counters["leases_expired"] == 1 and st.counters["tasks_reissued"] == 1
 
 
 def test_collect_blocks_until_a_worker_posts(served, episode, tasks):
@@ -86,8 +86,8 @@ def test_collect_blocks_until_a_worker_posts(served, episode, tasks):
         async def run() -> None:
             async with CoordinatorClient(server.url) as c:
                 lease = await c.lease("w", 1)
-                await c.post_episodes("w", [episode(t["task_key"], i) for t in lease["tasks"] for i in range(2)],
-                                      [t["lease_id"] for t in lease["tasks"]])
+                await c.post_episodes("w", [episode(t.task_key, i) for t in lease.tasks for i in range(2)],
+                                      [t.lease_id for t in lease.tasks])
         asyncio.run(run())
 
     th = threading.Thread(target=worker)
@@ -137,25 +137,25 @@ async def test_a_long_polled_lease_is_answered_when_tasks_are_submitted_or_the_r
     async with CoordinatorClient(server.url) as c:
         t0 = loop.time()
         out = await c.lease("w", 2, wait_s=0.3)  # nothing comes: an empty answer once the wait is over
-        assert out["tasks"] == [] and not out["done"] and loop.time() - t0 >= 0.3
+        assert out.tasks == [] and not out.done and loop.time() - t0 >= 0.3
         waiting = asyncio.create_task(c.lease("w", 2, wait_s=60))
         await asyncio.sleep(0.3)
         assert not waiting.done()
         keys = await loop.run_in_executor(None, lambda: svc.submit(tasks(3), seeds=[1, 2, 3]))
         out = await asyncio.wait_for(waiting, 30)
-        assert [t["task_key"] for t in out["tasks"]] == keys[:2]
+        assert [t.task_key for t in out.tasks] == keys[:2]
         out = await c.lease("w", 2, wait_s=60)  # one left: granted at once
-        assert [t["task_key"] for t in out["tasks"]] == keys[2:]
+        assert [t.task_key for t in out.tasks] == keys[2:]
         waiting = asyncio.create_task(c.lease("w", 1, wait_s=60))
         await asyncio.sleep(0.3)
-        await loop.run_in_executor(None, lambda: svc.release([out["tasks"][0]["lease_id"]], "worker gone"))
+        await loop.run_in_executor(None, lambda: svc.release([out.tasks[0].lease_id], "worker gone"))
         out = await asyncio.wait_for(waiting, 30)  # a task given back is one to grant
-        assert [t["task_key"] for t in out["tasks"]] == keys[2:]
+        assert [t.task_key for t in out.tasks] == keys[2:]
         waiting = asyncio.create_task(c.lease("w", 1, wait_s=60))
         await asyncio.sleep(0.3)
         await loop.run_in_executor(None, svc.finish)
         out = await asyncio.wait_for(waiting, 30)
-        assert out["done"] and out["tasks"] == []
+        assert out.done and out.tasks == []
 
 
 async def test_a_lease_long_polled_when_the_server_stops_does_not_hold_it_up(served):
@@ -167,7 +167,8 @@ async def test_a_lease_long_polled_when_the_server_stops_does_not_hold_it_up(ser
         await asyncio.get_running_loop().run_in_executor(None, server.stop)
         assert thread is not None and not thread.is_alive()  # stop() gives up joining after 10 s
         out = await asyncio.wait_for(waiting, 30)  # answered (empty) as the server shut down
-        assert out == {"done": False, "finished": False, "policy_version": 0, "lease_timeout_s": 0.5, "tasks": []}
+        assert out.model_dump() == {"done": False, "finished": False, "policy_version": 0, "lease_timeout_s": 0.5,
+                                    "tasks": []}
 
 
 @pytest.mark.parametrize("wait_s", [-1, "5", True, 61])

@@ -96,10 +96,10 @@ def test_episode_after_the_lease_expired_is_refused():
     clock = [0.0]
     coord = Coordinator(CoordinatorConfig(n=1, lease_timeout_s=5.0), clock=lambda: clock[0])
     (key,) = coord.submit(tasks(1), seeds=[0])
-    (g,) = coord.lease("w1", 1)["tasks"]
+    (g,) = coord.lease("w1", 1).tasks
     clock[0] += 5.5
-    res = coord.post_episodes("w1", [episode(key, 0)], [g["lease_id"]])
-    assert res["refused"] == [f"{key}:0"] and not res["accepted"]
+    res = coord.post_episodes("w1", [episode(key, 0)], [g.lease_id])
+    assert res.refused == [f"{key}:0"] and not res.accepted
     assert coord.counters["episodes_refused_lease"] == 1
 
 
@@ -136,9 +136,9 @@ def test_non_finite_reward_in_the_body_is_refused(served, literal):
 def test_non_finite_reward_in_process_is_invalid():
     coord = Coordinator(CoordinatorConfig(n=1, lease_timeout_s=5.0))
     (key,) = coord.submit(tasks(1), seeds=[0])
-    (g,) = coord.lease("w", 1)["tasks"]
-    res = coord.post_episodes("w", [episode(key, 0, reward=math.nan)], [g["lease_id"]])
-    assert res["invalid"] and "finite" in res["errors"][0] and not res["accepted"]
+    (g,) = coord.lease("w", 1).tasks
+    res = coord.post_episodes("w", [episode(key, 0, reward=math.nan)], [g.lease_id])
+    assert res.invalid and "finite" in res.errors[0] and not res.accepted
 
 
 def test_out_of_vocabulary_token_ids_are_refused(served):
@@ -218,5 +218,5 @@ def test_trainer_batch_refuses_poison_instead_of_crashing():
 def test_lease_ids_are_unguessable():
     coord = Coordinator(CoordinatorConfig(n=1, lease_timeout_s=5.0))
     coord.submit(tasks(2), seeds=[0, 1])
-    a, b = (t["lease_id"] for t in coord.lease("w", 2)["tasks"])
+    a, b = (t.lease_id for t in coord.lease("w", 2).tasks)
     assert len(a.rsplit("-", 1)[1]) == 32 and a.rsplit("-", 1)[1] != b.rsplit("-", 1)[1]

@@ -5,6 +5,7 @@ embedding and the gated activation against torch's and transformers' own."""
 from __future__ import annotations
 
 import os
+import platform
 import tempfile
 
 import pytest
@@ -399,3 +400,44 @@ def test_layouts_the_kernels_do_not_assume_are_refused(kernel):
         kernel.decode_attention(q, k_new, v_new, keys, values, slots, lengths - 1, scale)
     with pytest.raises(ValueError, match="rms_norm: float32"):
         kernel.rms_norm(torch.ones(2, 8), torch.ones(7), 1e-6)
+
+
+def test_prebuilt_levels_are_loaded_without_a_compiler(no_cache, monkeypatch):
+    """An image prebuilds one library per x86-64 level; the engine then loads the highest level this CPU
+    runs, and invokes no compiler (CC names none)."""
+    if platform.machine() != "x86_64":
+        pytest.skip("x86-64 levels")
+    built = native.prebuild(no_cache / "prebuilt")
+    assert [p.name.split("-", 2)[2] for p in built] == [
+        f"{level}-omp.so" if "-omp" in p.name else f"{level}.so" for p, (level, _) in zip(built, native.LEVELS)]
+    levels = native._levels()
+    assert levels and levels[-1] == "x86-64" and levels == [lv for lv, _ in native.LEVELS][-len(levels):]
+    monkeypatch.setenv(native.PREBUILT_ENV, str(no_cache / "prebuilt"))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    path, parallel = native.build()
+    assert path in built and f"-{levels[0]}" in path.name and parallel == ("-omp" in path.name)
+    kernel = native.Kernels(path, parallel)
+    x, w = torch.randn(3, 64), torch.randn(64)
+    assert torch.allclose(kernel.rms_norm(x, w, 1e-6), torch.nn.functional.rms_norm(x, (64,), w, 1e-6), atol=1e-5)
+    # a CPU without AVX-512 takes the AVX2 level
+    monkeypatch.setattr(native, "_cpu_signature", lambda: "flags\t: " + " ".join(
+        sorted(set().union(*(need for lv, need in native.LEVELS if lv != "x86-64-v4")))))
+    assert native._levels()[0] == "x86-64-v3" and "-x86-64-v3" in native.build()[0].name
+    # a source the prebuilt files were not made from is compiled as before (and here, with no compiler, refused)
+    src = no_cache / "kernels.c"
+    src.write_text(native.SOURCE.read_text() + "\n/* changed */\n")
+    with pytest.raises(native.NativeUnavailable, match="no C compiler"):
+        native.build(src)
+
+
+def test_a_cache_directory_another_user_may_write_is_never_used(no_cache, monkeypatch):
+    """The temporary directory's cache is skipped when anyone else could have planted a library in it."""
+    cache = no_cache / "cache"
+    cache.mkdir(mode=0o777)
+    cache.chmod(0o777)
+    monkeypatch.setenv("RFT_NATIVE_CACHE", str(cache))
+    path, _ = native.build()
+    assert path.parent == no_cache / "home" / ".cache" / "rft-operator" / "native" and not list(cache.iterdir())
+    path.unlink()
+    cache.chmod(0o700)
+    assert native.build()[0].parent == cache

@@ -28,6 +28,11 @@ Lifecycle of one submitted task (a prompt to be sampled ``n`` times)::
   (the coordinator never sees the tokenizer, so it binds the group to one rendered prompt rather
   than to ids it could recompute). Nothing that fails these reaches the trainer.
 
+The worker-facing calls take and return the API's messages (:mod:`.wire`): a lease answers a
+:class:`~.wire.LeaseResponse`, a post a :class:`~.wire.PostEpisodesResponse`, the status a
+:class:`~.wire.CoordinatorStatus`. A submission is checked once, as an :class:`~.wire.Assignment` (its
+``n``, seed, sampling and purpose), and what a lease grants is that assignment as it was checked.
+
 The clock is injected (``clock()`` returns seconds) so lease expiry is tested without sleeping.
 """
 
@@ -50,6 +55,18 @@ from .episodes import (
     episode_task_key,
     episode_version,
     parse_episode,
+)
+from .wire import (
+    OUTCOMES,
+    Assignment,
+    CoordinatorStatus,
+    LeaseGrant,
+    LeaseResponse,
+    PostEpisodesResponse,
+    Sampling,
+    TaskStates,
+    WireError,
+    check_group_size,
 )
 
 COUNTER_NAMES = (
@@ -117,11 +134,10 @@ class EpisodeLimits:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ValueError(f"coordinator: field 'limits.{name}' must be an integer >= 1, got {v!r}")
 
-    def check(self, ep: Episode, sampling: Mapping[str, Any]) -> str | None:
-        """The first problem of ``ep`` (a message naming the field), or None."""
-        max_resp = self.max_response_tokens
-        if max_resp is None and isinstance(sampling.get("max_tokens"), int):
-            max_resp = int(sampling["max_tokens"])
+    def check(self, ep: Episode, max_tokens: int | None = None) -> str | None:
+        """The first problem of ``ep`` (a message naming the field), or None; ``max_tokens``: the
+        lease's ``sampling.max_tokens``, the response limit unless :attr:`max_response_tokens` is set."""
+        max_resp = self.max_response_tokens if self.max_response_tokens is not None else max_tokens
         for t, traj in enumerate(ep.trajectories):
             if traj.reward is not None and not math.isfinite(traj.reward):
                 return f"trajectories.{t}.reward is {traj.reward!r}: rewards must be finite"
@@ -150,10 +166,12 @@ class CoordinatorConfig:
     """Settings of a coordinator.
 
     Attributes:
-        n: samples per task (the group size) unless a submission says otherwise.
+        n: samples per task (the group size) unless a submission says otherwise (an integer >= 1:
+            :data:`~.wire.GroupSize`, the rule every submission's ``n`` is checked by).
         lease_timeout_s: a lease not completed within this time is re-issued.
         max_staleness: 0 = on-policy; S > 0 accepts episodes at most S versions old.
-        sampling: default sampling parameters handed out with each lease (vLLM field names).
+        sampling: default sampling parameters handed out with each lease (vLLM field names, the fields of
+            :class:`~.wire.Sampling`; checked when the coordinator is made).
         limits: what an episode may contain (:class:`EpisodeLimits`).
         max_lease_tasks: one lease call grants at most this many tasks (a larger ask is capped).
     """
@@ -166,8 +184,7 @@ class CoordinatorConfig:
     max_lease_tasks: int = MAX_LEASE_TASKS
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"coordinator: field 'n' must be an integer >= 1, got {self.n!r}")
+        check_group_size(self.n, "coordinator: field 'n'")
         if not self.lease_timeout_s > 0:
             raise ValueError(f"coordinator: field 'lease_timeout_s' must be > 0, got {self.lease_timeout_s!r}")
         if not isinstance(self.max_staleness, int) or self.max_staleness < 0:
@@ -178,14 +195,9 @@ class CoordinatorConfig:
 
 @dataclass
 class TaskRecord:
-    """One submitted task and the episodes collected for it."""
+    """One submitted task (its checked :class:`~.wire.Assignment`) and the episodes collected for it."""
 
-    key: str
-    task: dict[str, Any]
-    n: int
-    seed: int
-    sampling: dict[str, Any]
-    purpose: str
+    order: Assignment
     min_version: int = 0  # granted only once the policy version served is at least this
     state: str = "queued"  # queued | leased | complete
     lease_id: str | None = None
@@ -196,19 +208,18 @@ class TaskRecord:
     episodes: dict[int, Episode] = field(default_factory=dict)
     prompts: dict[str, list[int]] = field(default_factory=dict)  # trajectory name → first-step prompt ids
 
-    def grant(self, version: int) -> dict[str, Any]:
-        """The lease's wire form (see :meth:`Coordinator.lease`)."""
-        return {
-            "lease_id": self.lease_id,
-            "task_key": self.key,
-            "task": self.task,
-            "n": self.n,
-            "seed": self.seed,
-            "sampling": dict(self.sampling),
-            "policy_version": version,
-            "purpose": self.purpose,
-            "deadline_in_s": None,  # filled by the caller (relative; clocks differ between hosts)
-        }
+    @property
+    def key(self) -> str:
+        return self.order.task_key
+
+    @property
+    def n(self) -> int:
+        return self.order.n
+
+    def grant(self, lease_id: str, version: int, deadline_in_s: float) -> LeaseGrant:
+        """The lease of this task: its assignment, checked at submission, as it is (not checked again)."""
+        return LeaseGrant.model_construct(**dict(self.order), lease_id=lease_id, policy_version=version,
+                                          deadline_in_s=deadline_in_s)
 
 
 @dataclass(frozen=True)
@@ -235,6 +246,10 @@ class Coordinator:
         nonce: str | None = None,
     ) -> None:
         self.cfg = cfg
+        try:
+            self._sampling = Sampling.parse(cfg.sampling)
+        except WireError as e:
+            raise ValueError(f"coordinator: field 'sampling': {e}") from None
         self._version = int(policy_version)
         self._clock = clock
         self._next_seq = int(seq_start)
@@ -286,21 +301,32 @@ class Coordinator:
         queue, later tasks that may be granted going first): a trainer that publishes a version in the
         background submits the next tasks for the version it has just trained, so that they are not
         sampled from an older policy that would be too stale when their step takes them.
+
+        Each task is checked here, once, as the :class:`~.wire.Assignment` its leases will grant (``n``,
+        seed, sampling, purpose): a bad value raises :class:`CoordinatorError` naming the field, and
+        nothing of the call is queued.
         """
-        n = self.cfg.n if n is None else n
-        if not isinstance(n, int) or n < 1:
-            raise CoordinatorError(f"n must be an integer >= 1, got {n!r}")
-        params = dict(self.cfg.sampling if sampling is None else sampling)
-        keys: list[str] = []
-        for task, seed in zip(list(tasks), list(seeds), strict=True):
+        try:
+            params = self._sampling if sampling is None else Sampling.parse(sampling)
+        except WireError as e:
+            raise CoordinatorError(f"submit: sampling: {e}") from None
+        records: list[TaskRecord] = []
+        for i, (task, seed) in enumerate(zip(list(tasks), list(seeds), strict=True)):
             task_id = task.get("task_id")
             if not isinstance(task_id, str) or not task_id:
                 raise CoordinatorError(f"submitted task has no 'task_id': {task!r}")
-            key = f"{task_id}@{self._next_seq}"
-            self._next_seq += 1
-            self._tasks[key] = TaskRecord(key, dict(task), n, int(seed), params, purpose, int(min_version))
-            self._queue.append(key)
-            keys.append(key)
+            try:
+                order = Assignment.parse({"task_key": f"{task_id}@{self._next_seq + i}", "task": task,
+                                          "n": self.cfg.n if n is None else n, "seed": seed, "sampling": params,
+                                          "purpose": purpose})
+            except WireError as e:
+                raise CoordinatorError(f"submitted task {task_id!r}: {e}") from None
+            records.append(TaskRecord(order, int(min_version)))
+        self._next_seq += len(records)
+        keys = [r.key for r in records]
+        for rec in records:
+            self._tasks[rec.key] = rec
+            self._queue.append(rec.key)
         self.counters["tasks_submitted"] += len(keys)
         self._note_work()
         return keys
@@ -337,7 +363,7 @@ class Coordinator:
             for e in eps:
                 self._remember(e.id)
             self.counters["groups_taken"] += 1
-            groups.append(Group(key, rec.task, rec.purpose, eps, oldest))
+            groups.append(Group(key, rec.order.task, rec.order.purpose, eps, oldest))
         self._note_work()
         return groups, requeued
 
@@ -349,7 +375,7 @@ class Coordinator:
         cancel = set(keys)
         for key in cancel:
             rec = self._record(key)
-            out.append(rec.task)
+            out.append(rec.order.task)
             del self._tasks[key]
         if cancel:
             self._queue = deque(k for k in self._queue if k not in cancel)
@@ -372,22 +398,19 @@ class Coordinator:
         return sorted(w for w, t in self._workers.items() if now - t <= seen_within_s and w not in self._told_done)
 
     # ---------------------------------------------------------------- worker side
-    def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
-        """Grant up to ``max_tasks`` queued tasks to ``worker_id``.
+    def lease(self, worker_id: str, max_tasks: int) -> LeaseResponse:
+        """Grant up to ``max_tasks`` queued tasks to ``worker_id`` (the fields of a checked
+        :class:`~.wire.LeaseRequest`).
 
-        Returns ``{"done", "policy_version", "tasks": [grant...], "lease_timeout_s"}``; each grant
-        has ``lease_id, task_key, task, n, seed, sampling, policy_version, purpose,
-        deadline_in_s``. Expired leases are re-issued first. At most ``cfg.max_lease_tasks`` tasks
-        are granted per call whatever ``max_tasks`` asks. A lease id is unguessable: posting
-        episodes over HTTP requires it as the proof of holding the lease.
+        Returns a :class:`~.wire.LeaseResponse` whose grants (:class:`~.wire.LeaseGrant`) are the tasks'
+        assignments with a lease id, the version served and the lease's deadline. Expired leases are
+        re-issued first. At most ``cfg.max_lease_tasks`` tasks are granted per call whatever
+        ``max_tasks`` asks. A lease id is unguessable: posting episodes over HTTP requires it as the
+        proof of holding the lease.
         """
-        if not isinstance(worker_id, str) or not worker_id:
-            raise ValueError("lease: field 'worker_id' must be a non-empty string")
-        if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
-            raise ValueError(f"lease: field 'max_tasks' must be an integer >= 1, got {max_tasks!r}")
         self.expire()
         max_tasks = min(max_tasks, self.cfg.max_lease_tasks)
-        grants: list[dict[str, Any]] = []
+        grants: list[LeaseGrant] = []
         now = self._clock()
         self._workers[worker_id] = now
         if self.done:
@@ -398,28 +421,21 @@ class Coordinator:
                 break
             rec = self._tasks[key]
             rec.state = "leased"
-            rec.lease_id = f"{self._nonce}-{next(self._lease_seq)}-{secrets.token_hex(16)}"
+            rec.lease_id = lease_id = f"{self._nonce}-{next(self._lease_seq)}-{secrets.token_hex(16)}"
             rec.worker_id = worker_id
             rec.deadline = now + self.cfg.lease_timeout_s
             rec.leased_version = self._version
             rec.times_leased += 1
             if rec.times_leased > 1:
                 self.counters["tasks_reissued"] += 1
-            g = rec.grant(self._version)
-            g["deadline_in_s"] = self.cfg.lease_timeout_s
-            grants.append(g)
+            grants.append(rec.grant(lease_id, self._version, float(self.cfg.lease_timeout_s)))
         self.counters["leases_granted"] += len(grants)
-        return {
-            "done": self.done,
-            "finished": self.finished,
-            "policy_version": self._version,
-            "lease_timeout_s": self.cfg.lease_timeout_s,
-            "tasks": grants,
-        }
+        return LeaseResponse(done=self.done, finished=self.finished, policy_version=self._version,
+                             lease_timeout_s=float(self.cfg.lease_timeout_s), tasks=grants)
 
     def post_episodes(self, worker_id: str, episodes: Iterable[Any],
-                      lease_ids: Iterable[str] | None = None) -> dict[str, Any]:
-        """Accept episodes; returns per-outcome counts and the ids in each outcome.
+                      lease_ids: Iterable[str] | None = None) -> PostEpisodesResponse:
+        """Accept episodes (JSON objects); returns the ids in each outcome (:class:`~.wire.PostEpisodesResponse`).
 
         Outcomes: ``accepted``, ``duplicate`` (id seen before), ``stale`` (too old a policy),
         ``unknown`` (no such task: cancelled, already trained on, or from another trainer run),
@@ -434,8 +450,8 @@ class Coordinator:
         held = None if lease_ids is None else set(lease_ids)
         self._workers[worker_id] = self._clock()
         self.expire()  # an expired lease is not a live one
-        result: dict[str, Any] = {k: [] for k in ("accepted", "duplicate", "stale", "unknown", "refused", "invalid")}
-        result["errors"] = []
+        result: dict[str, list[Any]] = {k: [] for k in OUTCOMES}
+        errors: list[str] = []
         for ep in episodes:
             try:
                 eid = episode_id(ep)
@@ -443,20 +459,24 @@ class Coordinator:
                 idx = episode_rollout_idx(ep)
             except EpisodeFormatError as e:
                 self.counters["episodes_dropped_invalid"] += 1
-                result["invalid"].append(ep.get("id") if isinstance(ep, Mapping) else None)
-                result["errors"].append(str(e))
+                raw_id = ep.get("id") if isinstance(ep, Mapping) else None
+                result["invalid"].append(raw_id if isinstance(raw_id, str) else None)
+                errors.append(str(e))
                 continue
             outcome, error = self._accept(ep, eid, key, idx, worker_id, held)
             result[outcome].append(eid)
             if error:
-                result["errors"].append(error)
+                errors.append(error)
         for key in self._stale_leases:
             rec = self._tasks.get(key)
             if rec is not None and rec.state == "leased":
                 self._requeue(rec, front=True, clear=True)
         self._stale_leases.clear()
         self._note_work()
-        return result
+        # built here from ids read by episode_id (strings; None for an invalid episode without one): trusted
+        return PostEpisodesResponse.model_construct(
+            accepted=result["accepted"], duplicate=result["duplicate"], stale=result["stale"],
+            unknown=result["unknown"], refused=result["refused"], invalid=result["invalid"], errors=errors)
 
     def release(self, lease_ids: Iterable[str], reason: str = "") -> int:
         """Give leased tasks back for immediate re-issue (a worker that cannot finish them)."""
@@ -480,19 +500,15 @@ class Coordinator:
         return len(expired)
 
     # ---------------------------------------------------------------- status
-    def status(self) -> dict[str, Any]:
-        """A JSON-ready summary: version, mode, queue sizes and all counters."""
+    def status(self) -> CoordinatorStatus:
+        """A summary: version, mode, queue sizes and all counters."""
         states = {"queued": 0, "leased": 0, "complete": 0}
         for rec in self._tasks.values():
             states[rec.state] += 1
-        return {
-            "done": self.done,
-            "policy_version": self._version,
-            "mode": "on-policy" if self.cfg.max_staleness == 0 else "bounded-staleness",
-            "max_staleness": self.cfg.max_staleness,
-            "tasks": states,
-            "counters": dict(self.counters),
-        }
+        return CoordinatorStatus(done=self.done, policy_version=self._version,
+                                 mode="on-policy" if self.cfg.max_staleness == 0 else "bounded-staleness",
+                                 max_staleness=self.cfg.max_staleness, tasks=TaskStates(**states),
+                                 counters=dict(self.counters))
 
     def idle_seconds(self) -> float:
         """Seconds, since this coordinator was made, during which no task was queued or leased: the
@@ -577,7 +593,7 @@ class Coordinator:
         except EpisodeFormatError as e:
             self.counters["episodes_dropped_invalid"] += 1
             return "invalid", f"episode {eid!r}: {e}"
-        problem = self.cfg.limits.check(ep, rec.sampling) or self._prompt_mismatch(rec, ep)
+        problem = self.cfg.limits.check(ep, rec.order.sampling.max_tokens) or self._prompt_mismatch(rec, ep)
         if problem:
             self.counters["episodes_dropped_invalid"] += 1
             return "invalid", f"episode {eid!r}: {problem}"

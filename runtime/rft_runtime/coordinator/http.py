@@ -1,23 +1,30 @@
 """The coordinator's HTTP API (contract 4 in docs/architecture.md), a thin aiohttp layer over the service.
 
-Routes (JSON in, JSON out; errors are ``{"error": {"message", "field"}}`` with status 400):
+Each request body is parsed once into its message (:mod:`.wire`), each answer is the service's message
+as JSON. Routes (JSON in, JSON out; errors are ``{"error": {"message", "field"}}`` with status 400,
+the field named by the message's model):
 
 * ``POST /v1/lease`` ``{"worker_id": str, "max_tasks": int, "wait_s": number}`` (``max_tasks`` capped at
-  ``max_lease_tasks``) → ``{"done", "policy_version", "lease_timeout_s", "tasks": [{"lease_id", "task_key",
-  "task", "n", "seed", "sampling", "policy_version", "purpose", "deadline_in_s"}]}``. ``wait_s`` (default 0,
+  ``max_lease_tasks``) → ``{"done", "finished", "policy_version", "lease_timeout_s", "tasks": [{"lease_id",
+  "task_key", "task", "n", "seed", "sampling", "policy_version", "purpose", "deadline_in_s"}]}``
+  (:class:`~.wire.LeaseRequest` → :class:`~.wire.LeaseResponse`). ``wait_s`` (default 0,
   at most :data:`MAX_LEASE_WAIT_S`) long-polls: with no task to grant, the answer waits until one is (tasks
   submitted, given back or re-queued), the run is done, or ``wait_s`` passed, whichever is first; a
   worker then hears of new work at once instead of at its next poll.
 * ``POST /v1/episodes`` ``{"worker_id": str, "lease_ids": [str], "episodes": [episode...]}`` →
   ``{"accepted": [ids], "duplicate": [...], "stale": [...], "unknown": [...], "refused": [...],
-  "invalid": [...], "errors": [str]}``; idempotent by episode id. ``lease_ids`` are the leases the
+  "invalid": [...], "errors": [str]}`` (:class:`~.wire.PostEpisodesRequest` →
+  :class:`~.wire.PostEpisodesResponse`; the episodes themselves are checked one by one by the
+  coordinator, see :mod:`.episodes`); idempotent by episode id. ``lease_ids`` are the leases the
   poster holds (the proof of holding them). Status 200 when nothing was refused or invalid; else
   409 (an episode without the poster's live lease) or 422 (an invalid or poisoned episode) with the
   same body plus ``error`` naming the first problem — episodes accepted in the same post stay
   accepted. Bodies are capped (:func:`~rft_runtime.coordinator.core.max_body_bytes`: 413 above)
   and must be strict JSON (no NaN/Infinity).
 * ``POST /v1/release`` ``{"lease_ids": [str], "reason": str}`` → ``{"released": int}``
-* ``GET /v1/status`` → the coordinator status (version, mode, queue sizes, counters)
+  (:class:`~.wire.ReleaseRequest` → :class:`~.wire.ReleaseResponse`)
+* ``GET /v1/status`` → the coordinator status (version, mode, queue sizes, counters:
+  :class:`~.wire.CoordinatorStatus`)
 * ``GET /health`` → ``{"ok": true}``; ``GET /metrics`` → Prometheus text (when a registry is given)
 
 Every route but ``/health`` and ``/metrics`` requires the job's token (:mod:`rft_runtime.auth`): 401
@@ -28,17 +35,38 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from .. import auth
 from .core import max_body_bytes
 from .service import CoordinatorService
+from .wire import (
+    MAX_LEASE_WAIT_S,
+    ErrorBody,
+    ErrorDetail,
+    Health,
+    LeaseRequest,
+    PostEpisodesRequest,
+    ReleaseRequest,
+    ReleaseResponse,
+    Wire,
+    WireError,
+)
+
+__all__ = ["LEASE_RECHECK_S", "MAX_LEASE_WAIT_S", "create_app"]
+
+W = TypeVar("W", bound=Wire)
 
 
-def _error(message: str, field: str | None = None, status: int = 400) -> web.Response:
-    return web.json_response({"error": {"message": message, "field": field}}, status=status)
+def _answer(message: Wire, status: int = 200) -> web.Response:
+    return web.Response(body=message.json_bytes(), status=status, content_type="application/json")
+
+
+def _bad_request(message: str, field: str | None) -> web.HTTPBadRequest:
+    return web.HTTPBadRequest(text=ErrorBody(error=ErrorDetail(message=message, field=field)).model_dump_json(),
+                              content_type="application/json")
 
 
 def _no_constant(name: str) -> Any:
@@ -56,23 +84,17 @@ def _strict_loads(text: str) -> Any:
     return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float)
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def _parse(request: web.Request, message: type[W]) -> W:
+    """The request's body as ``message``; a body that is not strict JSON, or does not fit, is answered 400
+    naming the field."""
     try:
         body = await request.json(loads=_strict_loads)
     except (ValueError, UnicodeDecodeError) as e:
-        raise web.HTTPBadRequest(text=json.dumps({"error": {"message": f"body is not JSON: {e}", "field": None}}),
-                                 content_type="application/json") from None
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text=json.dumps({"error": {"message": "body must be a JSON object",
-                                                            "field": None}}), content_type="application/json")
-    return body
-
-
-def _worker_id(body: dict[str, Any]) -> str | web.Response:
-    wid = body.get("worker_id")
-    if not isinstance(wid, str) or not wid:
-        return _error("worker_id must be a non-empty string", "worker_id")
-    return wid
+        raise _bad_request(f"body is not JSON: {e}", None) from None
+    try:
+        return message.parse(body)
+    except WireError as e:
+        raise _bad_request(str(e), e.field) from None
 
 
 class _Changes:
@@ -113,8 +135,6 @@ class _Changes:
             pass
 
 
-MAX_LEASE_WAIT_S = 60.0
-"""The longest ``wait_s`` a lease may ask for."""
 LEASE_RECHECK_S = 1.0
 """A waiting lease asks the coordinator again at least this often: leases that expired (the one change
 no call makes) are re-issued to a waiting worker within this time."""
@@ -129,57 +149,34 @@ def create_app(service: CoordinatorService, metrics_registry: Any = None, *, tok
     app.on_shutdown.append(changes.stop)
 
     async def lease(request: web.Request) -> web.Response:
-        body = await _body(request)
-        wid = _worker_id(body)
-        if isinstance(wid, web.Response):
-            return wid
-        max_tasks = body.get("max_tasks", 1)
-        if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
-            return _error("max_tasks must be an integer >= 1", "max_tasks")
-        wait_s = body.get("wait_s", 0)
-        if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s <= MAX_LEASE_WAIT_S:
-            return _error(f"wait_s must be a number of seconds from 0 to {MAX_LEASE_WAIT_S:g}", "wait_s")
+        ask = await _parse(request, LeaseRequest)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
+        deadline = loop.time() + ask.wait_s
         while True:
             event = changes.event  # before asking: a change from now on sets this one
-            out = service.lease(wid, max_tasks)
+            out = service.lease(ask.worker_id, ask.max_tasks)
             left = deadline - loop.time()
-            if out["tasks"] or out["done"] or left <= 0 or changes.closing or event is None:
-                return web.json_response(out)
+            if out.tasks or out.done or left <= 0 or changes.closing or event is None:
+                return _answer(out)
             await changes.wait(event, min(left, LEASE_RECHECK_S))
 
     async def episodes(request: web.Request) -> web.Response:
-        body = await _body(request)
-        wid = _worker_id(body)
-        if isinstance(wid, web.Response):
-            return wid
-        eps = body.get("episodes")
-        if not isinstance(eps, list):
-            return _error("episodes must be a list of episode objects", "episodes")
-        held = body.get("lease_ids")
-        if not isinstance(held, list) or not all(isinstance(i, str) for i in held):
-            return _error("lease_ids must be the list of lease ids the poster holds", "lease_ids")
-        result = service.post_episodes(wid, eps, held)
-        if result["refused"] or result["invalid"]:
-            result["error"] = {"message": result["errors"][0] if result["errors"] else "episodes refused",
-                               "field": "episodes"}
-            return web.json_response(result, status=409 if result["refused"] else 422)
-        return web.json_response(result)
+        post = await _parse(request, PostEpisodesRequest)
+        result = service.post_episodes(post.worker_id, post.episodes, post.lease_ids)
+        if result.refused or result.invalid:
+            first = ErrorDetail(message=result.errors[0] if result.errors else "episodes refused", field="episodes")
+            return _answer(result.model_copy(update={"error": first}), status=409 if result.refused else 422)
+        return _answer(result)
 
     async def release(request: web.Request) -> web.Response:
-        body = await _body(request)
-        ids = body.get("lease_ids")
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            return _error("lease_ids must be a list of strings", "lease_ids")
-        reason = body.get("reason", "")
-        return web.json_response({"released": service.release(ids, str(reason))})
+        give = await _parse(request, ReleaseRequest)
+        return _answer(ReleaseResponse(released=service.release(give.lease_ids, give.reason)))
 
     async def status(request: web.Request) -> web.Response:
-        return web.json_response(service.status())
+        return _answer(service.status())
 
     async def health(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
+        return _answer(Health())
 
     app.router.add_post("/v1/lease", lease)
     app.router.add_post("/v1/episodes", episodes)

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping
 
 from .core import Coordinator, CoordinatorConfig, Group
+from .wire import CoordinatorStatus, LeaseResponse, PostEpisodesResponse
 
 
 class CollectTimeout(TimeoutError):
@@ -52,17 +53,17 @@ class CoordinatorService:
         return self._core.cfg
 
     # ---------------------------------------------------------------- worker-facing (HTTP)
-    def lease(self, worker_id: str, max_tasks: int) -> dict[str, Any]:
+    def lease(self, worker_id: str, max_tasks: int) -> LeaseResponse:
         """See :meth:`Coordinator.lease`."""
         with self._cond:
             return self._core.lease(worker_id, max_tasks)
 
     def post_episodes(self, worker_id: str, episodes: Iterable[Any],
-                      lease_ids: Iterable[str] | None = None) -> dict[str, Any]:
+                      lease_ids: Iterable[str] | None = None) -> PostEpisodesResponse:
         """See :meth:`Coordinator.post_episodes`; wakes a waiting trainer."""
         with self._cond:
             result = self._core.post_episodes(worker_id, episodes, lease_ids)
-            if result["accepted"] or result["stale"]:
+            if result.accepted or result.stale:
                 self._last_progress = time.monotonic()
             self._changed()
             return result
@@ -75,7 +76,7 @@ class CoordinatorService:
                 self._changed()
             return n
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> CoordinatorStatus:
         """See :meth:`Coordinator.status`."""
         with self._cond:
             return self._core.status()
@@ -176,5 +177,5 @@ class CoordinatorService:
                     raise CollectTimeout(
                         f"no episode arrived for {stall_timeout_s:.0f}s while waiting for "
                         f"{len(remaining)} of {len(wanted)} groups; are rollout workers running? "
-                        f"coordinator status: {self._core.status()}")
+                        f"coordinator status: {self._core.status().model_dump()}")
                 self._cond.wait(poll_s)

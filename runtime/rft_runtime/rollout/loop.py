@@ -5,10 +5,12 @@ the inference endpoints (token contract kept), scored in process with the reward
 through the reward role when ``spec.evaluator.remote`` and ``endpoints.reward`` are set), and its
 episodes are posted to the coordinator (idempotent, so a retried post is harmless; the posts of tasks
 that finish while one is in flight go as one, :mod:`~rft_runtime.rollout.posting`). A task whose
-inference fails is released for immediate re-issue. The loop leases at most
-``max(1, concurrency // n)`` tasks at a time (``spec.rollout.concurrency`` requests in flight), with a
-long-polled lease open beside its rollouts whenever it has room (the coordinator answers it as soon as
-tasks are submitted), and stops when the coordinator answers ``done`` or ``should_stop()`` turns true; it gives up with an
+inference fails is released for immediate re-issue. The loop keeps at most ``spec.rollout.concurrency``
+samples in flight, each leased task counting its own group size (its grant's ``n``, the one source of a
+task's size: :mod:`rft_runtime.coordinator.wire`); the job's ``rollout.samplesPerPrompt`` only
+estimates how many tasks one lease may ask for (at least one when none is in flight). A long-polled
+lease is open beside its rollouts whenever it has room (the coordinator answers it as soon as
+tasks are submitted), and it stops when the coordinator answers ``done`` or ``should_stop()`` turns true; it gives up with an
 error after ``max_consecutive_failures`` failed tasks in a row (a misconfiguration, not bad luck).
 
 ``rft rollout`` stops gracefully on SIGTERM or SIGINT (tasks in flight are cancelled; their leases
@@ -36,6 +38,7 @@ from rft_api import runtime
 from rft_api.runtime import RuntimeConfig
 
 from ..adapters import serves_adapters
+from ..coordinator.wire import LeaseGrant, LeaseResponse
 from ..model.loading import load_tokenizer, resolve_model_dir
 from .bundle import EvaluatorBundle, load_bundle
 from .chat_template import ChatTokenizer
@@ -128,7 +131,6 @@ class RolloutLoop:
         retry = RetryPolicy(deadline_s=spec.rollout.request_timeout_seconds,
                             attempt_timeout_s=spec.rollout.request_timeout_seconds)
         scorer = self._scorer()
-        per_lease = max(1, spec.rollout.concurrency // spec.rollout.samples_per_prompt)
         adapters = serves_adapters(spec.inference.engine, spec.inference.weight_sync)
         async with InferenceClient(self.cfg.endpoints.inference, self.cfg.endpoints.served_model_name, adapter_versions=adapters,
                                    max_concurrency=spec.rollout.concurrency, retry=retry,
@@ -141,27 +143,34 @@ class RolloutLoop:
                                    max_turns=spec.rollout.max_turns, tokens=spec.rollout.tokens)
             poster = EpisodePoster(coord, self.worker_id)
             try:
-                await self._loop(coord, poster, worker, scorer, per_lease)
+                await self._loop(coord, poster, worker, scorer)
             finally:
                 await poster.aclose()
                 worker.close()
                 await scorer.aclose()
         return self.stats
 
-    async def _loop(self, coord: CoordinatorClient, poster: EpisodePoster, worker: Any, scorer: Any,
-                    per_lease: int) -> None:
+    def _lease_size(self, samples_in_flight: int) -> int:
+        """How many tasks the next lease asks for, with ``samples_in_flight`` samples of leased tasks in
+        flight: the room left of ``rollout.concurrency``, in tasks of the job's ``samplesPerPrompt`` (an
+        estimate: a grant's own ``n`` is what it counts once leased), and one task when none is in flight."""
+        rollout = self.spec.rollout
+        room = (rollout.concurrency - samples_in_flight) // rollout.samples_per_prompt
+        return max(1, room) if samples_in_flight == 0 else room
+
+    async def _loop(self, coord: CoordinatorClient, poster: EpisodePoster, worker: Any, scorer: Any) -> None:
         """Lease while there is room, with the lease long-polled (:attr:`lease_wait_s`) beside the tasks in
         flight: new work is heard of when it is submitted, not at a poll."""
         loop = asyncio.get_running_loop()
-        inflight: set[asyncio.Task[None]] = set()
-        leasing: asyncio.Task[dict[str, Any]] | None = None
+        inflight: dict[asyncio.Task[None], int] = {}  # each task rolling out → its grant's n
+        leasing: asyncio.Task[LeaseResponse] | None = None
         lease_at = 0.0  # no sooner: a lease that came back empty at once (a server that does not hold it)
         try:
             while not self.should_stop():
-                free = per_lease - len(inflight)
-                if free > 0 and leasing is None and loop.time() >= lease_at:
+                ask = self._lease_size(sum(inflight.values()))
+                if ask > 0 and leasing is None and loop.time() >= lease_at:
                     lease_at = loop.time() + self.poll_s
-                    leasing = asyncio.create_task(coord.lease(self.worker_id, free, wait_s=self.lease_wait_s))
+                    leasing = asyncio.create_task(coord.lease(self.worker_id, ask, wait_s=self.lease_wait_s))
                 waiting: set[asyncio.Task[Any]] = set(inflight)
                 if leasing is not None:
                     waiting.add(leasing)
@@ -170,7 +179,8 @@ class RolloutLoop:
                 else:
                     done = set()
                     await asyncio.sleep(max(0.0, min(self.poll_s, lease_at - loop.time())))
-                inflight -= done
+                for t in done:
+                    inflight.pop(t, None)
                 if leasing is not None and leasing in done:
                     answered, leasing = leasing, None
                     try:
@@ -179,14 +189,14 @@ class RolloutLoop:
                         log.warning("coordinator unavailable: %s", e)
                         self.stats.ended = "stopped" if self.should_stop() else "coordinator unavailable"
                         break
-                    if resp.get("done"):
+                    if resp.done:
                         # "finished": training completed; else the trainer is stopping and will resume
-                        self.stats.ended = "done" if resp.get("finished", True) else "trainer stopped"
+                        self.stats.ended = "done" if resp.finished else "trainer stopped"
                         break
-                    if resp["tasks"]:
+                    if resp.tasks:
                         lease_at = 0.0
-                    for grant in resp["tasks"]:
-                        inflight.add(asyncio.create_task(self._one(coord, poster, worker, scorer, grant)))
+                    for grant in resp.tasks:
+                        inflight[asyncio.create_task(self._one(coord, poster, worker, scorer, grant))] = grant.n
                 if self._consecutive_failures >= self.max_consecutive_failures:
                     raise RuntimeError(f"rollout worker {self.worker_id}: {self._consecutive_failures} tasks failed in "
                                        f"a row; last error: {self._last_error}")
@@ -199,44 +209,49 @@ class RolloutLoop:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
+    def _sampling(self, grant: LeaseGrant) -> SamplingParams:
+        """The grant's sampling; a field the coordinator left out is the job's ``rollout`` setting."""
+        s, rollout = grant.sampling, self.spec.rollout
+        return SamplingParams(max_tokens=rollout.max_tokens if s.max_tokens is None else s.max_tokens,
+                              temperature=rollout.temperature if s.temperature is None else s.temperature,
+                              top_p=s.top_p, top_k=s.top_k, seed=grant.seed)
+
     async def _one(self, coord: CoordinatorClient, poster: EpisodePoster, worker: Any, scorer: Any,
-                   grant: dict[str, Any]) -> None:
-        """Roll out, score and post one leased task; on failure release the lease (re-issued)."""
+                   grant: LeaseGrant) -> None:
+        """Roll out, score and post one leased task (its grant's ``n`` samples); on failure release the
+        lease (re-issued)."""
         try:
-            s = grant.get("sampling") or {}
-            sampling = SamplingParams(max_tokens=int(s.get("max_tokens", self.spec.rollout.max_tokens)),
-                                      temperature=float(s.get("temperature", self.spec.rollout.temperature)),
-                                      top_p=s.get("top_p"), top_k=s.get("top_k"), seed=int(grant["seed"]))
-            task = dict(grant["task"], task_id=grant["task_key"])
+            sampling = self._sampling(grant)
+            task = dict(grant.task, task_id=grant.task_key)
             t0 = time.perf_counter()
-            episodes = await worker.rollout_task(task, int(grant["n"]), sampling, int(grant["policy_version"]))
+            episodes = await worker.rollout_task(task, grant.n, sampling, grant.policy_version)
             seconds = time.perf_counter() - t0
             dicts = []
             for ep in episodes:
                 d = episode_json(ep)
                 d["metrics"] = {**d.get("metrics", {}), "time/rollout": seconds}
                 dicts.append(d)
-            res = await poster.post(dicts, grant["lease_id"])
+            res = await poster.post(dicts, grant.lease_id)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - any failure: give the task back, keep the loop alive
             self.stats.tasks_failed += 1
             self._consecutive_failures += 1
             self._last_error = f"{type(e).__name__}: {e}"
-            log.warning("task %s failed (%s: %s); releasing its lease", grant.get("task_key"), type(e).__name__, e,
+            log.warning("task %s failed (%s: %s); releasing its lease", grant.task_key, type(e).__name__, e,
                         exc_info=not isinstance(e, OSError))
             try:
-                await coord.release([grant["lease_id"]], f"{type(e).__name__}: {e}")
+                await coord.release([grant.lease_id], f"{type(e).__name__}: {e}")
             except Exception:  # noqa: BLE001 - the lease expires and is re-issued anyway
                 pass
             return
         self.stats.tasks_done += 1
         self._consecutive_failures = 0
         self.stats.episodes_posted += len(dicts)
-        self.stats.episodes_accepted += len(res.get("accepted", []))
-        self.stats.episodes_rejected += sum(len(res.get(k, [])) for k in ("stale", "unknown", "invalid"))
-        if res.get("errors"):
-            log.warning("coordinator refused episodes of %s: %s", grant["task_key"], res["errors"][:3])
+        self.stats.episodes_accepted += len(res.accepted)
+        self.stats.episodes_rejected += len(res.stale) + len(res.unknown) + len(res.invalid)
+        if res.errors:
+            log.warning("coordinator refused episodes of %s: %s", grant.task_key, res.errors[:3])
 
 
 def main(argv: list[str] | None = None) -> int:

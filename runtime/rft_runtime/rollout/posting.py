@@ -14,6 +14,10 @@ larger than that goes alone, as it always did. A post the coordinator refuses in
 episode without its live lease, or invalid) fails only the tasks whose episodes were refused, as their own
 posts would have; a post that fails otherwise fails every task in it (each releases its lease, as
 before); a task cancelled before its post was sent is left out of it.
+
+Episodes are encoded here, once per task, and spliced into the post's envelope as they are (the
+coordinator's client types only the envelope, :meth:`~.coordinator_client.CoordinatorClient.post_episodes_json`);
+each task's answer is its share of the post's typed answer (:class:`~rft_runtime.coordinator.wire.PostEpisodesResponse`).
 """
 
 from __future__ import annotations
@@ -24,12 +28,11 @@ import dataclasses
 import json
 from typing import Any
 
+from ..coordinator.wire import PostEpisodesResponse, WireError
 from .coordinator_client import CoordinatorClient, CoordinatorRejected
 
 COALESCE_BYTES = 1 << 20
 """The most episode bytes in a post of several tasks."""
-
-OUTCOMES = ("accepted", "duplicate", "stale", "unknown", "refused", "invalid")
 
 
 @dataclasses.dataclass
@@ -37,7 +40,7 @@ class _Entry:
     lease_id: str
     ids: frozenset[str]
     body: bytes  # the task's episodes as JSON objects joined by commas
-    done: asyncio.Future[dict[str, Any]]
+    done: asyncio.Future[PostEpisodesResponse]
 
 
 class EpisodePoster:
@@ -53,10 +56,12 @@ class EpisodePoster:
         self._sender: asyncio.Task[None] | None = None
         self.requests = 0
 
-    async def post(self, episodes: list[dict[str, Any]], lease_id: str) -> dict[str, Any]:
+    async def post(self, episodes: list[dict[str, Any]], lease_id: str) -> PostEpisodesResponse:
         """Post one task's episodes (JSON form) under its lease; returns the coordinator's outcome lists
         (``accepted``, ``stale``, ...) for these episodes and the ``errors`` that name them. Raises what
-        the post raised (:class:`~rft_runtime.rollout.coordinator_client.CoordinatorUnavailable`, ...)."""
+        the post raised (:class:`~rft_runtime.rollout.coordinator_client.CoordinatorUnavailable`, ...;
+        a :class:`~rft_runtime.rollout.coordinator_client.CoordinatorRejected` whose ``body`` is this
+        task's share of the answer)."""
         body = ",".join(json.dumps(ep, separators=(",", ":")) for ep in episodes).encode()
         entry = _Entry(lease_id, frozenset(str(ep.get("id")) for ep in episodes), body,
                        asyncio.get_running_loop().create_future())
@@ -99,15 +104,26 @@ class EpisodePoster:
                     e.done.cancel()
                 raise
             except CoordinatorRejected as ex:
-                if ex.body is None or not all(isinstance(ex.body.get(k, []), list) for k in OUTCOMES):
+                outcome = _outcome(ex)
+                if outcome is None:  # not refused episodes (a 400, 401, 413...): every task fails with it
                     _fail(batch, ex)
                 else:  # refused in part: the tasks whose episodes were refused fail, as alone they would
-                    _settle(batch, ex.body, ex)
+                    _settle(batch, outcome, ex)
                 continue
             except Exception as ex:  # noqa: BLE001 - every task of the post fails with it
                 _fail(batch, ex)
                 continue
             _settle(batch, res, None)
+
+
+def _outcome(ex: CoordinatorRejected) -> PostEpisodesResponse | None:
+    """The episodes' outcomes a rejected post carries: a 409 (refused) or 422 (invalid) answer's body."""
+    if ex.status not in (409, 422):
+        return None
+    try:
+        return PostEpisodesResponse.parse(ex.body)
+    except WireError:
+        return None
 
 
 def _fail(batch: list[_Entry], ex: BaseException) -> None:
@@ -116,7 +132,7 @@ def _fail(batch: list[_Entry], ex: BaseException) -> None:
             e.done.set_exception(ex)
 
 
-def _settle(batch: list[_Entry], res: dict[str, Any], rejected: CoordinatorRejected | None) -> None:
+def _settle(batch: list[_Entry], res: PostEpisodesResponse, rejected: CoordinatorRejected | None) -> None:
     """Give each task of a post its share of the answer; with ``rejected`` (a 409/422), a task with a
     refused or invalid episode gets the rejection, naming its own first error."""
     everyone = frozenset().union(*(e.ids for e in batch))
@@ -124,18 +140,22 @@ def _settle(batch: list[_Entry], res: dict[str, Any], rejected: CoordinatorRejec
         if e.done.done():
             continue
         share = _share(res, e.ids, everyone)
-        if rejected is not None and (share["refused"] or share["invalid"]):
-            first = share["errors"][0] if share["errors"] else "episodes refused"
+        if rejected is not None and (share.refused or share.invalid):
+            first = share.errors[0] if share.errors else "episodes refused"
             e.done.set_exception(CoordinatorRejected(f"POST /v1/episodes: HTTP {rejected.status}: {first}",
-                                                     rejected.status, share))
+                                                     rejected.status, share.model_dump(exclude={"error"})))
         else:
             e.done.set_result(share)
 
 
-def _share(res: dict[str, Any], ids: frozenset[str], everyone: frozenset[str]) -> dict[str, Any]:
+def _share(res: PostEpisodesResponse, ids: frozenset[str], everyone: frozenset[str]) -> PostEpisodesResponse:
     """The part of a post's result about the episodes ``ids``: their outcomes, and the errors that
     name one of them (an error that names no episode of the post goes to every task in it)."""
-    out: dict[str, Any] = {k: [i for i in res.get(k, []) if str(i) in ids] for k in OUTCOMES}
-    out["errors"] = [m for m in res.get("errors", [])
-                     if any(repr(i) in m for i in ids) or not any(repr(i) in m for i in everyone)]
-    return out
+    def mine(outcome: list[str]) -> list[str]:
+        return [i for i in outcome if i in ids]
+
+    return PostEpisodesResponse.model_construct(
+        accepted=mine(res.accepted), duplicate=mine(res.duplicate), stale=mine(res.stale),
+        unknown=mine(res.unknown), refused=mine(res.refused),
+        invalid=[i for i in res.invalid if i is not None and i in ids],
+        errors=[m for m in res.errors if any(repr(i) in m for i in ids) or not any(repr(i) in m for i in everyone)])

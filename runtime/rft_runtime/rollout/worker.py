@@ -90,10 +90,9 @@ class RolloutWorker:
     async def rollout_task(
         self, task: Task | Mapping[str, Any], n: int, sampling: SamplingParams, policy_version: int
     ) -> list[Episode]:
-        """n scored episodes `"{task_id}:{i}"`, i = 0..n-1, in order."""
+        """n scored episodes `"{task_id}:{i}"`, i = 0..n-1, in order. `n`: the task's group size, its
+        lease grant's (checked when the grant was parsed: `rft_runtime.coordinator.wire.GroupSize`)."""
         task = task if isinstance(task, Task) else Task.from_dict(dict(task))
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {n!r}")
         if self.bundle is not None and self.bundle.rollout is not None:
             outcomes = await run_all([self._bundle_run(task, i, sampling, policy_version) for i in range(n)])
         else:

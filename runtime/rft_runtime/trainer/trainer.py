@@ -1,4 +1,4 @@
-"""The trainer role: coordinator + learner + weight publication + checkpoints + progress.
+"""The trainer role: the step loop, and the ranks that train together.
 
 One :meth:`Trainer.step`::
 
@@ -10,6 +10,7 @@ One :meth:`Trainer.step`::
                                                                     time/update
     → save weights v<version+1>, inference loads them, verified     time/weight_sync
       (maxStaleness > 0: in a thread while the next step trains;     time/publish_background)
+    → evaluation every K steps (evaluation.everySteps)              time/eval
     → checkpoint every K steps and at the end (atomic)              time/checkpoint
     → progress record → metrics (jsonl, TensorBoard, Prometheus)
 
@@ -21,15 +22,21 @@ episodes, tells the other ranks what to do (:func:`follow`: train on these seque
 weights, write or read a checkpoint, exit; ``broadcast_object_list``), publishes the gathered
 weights, reports progress and writes metrics.
 
-Versions: the initial weights are policy version 0 (or the checkpoint's on resume); after step
-``s`` the served version is ``s``. Under bounded staleness (``rollout.maxStaleness`` S > 0) the
-publication of version ``s`` runs in a thread while step ``s + 1`` trains (:meth:`Trainer._publish`);
-the tasks submitted meanwhile wait for it (``min_version``), so no episode is more than S versions
-older than the policy that trains on it, as with an inline publication.
+The :class:`Trainer` runs the step loop and checkpoints, and wires its collaborators, one concern each:
 
-Data order: tasks come from a seeded, resumable cursor; each submitted task gets a sampling seed
-derived from the job seed and its submission number, so a resumed run sees the same tasks with the
-same seeds as an uninterrupted one.
+* :mod:`.feed` — :class:`~.feed.TaskFeed`: the data order (a seeded, resumable cursor; per-submission
+  sampling seeds), the tasks submitted to the coordinator ahead under bounded staleness, dynamic
+  sampling rounds, the groups collected;
+* :mod:`.publication` — :class:`~.publication.Publication`: which version inference serves and when
+  rollouts get it (in a thread while the next step trains, under bounded staleness), the final model;
+* :mod:`.evaluation` — :class:`~.evaluation.Evaluation`: held-out scores every ``everySteps`` steps;
+* :mod:`.report` — :class:`~.report.RunReport`: each step's metrics row, the progress record, the
+  job's cumulative counters;
+* :mod:`.shutdown` — :class:`~.shutdown.Shutdown`: the stop request, how the run ended, the rollout
+  workers told that it did.
+
+Versions: the initial weights are policy version 0 (or the checkpoint's on resume); after step
+``s`` the served version is ``s`` (:mod:`.publication` for bounded staleness).
 """
 
 from __future__ import annotations
@@ -37,14 +44,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
-import json
 import logging
-import math
 import os
 import random
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
@@ -52,77 +55,33 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
-from rft_api.layout import published_weights_dir
-from rft_api.progress import FinalModel, Progress, ProgressCheckpoint, ProgressErrors, reward_curve
+from rft_api.progress import FinalModel
 from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
-from ..algos import DynamicSampler, tis_weights
+from ..algos import tis_weights
 from ..coordinator import Coordinator, CoordinatorConfig, CoordinatorService, EpisodeLimits, Group
 from ..coordinator.server import CoordinatorServer
-from ..data import DataCursor, DomainMixCursor, Task
-from ..metrics_sink import MetricsSink, read_metrics
 from ..model.loading import load_tokenizer, resolve_model_dir
-from ..progress import ConfigMapProgressSink, FileProgressSink, clip_message, finite, now_rfc3339
 from ..rewards.config import evaluator_names
-from ..types import Episode
 from . import distributed
 from .batch import TrainSequence, collate, sequences_from_groups
 from .checkpoint import CheckpointManager
 from .compiled import wants_compile
-from .datasets import load_eval_tasks, load_training_tasks
 from .distributed import DistContext
-from .inference_sync import InferenceSync
+from .evaluation import Evaluation
+from .feed import TaskFeed, sampling_params
 from .learner import Learner, Shard, build_optimizer, build_scheduler, forward_is_deterministic, learner_config
 from .model_io import Reference, compute_dtype, load_policy
-from .publisher import FINAL_DIR, BackgroundPublication, WeightPublisher, detached_state, export_final_model
-from .reload import reload_protocol
-from .replicas import InferenceReplicas
+from .publication import Publication, export_final
+from .report import RunReport, overlap_metrics, step_metrics
 from .reward_shaping import RewardShaper
-from .signals import (
-    advantage_metrics,
-    advantages,
-    length_metrics,
-    reward_metrics,
-    shaped_rewards,
-    staleness_metrics,
-)
+from .shutdown import Shutdown, StopRequested
+from .signals import advantages, shaped_rewards
 from .state import ResumeError, TrainerState, check_checkpoint, load_checkpoint, write_checkpoint
-from .tracking import Tracker, start_trackers
+
+__all__ = ["StepResult", "StopRequested", "Trainer", "Worker", "follow", "mismatch_metrics"]
 
 log = logging.getLogger(__name__)
-
-SEED_MOD = 2**31 - 1
-ERROR_KINDS = ("timeout", "runtime_error", "parse_error")
-# When the trainer stops its coordinator: workers that leased or posted within this many seconds are
-# told "done" first, waiting at most TELL_DONE_TIMEOUT_S for them to ask (a worker with room for work
-# holds a long-polled lease, answered as soon as the run is done; else it asks when a rollout ends).
-WORKER_SEEN_WITHIN_S = 30.0
-TELL_DONE_TIMEOUT_S = 5.0
-# Where a step's weight publication runs under bounded staleness: "background" (the default: the next
-# step trains meanwhile) or "inline" (the step waits for it, as a synchronous run always does).
-PUBLISH_ENV = "RFT_PUBLISH"
-PUBLISH_CHOICES = ("background", "inline")
-
-
-def task_seed(job_seed: int, seq: int) -> int:
-    """The sampling seed of submission ``seq`` (sample ``i`` uses ``seed + i``)."""
-    return (job_seed * 1_000_003 + seq * 7_919 + 17) % SEED_MOD
-
-
-def sampling_params(spec: Any, temperature: float | None = None) -> dict[str, Any]:
-    """Sampling fields handed to rollout workers with each lease (vLLM names)."""
-    r = spec.rollout
-    out: dict[str, Any] = {"max_tokens": r.max_tokens, "temperature": temperature or r.temperature}
-    if r.top_p < 1.0:
-        out["top_p"] = r.top_p
-    if r.top_k != -1:
-        out["top_k"] = r.top_k
-    return out
-
-
-def group_rewards(g: Group) -> list[float | None]:
-    """The rewards of a group's episodes (for dynamic sampling)."""
-    return [e.reward for e in g.episodes]
 
 
 def mismatch_metrics(old: torch.Tensor, inference: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
@@ -134,32 +93,6 @@ def mismatch_metrics(old: torch.Tensor, inference: torch.Tensor, mask: torch.Ten
     k3 = (torch.exp(d) - 1 - d).mean()
     return {"logprob_diff_abs_mean": float(d.abs().mean()), "logprob_diff_abs_max": float(d.abs().max()),
             "mismatch_kl_k3": float(k3)}
-
-
-def episode_error_kinds(ep: Episode) -> list[str]:
-    """The reward error flags set on an episode (timeout, runtime_error, parse_error)."""
-    return [k for k in ERROR_KINDS if getattr(ep.errors, k)]
-
-
-def overlap_metrics(times: dict[str, float], idle_generate: float) -> dict[str, float]:
-    """How much of a step's generation, training and publication ran at the same time.
-
-    ``t_R`` is the time the rollout workers had work during the step (the step's wall time less
-    ``idle_generate``, the seconds the coordinator had no task queued or leased), ``t_T`` the
-    training phases (old and reference log-probs, the update) and ``t_W`` the weight publication (the
-    part of it the step waited for: gathering and copying the weights, when it runs in the background).
-    ``overlap/bound`` is the speed-up that overlapping generation with training can give when a
-    publication stops both, ``(t_R + t_T + t_W) / (max(t_R, t_T) + t_W)``; ``overlap/achieved`` the
-    one this step got, ``(t_R + t_T + t_W) / time/step`` (about 1 for a synchronous step). Rollouts
-    that go on generating during a publication can take ``achieved`` above ``bound``."""
-    step = times.get("time/step", 0.0)
-    t_t = sum(times.get(k, 0.0) for k in ("time/old_logprob", "time/ref_logprob", "time/update"))
-    t_w = times.get("time/weight_sync", 0.0)
-    t_r = max(step - idle_generate, 0.0)
-    return {"time/train": t_t, "time/publish": t_w, "time/idle_train": times.get("time/generate", 0.0),
-            "time/idle_generate": idle_generate, "time/rollout_busy": t_r,
-            "overlap/bound": (t_r + t_t + t_w) / max(max(t_r, t_t) + t_w, 1e-9),
-            "overlap/achieved": (t_r + t_t + t_w) / max(step, 1e-9)}
 
 
 class _Phases:
@@ -175,10 +108,6 @@ class _Phases:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
-
-
-class StopRequested(Exception):
-    """The trainer was asked to stop while collecting a step (the step is not counted)."""
 
 
 @dataclasses.dataclass
@@ -316,7 +245,12 @@ def follow(cfg: RuntimeConfig, dist: DistContext) -> None:
 
 class Trainer:
     """The trainer role. Use :meth:`setup`, then :meth:`step` until :attr:`finished`, then
-    :meth:`finish` (final checkpoint, ``done``) and :meth:`close`."""
+    :meth:`finish` (final checkpoint, ``done``) and :meth:`close`.
+
+    It runs the step loop and checkpoints; its collaborators do the rest: :attr:`feed` (the tasks
+    submitted to the coordinator, the groups collected), :attr:`publication` (inference serves each
+    version), :attr:`evaluation` (held-out scores), :attr:`report` (metrics rows, progress record) and
+    :attr:`shutdown` (the stop request, how the run ended)."""
 
     def __init__(self, cfg: RuntimeConfig, *, resume: bool = True, max_steps: int | None = None,
                  should_stop: Callable[[], bool] = lambda: False, require_resume: bool = False,
@@ -335,28 +269,18 @@ class Trainer:
         self.max_steps = int(max_steps if max_steps is not None else self.spec.trainer.max_steps)
         if self.max_steps < 1:
             raise ValueError(f"max steps must be >= 1, got {self.max_steps}")
-        self.should_stop = should_stop
         self.attempt = int(attempt if attempt is not None else os.environ.get("RFT_TRAINER_ATTEMPT", 0) or 0)
         self.step_count = 0
         self.policy_version = 0  # the trainer's weights
-        self.served_version = 0  # the newest version inference serves (one behind while publishing)
-        self._publication = BackgroundPublication()
-        self._publication_s: float | None = None  # how long the publication this step waited for ran
-        self.eval_score: float | None = None
-        self.eval_domain_scores: dict[str, float] = {}
-        self.counters: dict[str, float] = {}
-        self._coord_base = {"dropped": 0, "reissued": 0, "refused": 0}  # coordinator counters of earlier attempts
-        self._pending: list[dict[str, Any]] = []
-        # Bounded staleness S: the tasks of up to S later steps, submitted ahead (oldest first), so the
-        # rollouts of steps t+1..t+S run while step t trains.
-        self._prefetched: deque[list[str]] = deque()
-        self._prefetched_tasks: deque[list[dict[str, Any]]] = deque()
-        self.history: list[dict[str, Any]] = []
         self.resumed_from: int | None = None
+        self.final_model: FinalModel | None = None
+        self.worker: Worker | None = None
         self._server: CoordinatorServer | None = None
-        self._inference_sync: InferenceSync | None = None
-        self.trackers: list[Tracker] = []
-        self._tracker_status = "FAILED"
+        self.shutdown = Shutdown(should_stop)
+        self.feed = TaskFeed(cfg, self.max_steps, min_version=lambda: self.policy_version, should_stop=should_stop)
+        self.publication = Publication(cfg, grant=self._grant)
+        self.evaluation = Evaluation(cfg)
+        self.report = RunReport(cfg, self.attempt, self.max_steps)
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> "Trainer":
@@ -369,18 +293,15 @@ class Trainer:
         checkpoint it resumes from, metrics, trackers and the coordinator (rollout workers can connect
         from here on; they get work once steps run). ``rft run`` calls it while the inference servers
         are still loading their models."""
-        cfg, spec = self.cfg, self.spec
         self._load_learner()
-        self._load_data()
-        self.checkpoints = CheckpointManager(Path(cfg.paths.checkpoints), spec.checkpoint.keep_last,
+        self.feed.load()
+        self.shape_rewards = RewardShaper(self.spec.dataset.mix)
+        self.evaluation.load()
+        self.checkpoints = CheckpointManager(Path(self.cfg.paths.checkpoints), self.spec.checkpoint.keep_last,
                                              attempt=self.attempt)
-        self.progress_sink = self._progress_sink()
+        self.report.open_progress()
         next_seq = self._restore() if self.resume else 0
-        self.metrics = MetricsSink(cfg.paths.metrics_dir, purge_step=(self.step_count + 1) if self.resumed_from else None)
-        self.metrics.truncate_after(self.step_count)
-        # the whole job's per-step rows (earlier attempts' too) for the progress record's reward curve
-        self._curve_rows = read_metrics(self.metrics.jsonl_path) if self.metrics.jsonl_path is not None else []
-        self.trackers = self._start_trackers()
+        self.metrics = self.report.open_metrics(self.step_count, resumed=bool(self.resumed_from))
         self._start_coordinator(next_seq)
         return self
 
@@ -388,33 +309,13 @@ class Trainer:
         """Make every inference replica serve the current weights (the base model's, or the checkpoint's
         when resuming; a replica that does not answer yet is retried as every publication is) and keep a
         restarted one on them; after :meth:`prepare`."""
-        cfg, spec = self.cfg, self.spec
-        inf = spec.inference
-        replicas = InferenceReplicas(cfg.endpoints.inference, cfg.endpoints.inference_replicas)
-        self.publisher = WeightPublisher(published_weights_dir(cfg.paths.checkpoints), replicas,
-                                         keep=spec.rollout.policy_versions_served(),
-                                         protocol=reload_protocol(inf.engine, inf.weight_sync, cfg.endpoints.served_model_name,
-                                                                   cfg.trainer.weight_transfer or "path"))
-        if spec.inference.weight_sync != "none":
-            self.publisher.publish(self.model, self.policy_version, self.tokenizer, state_dict=self._gather())
-            # a restarted inference server comes back with the base weights: bring it to the current ones
-            self._inference_sync = InferenceSync(self.publisher, lambda: self.served_version).start()
-        self.served_version = self.policy_version
-        _ = self.publishes_in_background  # a bad $RFT_PUBLISH is refused now, not after the first step
+        self.publication.start(self.model, self.tokenizer, self.policy_version, self._gather)
         self._report(message=f"resumed from step {self.resumed_from}" if self.resumed_from is not None else "started")
         return self
 
-    def _start_trackers(self) -> list[Tracker]:
-        """The experiment trackers of ``spec.tracking`` (MLflow, W&B offline), started."""
-        job = self.cfg.job
-        return start_trackers(self.spec.tracking, job.name, job.namespace, Path(self.cfg.paths.checkpoints) / "tracking",
-                              self.spec.model_dump(by_alias=True, mode="json", exclude_none=True),
-                              {"rft.job": job.name, "rft.namespace": job.namespace,
-                               "rft.algorithm": self.cfg.algorithm.name})
-
     def _load_learner(self) -> None:
         """This rank's :class:`Worker`: tokenizer, sharded policy, reference, optimiser, scheduler."""
-        self.worker: Worker | None = Worker(self.cfg, self.dist).load()
+        self.worker = Worker(self.cfg, self.dist).load()
         w = self.worker
         self.model_dir, self.tokenizer, self.pad_id = w.model_dir, w.tokenizer, w.pad_id
         self.model, self.reference, self.learner = w.model, w.reference, w.learner
@@ -431,24 +332,6 @@ class Trainer:
         assert self.worker is not None
         return self.worker.gather()
 
-    def _load_data(self) -> None:
-        """Training tasks behind a seeded cursor; the evaluation tasks when evaluation is on."""
-        spec, files = self.spec, self.cfg.paths.datasets
-        self.tasks = load_training_tasks(spec.dataset, files)
-        self.shape_rewards = RewardShaper(spec.dataset.mix)
-        self.cursor: DataCursor | DomainMixCursor
-        if spec.dataset.mix:
-            self.cursor = DomainMixCursor(self.tasks, [(m.domain, m.weight) for m in spec.dataset.mix],
-                                          seed=spec.dataset.order_seed(), shuffle=spec.dataset.shuffle)
-            log.info("domain mix per step of %d prompts: %s", spec.rollout.prompts_per_step,
-                     ", ".join(f"{d} {n}" for d, n in self.cursor.counts(spec.rollout.prompts_per_step).items()))
-        else:
-            self.cursor = DataCursor(self.tasks, seed=spec.dataset.order_seed(), shuffle=spec.dataset.shuffle)
-        self.eval_tasks: list[Task] = []
-        ev = spec.evaluation
-        if ev is not None and ev.every_steps > 0 and spec.dataset.eval is not None:
-            self.eval_tasks = load_eval_tasks(spec.dataset, files)[: ev.max_tasks]
-
     def _restore(self) -> int:
         """Restore the latest checkpoint (if any); returns the next submission number."""
         latest = self.checkpoints.latest()
@@ -463,16 +346,13 @@ class Trainer:
         if state.step != latest.step:
             raise ResumeError(f"{latest.path}: {latest.path.name} holds step {state.step}; the step counter "
                               "would go backwards")
-        self.cursor.load_state_dict(state.cursor)
+        self.feed.restore(state.cursor, state.pending_tasks)
         self.step_count, self.policy_version = state.step, state.policy_version
-        self._pending = list(state.pending_tasks)
-        self.counters = dict(state.counters)
-        self.eval_score = state.eval_score
+        self.report.counters = dict(state.counters)
+        self.evaluation.score = state.eval_score
         self.shape_rewards.load_state_dict(state.reward_moments)
         self.resumed_from = state.step
-        previous = self.progress_sink.read()
-        if previous is not None:  # counters are cumulative over the job, across restarts
-            self._merge_previous_counters(previous)
+        self.report.merge_previous()  # counters are cumulative over the job, across restarts
         log.info("resumed from %s (step %d, policy version %d)", latest.path, state.step, state.policy_version)
         if self.finished:  # killed after its final checkpoint: training is complete, finish() reports it
             log.info("the checkpoint at step %d completes the run's %d steps", state.step, self.max_steps)
@@ -496,9 +376,14 @@ class Trainer:
                               limits=self.limits),
             policy_version=self.policy_version, seq_start=next_seq)
         self.coordinator = CoordinatorService(coord)
+        self.feed.connect(self.coordinator)
         self._server = CoordinatorServer(self.coordinator, os.environ.get(BIND_HOST_ENV) or "0.0.0.0",
                                          cfg.ports.coordinator, metrics_registry=self.metrics.registry,
                                          advertise_host=urlsplit(cfg.endpoints.coordinator).hostname).start()
+
+    def _grant(self, version: int) -> None:
+        """Rollouts may sample from ``version`` (served) from now on."""
+        self.coordinator.set_policy_version(version)
 
     @property
     def coordinator_url(self) -> str:
@@ -510,82 +395,29 @@ class Trainer:
     def finished(self) -> bool:
         return self.step_count >= self.max_steps
 
+    @property
+    def served_version(self) -> int:
+        """The newest version inference serves (one behind while publishing in the background)."""
+        return self.publication.served_version
+
+    @property
+    def publishes_in_background(self) -> bool:
+        """:attr:`.publication.Publication.in_background`."""
+        return self.publication.in_background
+
     def _run_identity(self) -> dict[str, Any]:
         """What a checkpoint must share with the run resuming it (a mismatch is a terminal
         ``ResumeError``): the algorithm, LoRA, the model, and the training tasks' content (a dataset
         edited under a running job would silently misplace the data cursor)."""
         return {"algorithm": self.alg.name, "lora": self.spec.model.lora is not None, "model": self.spec.model.base,
-                "dataset": self._dataset_fingerprint()}
+                "dataset": self.feed.fingerprint}
 
-    def _dataset_fingerprint(self) -> str:
-        if not hasattr(self, "_dataset_fp"):
-            blob = json.dumps([dataclasses.asdict(t) for t in self.tasks], sort_keys=True, default=str)
-            self._dataset_fp = hashlib.sha256(blob.encode()).hexdigest()[:16]
-        return self._dataset_fp
-
-    def _progress_sink(self) -> Any:
-        target = self.cfg.progress
-        if target.sink == "configmap":
-            return ConfigMapProgressSink(target.config_map or f"{self.cfg.job.name}-progress", self.cfg.job.namespace)
-        return FileProgressSink(self.cfg.paths.metrics_dir)
-
-    def _merge_previous_counters(self, previous: Progress) -> None:
-        e = previous.errors
-        for key, val in (("samples_scored", previous.samples_scored), ("errors/timeout", e.timeouts),
-                         ("errors/runtime_error", e.runtime_errors), ("errors/parse_error", e.parse_errors)):
-            self.counters[key] = max(self.counters.get(key, 0), val)
-        self._coord_base = {"dropped": e.dropped_episodes, "reissued": e.reissued_leases,
-                            "refused": e.refused_episodes}
-
-    # ---------------------------------------------------------------- tasks
+    # ---------------------------------------------------------------- tasks (the feed's, as of the trainer)
     def _next_tasks(self, k: int) -> list[dict[str, Any]]:
-        out = self._pending[:k]
-        self._pending = self._pending[k:]
-        if len(out) < k:
-            out += [t.to_dict() for t in self.cursor.next_batch(k - len(out))]
-        return out
+        return self.feed.next_tasks(k)
 
     def _submit(self, tasks: list[dict[str, Any]], **kw: Any) -> list[str]:
-        """Queue ``tasks``, sampled from the trainer's current policy or a newer one (while its
-        publication runs in the background they wait for it)."""
-        seq0 = self.coordinator.next_seq
-        seeds = [task_seed(self.spec.trainer.seed, seq0 + i) for i in range(len(tasks))]
-        return self.coordinator.submit(tasks, seeds=seeds, min_version=self.policy_version, **kw)
-
-    def _collect(self, keys: list[str]) -> list[Group]:
-        groups = self.coordinator.collect(keys, stall_timeout_s=self.cfg.trainer.stall_timeout_seconds,
-                                          should_stop=self.should_stop)
-        if groups is None:
-            raise StopRequested()
-        return groups
-
-    def _train_groups(self) -> tuple[list[Group], list[Group], dict[str, float]]:
-        """(groups to train on, every group generated this step, dynamic-sampling stats)."""
-        target = self.spec.rollout.prompts_per_step
-        prefetched: list[str] = []
-        if self._prefetched:
-            prefetched = self._prefetched.popleft()
-            self._prefetched_tasks.popleft()
-        if not self.alg.dynamic_sampling:
-            keys = prefetched or self._submit(self._next_tasks(target))
-            groups = self._collect(keys)
-            return groups, groups, {}
-        sampler: DynamicSampler[Group] = DynamicSampler(target, self.alg.dynamic_sampling_max_rounds + 1,
-                                                        rewards_of=group_rewards)
-        everything: list[Group] = []
-        while not sampler.done:
-            need = sampler.groups_needed()
-            keys = prefetched or self._submit(self._next_tasks(need))
-            prefetched = []
-            groups = self._collect(keys)
-            everything += groups
-            sampler.add_round(groups)
-        res = sampler.result()
-        train = res.groups or res.dropped  # nothing with signal: zero advantages, a no-op gradient
-        stats = {"ds_rounds": float(res.rounds), "ds_kept_groups": float(len(res.groups)),
-                 "ds_dropped_groups": float(len(res.dropped)), "ds_surplus_groups": float(len(res.surplus)),
-                 "ds_complete": float(res.complete)}
-        return train, everything, stats
+        return self.feed.submit(tasks, **kw)
 
     # ---------------------------------------------------------------- one step
     def step(self) -> dict[str, Any]:
@@ -595,173 +427,74 @@ class Trainer:
             raise RuntimeError(f"the run has finished ({self.step_count}/{self.max_steps} steps)")
         step_no = self.step_count + 1
         times = _Phases()
-        self._publication_s = None
+        self.publication.waited_s = None
         with times("time/step"):
             idle0 = self.coordinator.idle_seconds()  # within the step's timer: idle never exceeds the step
             with times("time/generate"):
-                self._prefetch(step_no - 1)  # the first step submits its own tasks with the next S steps'
-                groups, everything, ds = self._train_groups()
-            self._prefetch(step_no)  # the rollouts of the next S steps run while this one trains
+                self.feed.prefetch(step_no - 1)  # the first step submits its own tasks with the next S steps'
+                groups, everything, ds = self.feed.train_groups()
+            self.feed.prefetch(step_no)  # the rollouts of the next S steps run while this one trains
             seqs = sequences_from_groups(groups, vocab_size=self.limits.vocab_size, max_len=self.limits.max_model_len)
             seqs, shaped = self.shape_rewards(seqs)
             self._command("train", seqs, step_no)
             assert self.worker is not None
             res = self.worker.train(seqs, step_no, times)
-            adv, upd, metrics = res.adv, res.update, res.metrics
             with times("time/weight_sync"):
                 self._publish(self.policy_version + 1)
             self.step_count = step_no
-            if self.eval_tasks and step_no % self.spec.evaluation.every_steps == 0:
+            if self.evaluation.due(step_no):
                 with times("time/eval"):
-                    self.eval_score = self.evaluate()
+                    self.evaluation.score = self.evaluate()
             with times("time/checkpoint"):
                 if step_no % self.spec.checkpoint.every_steps == 0 or step_no == self.max_steps:
                     self.save_checkpoint()
             idle_generate = self.coordinator.idle_seconds() - idle0
-        metrics.update(self._step_metrics(seqs, sequences_from_groups(everything), everything, adv, upd, ds,
-                                          times.seconds))
+        metrics = res.metrics
+        metrics.update(self._step_metrics(seqs, everything, res, ds, times.seconds))
         metrics.update(overlap_metrics(times.seconds, idle_generate))
-        if self._publication_s is not None:
-            metrics["time/publish_background"] = self._publication_s
+        if self.publication.waited_s is not None:
+            metrics["time/publish_background"] = self.publication.waited_s
         metrics.update(shaped)
-        if self.trackers:
-            metrics["tracking_errors"] = sum(t.errors for t in self.trackers)
-        row = self.metrics.log(step_no, metrics)
-        for tracker in self.trackers:
-            tracker.log_metrics(step_no, row)
-        self.history.append(row)
-        self._curve_rows.append(row)
+        row = self.report.log_step(step_no, metrics)
         self._report()
         return row
 
-    def _prefetch(self, step_no: int) -> None:
-        """Bounded staleness S: keep the tasks of the S steps after ``step_no`` (never past the last)
-        submitted, so the rollouts run ahead while the trainer trains. Their episodes are at most S
-        versions old when their step takes them (the coordinator drops a group that became staler and
-        samples it again)."""
-        depth = min(self.spec.rollout.max_staleness, self.max_steps - step_no)
-        while len(self._prefetched) < depth:
-            tasks = self._next_tasks(self.spec.rollout.prompts_per_step)
-            self._prefetched_tasks.append(tasks)
-            self._prefetched.append(self._submit(tasks))
-
-    @functools.cached_property
-    def publishes_in_background(self) -> bool:
-        """Whether a step's publication runs in a thread while the next step trains: under bounded
-        staleness (a synchronous run's next rollouts need the new weights at once), unless
-        ``$RFT_PUBLISH`` is ``inline``."""
-        where = os.environ.get(PUBLISH_ENV) or "background"
-        if where not in PUBLISH_CHOICES:
-            raise ValueError(f"{PUBLISH_ENV} must be one of {', '.join(PUBLISH_CHOICES)}, got {where!r}")
-        return where == "background" and self.spec.rollout.max_staleness > 0 \
-            and self.spec.inference.weight_sync != "none"
-
     def _publish(self, version: int) -> None:
-        """Make inference serve the updated policy as ``version`` (verified), then grant it to rollouts.
-
-        In the background (:attr:`publishes_in_background`): the weights are gathered and copied now (the
-        next step's optimiser changes them in place), written and loaded in a thread while the next step
-        trains; the previous publication is waited for first, so at most one runs and versions are served
-        in order. The tasks submitted until it is done wait for it (:meth:`_submit`), and an error of
-        the publication is raised by the next call (or :meth:`finish`)."""
-        self._await_publication()
-        if self.spec.inference.weight_sync == "none":
-            self.policy_version = self.served_version = version
-            self.coordinator.set_policy_version(version)
-            return
-        state = self._gather()
+        """Make inference serve the updated policy as ``version`` (verified), then grant it to rollouts
+        (:meth:`.publication.Publication.serve`: in the background under bounded staleness, where the
+        weights are gathered now and the previous publication is waited for first)."""
+        self.publication.wait()
+        state = self._gather() if self.publication.syncs_weights else None
         self.policy_version = version
-        if self.publishes_in_background:
-            self._publication.start(self._serve, version, detached_state(state, self.model))
-        else:
-            self._serve(version, state)
+        self.publication.serve(version, state)
 
-    def _serve(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        """Publish ``state`` as ``version`` and grant it to rollouts (in the publication's thread when it
-        runs in the background)."""
-        assert self._inference_sync is not None
-        with self._inference_sync.lock:  # never re-synced to a version that is being replaced
-            self.publisher.publish(self.model, version, self.tokenizer, state_dict=state)
-            self.served_version = version
-        self.coordinator.set_policy_version(version)
-
-    def _await_publication(self) -> None:
-        """Wait for the publication running in the background (its error raised here)."""
-        if self._publication.running:
-            self._publication_s = self._publication.wait()
-
-    def _step_metrics(self, seqs: list[TrainSequence], all_seqs: list[TrainSequence], everything: list[Group],
-                      adv: Any, upd: dict[str, float], ds: dict[str, float],
-                      times: dict[str, float]) -> dict[str, Any]:
-        m: dict[str, Any] = {"policy_version": self.policy_version}
-        m.update(reward_metrics(all_seqs, self.evaluator_names))
-        m.update(advantage_metrics(adv))
-        m.update(length_metrics(all_seqs))
-        m.update(staleness_metrics(seqs, self.policy_version - 1))
-        m.update(upd)
-        m.update(ds)
-        m.update(times)
-        m["prefetched_steps"] = len(self._prefetched)
-        gen_tokens = sum(s.model_tokens for s in all_seqs)
-        train_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in seqs) * self.learner.cfg.epochs
-        m["tokens_generated"] = gen_tokens
-        m["tokens_per_s"] = gen_tokens / max(times["time/step"], 1e-9)
-        m["gen_tokens_per_s"] = gen_tokens / max(times["time/generate"], 1e-9)
-        m["train_tokens_per_s"] = train_tokens / max(times["time/update"], 1e-9)
-        reward_s = 0.0
-        errors = {k: 0 for k in ERROR_KINDS}
-        for g in everything:
-            for ep in g.episodes:
-                rs = ep.metrics.get("time/reward")
-                if isinstance(rs, (int, float)) and math.isfinite(rs):
-                    reward_s += float(rs)
-                for kind in episode_error_kinds(ep):
-                    errors[kind] += 1
-        m["time/reward"] = reward_s
-        n_eps = sum(len(g.episodes) for g in everything)
-        self.counters["samples_scored"] = self.counters.get("samples_scored", 0) + n_eps
-        for k, v in errors.items():
-            self.counters[f"errors/{k}"] = self.counters.get(f"errors/{k}", 0) + v
-            m[f"errors/{k}"] = v
+    def _step_metrics(self, seqs: list[TrainSequence], everything: list[Group], res: StepResult,
+                      ds: dict[str, float], times: dict[str, float]) -> dict[str, Any]:
+        m = step_metrics(seqs, sequences_from_groups(everything), res.adv, res.update, ds, times,
+                         policy_version=self.policy_version, evaluator_names=self.evaluator_names,
+                         epochs=self.learner.cfg.epochs, prefetched=len(self.feed.prefetched))
+        m.update(self.report.count_episodes(everything))
         for k, v in self.coordinator.counters().items():
             m[f"coord/{k}"] = v
-        if self.eval_score is not None:
-            m["eval_score"] = self.eval_score
-            m.update({f"eval_score/{d}": v for d, v in self.eval_domain_scores.items()})
+        m.update(self.evaluation.metrics())
         return m
 
-    # ---------------------------------------------------------------- evaluation
     def evaluate(self) -> float | None:
-        """Mean reward on the evaluation tasks under the current policy (no training); the mean of
-        each task domain is kept in ``eval_domain_scores`` when there are several (``eval_score/<domain>``
-        in the metrics)."""
-        ev = self.spec.evaluation
-        assert ev is not None
-        self._await_publication()  # under the current policy, served
-        sampling = sampling_params(self.spec, ev.temperature)
-        keys = self._submit([t.to_dict() for t in self.eval_tasks], purpose="eval", n=ev.samples_per_prompt,
-                            sampling=sampling)
-        groups = self._collect(keys)
-        by_domain: dict[str, list[float]] = {}
-        for g in groups:
-            domain = str(g.task.get("domain") or "default")
-            by_domain.setdefault(domain, []).extend(
-                float(e.reward) for e in g.episodes if isinstance(e.reward, (int, float)))
-        scores = {d: sum(v) / len(v) for d, v in sorted(by_domain.items()) if v}
-        self.eval_domain_scores = scores if len(scores) > 1 else {}
-        vals = [v for vs in by_domain.values() for v in vs]
-        return sum(vals) / len(vals) if vals else None
+        """Mean reward on the evaluation tasks under the current policy, served (no training); the mean
+        of each task domain is kept in ``evaluation.domain_scores`` when there are several
+        (``eval_score/<domain>`` in the metrics)."""
+        self.publication.wait()  # under the current policy, served
+        return self.evaluation.run(self.feed)
 
     # ---------------------------------------------------------------- checkpoints, progress
     def save_checkpoint(self) -> Path:
         """Write an atomic checkpoint of the current step."""
-        # Prefetched tasks stay live in the coordinator; a resumed run submits them again.
-        pending = [t for tasks in self._prefetched_tasks for t in tasks] + list(self._pending)
         state = TrainerState(step=self.step_count, policy_version=self.policy_version,
-                             cursor=self.cursor.state_dict(), pending_tasks=pending,
-                             next_seq=self.coordinator.next_seq, counters=dict(self.counters),
-                             eval_score=self.eval_score, run=self._run_identity(),
+                             cursor=self.feed.cursor.state_dict(), pending_tasks=self.feed.carried_tasks(),
+                             next_seq=self.coordinator.next_seq, counters=dict(self.report.counters),
+                             eval_score=self.evaluation.score, run=self._run_identity(),
                              reward_moments=self.shape_rewards.state_dict())
+
         def write(d: Path) -> None:
             self._command("save", str(d), None)
             assert self.worker is not None
@@ -771,94 +504,54 @@ class Trainer:
         log.info("checkpoint %s", info.path)
         return info.path
 
-    def _report(self, message: str = "", done: bool = False) -> None:
-        if self.progress_sink is None:
-            return
-        rows = getattr(self, "_curve_rows", None) or self.history  # the whole job's rows (earlier attempts too)
-        last = rows[-1] if rows else {}
-        counters = self.coordinator.counters() if hasattr(self, "coordinator") else {}
-        base = self._coord_base
-        rec = Progress(
-            attempt=self.attempt, step=self.step_count, total_steps=self.max_steps,
-            policy_version=self.policy_version, reward_mean=finite(last.get("reward_mean")),
-            reward_std=finite(last.get("reward_std")), eval_score=finite(self.eval_score),
-            eval_domain_scores=dict(self.eval_domain_scores),
-            samples_scored=int(self.counters.get("samples_scored", 0)),
-            errors=ProgressErrors(
-                timeouts=int(self.counters.get("errors/timeout", 0)),
-                runtime_errors=int(self.counters.get("errors/runtime_error", 0)),
-                parse_errors=int(self.counters.get("errors/parse_error", 0)),
-                dropped_episodes=int(base["dropped"] + counters.get("episodes_dropped_stale", 0)
-                                     + counters.get("episodes_duplicate", 0)),
-                reissued_leases=int(base["reissued"] + counters.get("tasks_reissued", 0)),
-                refused_episodes=int(base["refused"] + counters.get("episodes_refused_lease", 0)
-                                     + counters.get("episodes_dropped_invalid", 0)),
-            ),
-            checkpoints=[ProgressCheckpoint(step=c.step, path=str(c.path), time=c.time)
-                         for c in self.checkpoints.committed()],
-            done=done, message=clip_message(message), update_time=now_rfc3339(),
-            reward_curve=reward_curve(rows), final_model=getattr(self, "final_model", None),
-            domain_rewards={k.split("/")[1]: v for k, v in last.items()
-                            if k.startswith("domain/") and k.endswith("/mean") and finite(v) is not None},
-        )
-        try:
-            self.progress_sink.write(rec)
-        except Exception as e:  # noqa: BLE001 - progress is best effort; training goes on
-            log.warning("progress report failed: %s", e)
+    def _checkpoint_unless_saved(self) -> None:
+        """A checkpoint of the current step, unless the latest is of it already."""
+        latest = self.checkpoints.latest()
+        if latest is None or latest.step != self.step_count:
+            self.save_checkpoint()
 
+    def _report(self, message: str = "", done: bool = False) -> None:
+        if self.report.progress_sink is None:
+            return
+        self.report.write_progress(
+            step=self.step_count, policy_version=self.policy_version, evaluation=self.evaluation,
+            coordinator=self.coordinator.counters() if hasattr(self, "coordinator") else {},
+            checkpoints=self.checkpoints.committed(), final_model=self.final_model, message=message, done=done)
+
+    # ---------------------------------------------------------------- the end
     def finish(self) -> None:
         """The run is complete: final checkpoint, ``done`` in progress, workers told to stop."""
-        self._await_publication()  # the last version served (or its publication's error raised)
-        if self.checkpoints.latest() is None or self.checkpoints.latest().step != self.step_count:
-            self.save_checkpoint()
+        self.publication.wait()  # the last version served (or its publication's error raised)
+        self._checkpoint_unless_saved()
         self.coordinator.finish()
-        fmt, merged = export_final_model(self.model, Path(self.cfg.paths.checkpoints), self.tokenizer,
-                                         state_dict=self._gather(), base_model_dir=self.model_dir,
-                                         merge_adapter=self.spec.checkpoint.merge_final_adapter)
-        self.final_model = FinalModel(path=FINAL_DIR, format=fmt, merged_path=merged)
-        log.info("final model (%s) at %s", fmt, Path(self.cfg.paths.checkpoints) / FINAL_DIR)
+        self.final_model = export_final(self.model, self.tokenizer, self._gather(), self.cfg, self.model_dir)
         self._report(message=f"finished {self.step_count} steps", done=True)
-        self._tracker_status = "FINISHED"
+        self.shutdown.finished()
 
     def stop(self, checkpoint: bool = True) -> None:
         """Interrupted: checkpoint the last completed step (so ``--resume`` continues)."""
-        self._publication.close()  # a resumed run publishes its checkpoint's weights again
+        self.publication.stop()  # a resumed run publishes its checkpoint's weights again
         if checkpoint and self.step_count > 0:
-            latest = self.checkpoints.latest()
-            if latest is None or latest.step != self.step_count:
-                self.save_checkpoint()
+            self._checkpoint_unless_saved()
         self._report(message=f"stopped at step {self.step_count}")
-        self._tracker_status = "KILLED"
+        self.shutdown.stopped()
 
     def close(self, tell_workers_s: float | None = None) -> None:
         """Stop the coordinator server, flush metrics, and let the other ranks exit.
 
-        ``tell_workers_s``: how long the coordinator may wait for the rollout workers active in the last
-        :data:`WORKER_SEEN_WITHIN_S` seconds to be told that the run is done (default
-        :data:`TELL_DONE_TIMEOUT_S`; 0 where the caller stops its workers itself, as ``rft run`` does)."""
-        if getattr(self, "worker", None) is not None:
+        ``tell_workers_s``: how long the coordinator may wait for the rollout workers active lately to be
+        told that the run is done (:meth:`.shutdown.Shutdown.tell_workers_done`; 0 where the caller stops
+        its workers itself, as ``rft run`` does)."""
+        if self.worker is not None:
             self._command("exit")
             self.worker = None
             if self.dist.world_size > 1:
                 distributed.leave_group()
-        self._publication.close()
-        if self._inference_sync is not None:
-            self._inference_sync.stop()
-            self._inference_sync = None
+        self.publication.close()
         if self._server is not None:
             # workers asking for work now see "done" (and "finished" only if finish() ran: training
-            # completed); the server stays up until every recently active worker has been told, so none
-            # is left retrying an absent coordinator (a bounded wait: a worker may have died meanwhile)
-            self.coordinator.finish(complete=False)
-            wait_s = TELL_DONE_TIMEOUT_S if tell_workers_s is None else tell_workers_s
-            untold = self.coordinator.wait_workers_told_done(seen_within_s=WORKER_SEEN_WITHIN_S, timeout_s=wait_s)
-            if untold and wait_s > 0:
-                log.info("rollout workers not told that the run is done before the coordinator stopped: %s",
-                         ", ".join(untold))
+            # completed); the server stays up until every recently active worker has been told
+            self.shutdown.tell_workers_done(self.coordinator, tell_workers_s)
             self._server.stop()
             self._server = None
-        for tracker in getattr(self, "trackers", []):
-            tracker.finish(self._tracker_status)  # FAILED unless finished or stopped
-        self.trackers = []
-        if hasattr(self, "metrics"):
-            self.metrics.close()
+        self.report.close(self.shutdown.outcome)  # trackers: FAILED unless finished or stopped

@@ -10,11 +10,14 @@ decode step's sampling (processed logprobs and the seeded draw: about ten operat
 per row in torch). Or ``None``, with the reason logged once, where
 they cannot be had: no C compiler, a failed build, or ``RFT_ENGINE_KERNELS=torch``.
 
-The library is compiled once per source and machine (``-O3 -march=native``, OpenMP where the compiler
-has it) into ``$RFT_NATIVE_CACHE``, else ``~/.cache/rft-operator/native``, else the temporary
-directory (a pod's root filesystem is read-only), named by a hash of the source, the compiler's version,
-the flags and the CPU's model and flags, and renamed into place when whole, so that concurrent servers
-never load a half-written file. Nothing is downloaded; the build takes well under a second.
+An image builds the library ahead, once per x86-64 level (:func:`prebuild`: ``-march=x86-64-v4`` down to
+``x86-64``) into ``$RFT_NATIVE_PREBUILT``, and the engine loads the highest level this CPU runs: no compiler
+is invoked when a pod starts. Elsewhere (a development machine, or a source the prebuilt files do not
+match) it is compiled once per source and machine (``-O3 -march=native``, OpenMP where the compiler has
+it) into ``$RFT_NATIVE_CACHE``, else ``~/.cache/rft-operator/native``, else the temporary directory,
+named by a hash of the source, the compiler's version, the flags and the CPU's model and flags, and
+renamed into place when whole, so that concurrent servers never load a half-written file. A cache
+directory another user owns or may write is never used. Nothing is downloaded.
 
 With OpenMP, a large attention call splits its rows over ``torch.get_num_threads()`` threads: the library
 links ``libgomp.so.1`` by its soname, which the dynamic loader resolves to the copy torch has already
@@ -52,6 +55,13 @@ BASE_FLAGS = ("-O3", "-fopenmp-simd", "-fno-math-errno", "-fno-trapping-math", "
               "-shared", "-std=gnu11")
 
 
+PREBUILT_ENV = "RFT_NATIVE_PREBUILT"
+# x86-64 levels, highest first, with the /proc/cpuinfo flags each needs beyond the one below it
+LEVELS: tuple[tuple[str, set[str]], ...] = (
+    ("x86-64-v4", {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
+    ("x86-64-v3", {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe"}),
+    ("x86-64-v2", {"cx16", "popcnt", "sse4_1", "sse4_2", "ssse3"}), ("x86-64", set()))
+
 # the KV cache element types the decode attention reads (kernels.c's KV_F32, KV_F16, KV_BF16)
 KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -80,7 +90,56 @@ def _cache_dirs() -> list[Path]:
         dirs.append(Path(os.environ["RFT_NATIVE_CACHE"]))
     dirs.append(Path.home() / ".cache" / "rft-operator" / "native")
     dirs.append(Path(tempfile.gettempdir()) / f"rft-operator-native-{os.getuid()}")
-    return dirs
+    return [d for d in dirs if _own(d)]
+
+
+def _own(d: Path) -> bool:
+    """``d`` is absent, or ours and writable by no one else: a library another user could have planted
+    there is never loaded."""
+    try:
+        st = d.stat()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _levels() -> list[str]:
+    """The x86-64 levels this CPU runs, highest first (none off x86-64)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    flags = set(" ".join(ln.split(":", 1)[1] for ln in _cpu_signature().splitlines() if ln.startswith("flags")).split())
+    return [name for i, (name, _) in enumerate(LEVELS) if all(need <= flags for _, need in LEVELS[i:])]
+
+
+def _prebuilt_name(code: bytes, level: str, parallel: bool) -> str:
+    return f"kernels-{hashlib.sha256(code).hexdigest()[:16]}-{level}{'-omp' if parallel else ''}.so"
+
+
+def prebuild(dest: Path, source: Path = SOURCE) -> list[Path]:
+    """Compile ``source`` for every x86-64 level into ``dest`` (an image build step; OpenMP where it
+    compiles); :func:`build` then loads the highest level the CPU runs."""
+    cc, _ = _compiler()
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for level, _ in LEVELS:
+        for extra in (("-fopenmp",), ()):
+            path = dest / _prebuilt_name(source.read_bytes(), level, bool(extra))
+            proc = subprocess.run([cc, *BASE_FLAGS, f"-march={level}", *extra, "-o", str(path), str(source), "-lm"],
+                                  capture_output=True, text=True, timeout=300)
+            if proc.returncode == 0:
+                out.append(path)
+                break
+        else:
+            raise NativeUnavailable(f"prebuild for {level} failed: {proc.stderr.strip()[-300:]}")
+    return out
+
+
+def _find_prebuilt(code: bytes) -> tuple[Path, bool] | None:
+    d = os.environ.get(PREBUILT_ENV)
+    found = [(Path(d) / _prebuilt_name(code, lv, par), par) for lv in _levels() for par in (True, False)] if d else []
+    return next(((path, par) for path, par in found if path.is_file()), None)
 
 
 def _compiler() -> tuple[str, str]:
@@ -96,9 +155,13 @@ def _compiler() -> tuple[str, str]:
 
 
 def build(source: Path = SOURCE) -> tuple[Path, bool]:
-    """Compile ``source`` (or find it compiled); return the library and whether it has OpenMP."""
-    cc, version = _compiler()
+    """Find ``source`` prebuilt for this CPU, or compile it (or find it compiled); return the library and
+    whether it has OpenMP."""
     code = source.read_bytes()
+    prebuilt = _find_prebuilt(code)
+    if prebuilt is not None:
+        return prebuilt
+    cc, version = _compiler()
     errors = []
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([code, version.encode(), " ".join(BASE_FLAGS + flags).encode(),
