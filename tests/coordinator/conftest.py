@@ -1,4 +1,4 @@
-"""Fixtures for coordinator tests: a fake clock and episode builders (JSON form)."""
+"""Fixtures for coordinator tests: a fake clock, episode builders (JSON form) and a served coordinator."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from rft_runtime.coordinator import Coordinator, CoordinatorConfig
+from rft_runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorService
+from rft_runtime.coordinator.server import CoordinatorServer
 
 
 class FakeClock:
@@ -60,3 +61,14 @@ def clock() -> FakeClock:
 @pytest.fixture
 def coord(clock: FakeClock) -> Coordinator:
     return Coordinator(CoordinatorConfig(n=2, lease_timeout_s=10.0, sampling={"max_tokens": 4}), clock=clock)
+
+
+@pytest.fixture
+def served():
+    """A coordinator (groups of 2) served over HTTP on loopback: ``(service, server)``."""
+    svc = CoordinatorService(Coordinator(CoordinatorConfig(n=2, lease_timeout_s=30.0)))
+    server = CoordinatorServer(svc, "127.0.0.1", 0).start()
+    try:
+        yield svc, server
+    finally:
+        server.stop()

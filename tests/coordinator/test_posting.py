@@ -6,20 +6,8 @@ import asyncio
 
 import pytest
 
-from rft_runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorService
-from rft_runtime.coordinator.server import CoordinatorServer
 from rft_runtime.rollout.coordinator_client import CoordinatorClient, CoordinatorRejected, CoordinatorUnavailable
 from rft_runtime.rollout.posting import EpisodePoster
-
-
-@pytest.fixture
-def served():
-    svc = CoordinatorService(Coordinator(CoordinatorConfig(n=2, lease_timeout_s=30.0)))
-    server = CoordinatorServer(svc, "127.0.0.1", 0).start()
-    try:
-        yield svc, server
-    finally:
-        server.stop()
 
 
 async def _leased(svc, c, tasks, k):

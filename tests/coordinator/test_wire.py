@@ -10,8 +10,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from rft_runtime.coordinator import Coordinator, CoordinatorConfig, CoordinatorService
-from rft_runtime.coordinator.server import AppThread, CoordinatorServer
+from rft_runtime.coordinator.server import AppThread
 from rft_runtime.coordinator.wire import (
     CoordinatorStatus,
     LeaseGrant,
@@ -77,16 +76,6 @@ def test_request_messages_name_the_field_in_words():
     # the episodes are the coordinator's to check, one by one: the envelope takes any JSON values
     assert PostEpisodesRequest.parse({"worker_id": "w", "lease_ids": [], "episodes": [1, "x", {}]}).episodes == [
         1, "x", {}]
-
-
-@pytest.fixture
-def served():
-    svc = CoordinatorService(Coordinator(CoordinatorConfig(n=2, lease_timeout_s=30.0)))
-    server = CoordinatorServer(svc, "127.0.0.1", 0).start()
-    try:
-        yield svc, server
-    finally:
-        server.stop()
 
 
 async def test_bad_bodies_are_answered_400_naming_the_field(served):
