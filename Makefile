@@ -9,10 +9,12 @@ RUN_OUT ?= runs/tiny-arith
 PYTEST_ARGS ?=
 
 .PHONY: help venv vllm prepare lock lint run test test-unit test-cluster test-e2e e2e crds cluster-up cluster-down control-plane node images bench bench-report \
-	helm-lint lint-images clean
+	helm-lint lint-images clean real-model-data real-model bench-real-model
 
 help:
 	@echo "make run          train examples/01-tiny-arith.yaml locally (rft run), ending with the reward curve"
+	@echo "make real-model   train SmolLM2-135M-Instruct on GSM8K's easiest problems (examples/09-real-model.yaml,"
+	@echo "                  30 steps, minutes each on 2 cores); make real-model-data builds its model and data only"
 	@echo "make test         everything CI runs: builds what it needs first (hack/prepare.sh), then lint and pytest"
 	@echo "make crds         regenerate crds/rftjob.yaml and the chart's copy from the API models"
 	@echo "make cluster-up   start etcd + kube-apiserver + controller-manager + scheduler on loopback, and a real"
@@ -23,6 +25,8 @@ help:
 	@echo "make bench        benchmarks (JSON under bench/results/), each run compared with its baseline in"
 	@echo "                  bench/baselines/ (RFT_BENCH_SAVE_BASELINE=1: a full run becomes the baseline)"
 	@echo "make bench-report regenerate docs/benchmarks.md from bench/baselines/"
+	@echo "make bench-real-model  bench/real_model.py: examples/09 timed, held-out accuracy at step 0 and at the end"
+	@echo "                  (BENCH_ARGS=\"--minutes 60 --plot docs/img/real-model-curve.png --write-baseline\")"
 	@echo "make lint         ruff, mypy (rft_api, rft_operator, rft_runtime), the import layers and cycles"
 	@echo "make lock         regenerate the lock files under requirements/ from pyproject.toml"
 
@@ -51,6 +55,25 @@ vllm: venv
 
 run: venv
 	$(VENV)/bin/rft run examples/01-tiny-arith.yaml --out $(RUN_OUT)
+
+# examples/09-real-model.yaml on this machine: its pvc:// claims stand in runs/claims/ (RFT_CLAIMS_DIR), the model
+# SmolLM2-135M-Instruct (hack/smollm2.sh, built once into $(RFT_CACHE)/models, linked here) and GSM8K's one- and
+# two-operation problems (hack/gsm8k_easy.py, from ../shared/datasets/gsm8k). A fresh REAL_MODEL_OUT each run (or
+# rft run --resume). bench-real-model: bench/real_model.py (BENCH_ARGS, e.g. --minutes 60 --plot docs/img/real-model-curve.png).
+CLAIMS_DIR := $(CURDIR)/runs/claims
+REAL_MODEL_OUT ?= runs/real-model
+BENCH_ARGS ?=
+
+real-model-data: venv
+	@mkdir -p $(CLAIMS_DIR)/models
+	model=$$(bash hack/smollm2.sh) && ln -sfn "$$model" $(CLAIMS_DIR)/models/SmolLM2-135M-Instruct
+	$(PY) hack/gsm8k_easy.py --out $(CLAIMS_DIR)/datasets/gsm8k-easy
+
+real-model: real-model-data
+	RFT_CLAIMS_DIR=$(CLAIMS_DIR) $(VENV)/bin/rft run examples/09-real-model.yaml --out $(REAL_MODEL_OUT) --threads 2
+
+bench-real-model: real-model-data
+	RFT_CLAIMS_DIR=$(CLAIMS_DIR) $(PY) bench/real_model.py $(BENCH_ARGS)
 
 crds: venv
 	$(VENV)/bin/rft crds > crds/rftjob.yaml

@@ -35,7 +35,11 @@ PHASES: tuple[str, ...] = get_args(Phase)
 TERMINAL_PHASES = ("Succeeded", "Failed", "ValidationFailed")
 ConditionType = Literal[
     "InferenceReady", "RewardReady", "RolloutReady", "TrainerRunning", "Succeeded", "Failed", "Suspended",
+    "InputsReady", "OutputPushed",
 ]
+# Conditions a job has only when its spec asks for what they report: InputsReady with hf:// or s3://
+# inputs, OutputPushed with spec.output.
+OPTIONAL_CONDITION_TYPES = ("InputsReady", "OutputPushed")
 CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
 # Algorithms whose advantages are computed relative to a group of samples of the same prompt
 # (reinforce_pp uses the group-mean baseline variant, REINFORCE++-baseline).

@@ -22,6 +22,9 @@ from .job import field_path
 
 PROGRESS_KEY = "progress.json"
 """The ConfigMap key (and the file name, on one machine) that holds the record."""
+SAMPLES_KEY = "samples.json"
+"""The ConfigMap key that holds the last steps' sampled completions (``kubectl rft samples``); the
+trainer patches it next to the record."""
 
 MAX_CHECKPOINTS = 10_000
 Count = Annotated[int, Field(ge=0)]
@@ -77,7 +80,7 @@ def reward_curve(rows: Sequence[Mapping[str, Any]], max_points: int = MAX_CURVE_
     """The reward curve of per-step metric rows (``step``, ``reward_mean``, ``reward_std``): every step
     up to ``max_points``, else evenly spaced steps, always ending with the last one."""
     pts = [CurvePoint(step=int(r["step"]), mean=_finite(r.get("reward_mean")), std=_finite(r.get("reward_std")))
-           for r in rows if isinstance(r.get("step"), int) and r["step"] >= 0]
+           for r in rows if isinstance(r.get("step"), int) and r["step"] >= 1]  # step 0: the baseline evaluation
     if len(pts) <= max_points:
         return pts
     stride = (len(pts) - 1) / (max_points - 1)
@@ -95,6 +98,49 @@ class FinalModel(_Model):
     """``full``: the model in Hugging Face layout with its tokenizer; ``lora``: the adapter with the tokenizer."""
     merged_path: Optional[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = None
     """The adapter merged into the base model, in Hugging Face layout (``checkpoint.mergeFinalAdapter``)."""
+
+
+class OutputPush(_Model):
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    """Where the final model was pushed (``spec.output.uri``, with its ``final/`` folder on S3)."""
+    revision: Optional[Annotated[str, StringConstraints(max_length=256)]] = None
+    """The hub commit of the push."""
+    files: Count = 0
+    bytes: Count = 0
+    error: Optional[Annotated[str, StringConstraints(max_length=1024)]] = None
+    """Why the push failed (the model stays on the checkpoint volume)."""
+    reason: Optional[Annotated[str, StringConstraints(max_length=64)]] = None
+    """The failure's reason (Forbidden, NotFound, Unreachable, ...)."""
+
+
+StopReason = Literal["scoreAtLeast", "patience"]
+
+
+class EvalPoint(_Model):
+    step: Count
+    score: float
+
+
+class ProgressEvaluation(_Model):
+    """Held-out evaluation (``spec.evaluation``): the baseline, the last and the best scores."""
+
+    baseline: Optional[float] = None
+    """The score before the first training step (``evaluation.atStart``)."""
+    step: Optional[Count] = None
+    """The step of the last evaluation."""
+    score: Optional[float] = None
+    """The mean reward of the last evaluation."""
+    pass_at_k: Optional[float] = None
+    """The share of tasks with a sample scoring at least ``evaluation.passReward`` at the last evaluation."""
+    best_step: Optional[Count] = None
+    """The step of the best evaluation so far."""
+    best_score: Optional[float] = None
+    best_checkpoint: Optional[Annotated[str, StringConstraints(max_length=1024)]] = None
+    """The checkpoint of the best evaluation (kept beyond ``checkpoint.keepLast`` with ``evaluation.keepBest``)."""
+    stop_reason: Optional[StopReason] = None
+    """Why training stopped before ``trainer.maxSteps`` (``evaluation.stopWhen``)."""
+    curve: list[EvalPoint] = Field(default_factory=list, max_length=MAX_CURVE_POINTS)
+    """Every evaluation's score by step (at most 500, evenly spaced)."""
 
 
 class Progress(_Model):
@@ -135,6 +181,10 @@ class Progress(_Model):
     """Mean reward of the last step's samples per task domain."""
     final_model: Optional[FinalModel] = None
     """Where the trained policy is, once the trainer finished (written with ``done``)."""
+    evaluation: Optional[ProgressEvaluation] = None
+    """Held-out evaluation (absent until the first evaluation)."""
+    output: Optional[OutputPush] = None
+    """The push of the final model to ``spec.output`` (absent without it, or before training ends)."""
 
     def to_data(self) -> dict[str, str]:
         """The ConfigMap ``data`` that carries this record (what a writer patches)."""

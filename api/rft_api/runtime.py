@@ -125,7 +125,7 @@ class SecretEnv(_Model):
 
 class DatasetPaths(_Model):
     train: Optional[str] = None
-    """The training split's file (absent for builtin datasets)."""
+    """The training source's file or directory (absent for builtin datasets)."""
     eval: Optional[str] = None
     """The evaluation split's file."""
     mix: dict[str, str] = Field(default_factory=dict)
@@ -148,7 +148,9 @@ class Paths(_Model):
     output: Optional[str] = None
     """Metrics (``metrics.jsonl``, TensorBoard); default ``<checkpoints>/metrics``."""
     datasets: DatasetPaths = Field(default_factory=DatasetPaths)
-    """Dataset files (mounted ConfigMaps or volume paths)."""
+    """Dataset files or directories (mounted ConfigMaps, volume paths, fetched or claim URIs)."""
+    inputs: Optional[str] = None
+    """Where the job's hf:// and s3:// models and datasets are fetched to (``rft fetch``)."""
     evaluator_files: list[EvaluatorFile] = Field(default_factory=list)
     """File evaluators, by evaluator index."""
 
@@ -312,24 +314,30 @@ def evaluator_files(spec: RFTJobSpec, evaluator_dir: str = layout.EVALUATOR_DIR)
     return out
 
 
-def dataset_paths(spec: RFTJobSpec, dataset_dir: str = layout.DATASET_DIR) -> DatasetPaths:
-    """Where every dataset source of the job is read (:func:`rft_api.layout.dataset_path`)."""
+def dataset_paths(spec: RFTJobSpec, dataset_dir: str = layout.DATASET_DIR, inputs_root: Optional[str] = None,
+                  claims_root: str = layout.CLAIMS_DIR) -> DatasetPaths:
+    """Where every dataset source of the job is read (:func:`rft_api.layout.dataset_path`; fetched
+    ones under ``inputs_root``, default ``<checkpoint root>/inputs``)."""
     ds = spec.dataset
+    roots = {"inputs_root": inputs_root or layout.inputs_dir(), "claims_root": claims_root}
     mix = {domain: path for _, mount, src, domain in ds.train_sources()
-           if domain is not None and (path := layout.dataset_path(mount, src, dataset_dir)) is not None}
-    return DatasetPaths(train=layout.dataset_path("train", ds.train, dataset_dir),
-                        eval=layout.dataset_path("eval", ds.eval, dataset_dir), mix=mix)
+           if domain is not None and (path := layout.dataset_path(mount, src, dataset_dir, **roots)) is not None}
+    return DatasetPaths(train=layout.dataset_path("train", ds.train, dataset_dir, **roots),
+                        eval=layout.dataset_path("eval", ds.eval, dataset_dir, **roots), mix=mix)
 
 
 def spec_paths(spec: RFTJobSpec, *, checkpoints: str, model_cache: Optional[str], output: Optional[str] = None,
                dataset_dir: str = layout.DATASET_DIR, evaluator_dir: str = layout.EVALUATOR_DIR,
-               chat_template: Optional[str] = None) -> Paths:
-    """The :class:`Paths` of a job, every spec path resolved by :mod:`rft_api.layout`."""
+               chat_template: Optional[str] = None, inputs_root: Optional[str] = None,
+               claims_root: str = layout.CLAIMS_DIR) -> Paths:
+    """The :class:`Paths` of a job, every spec path resolved by :mod:`rft_api.layout` (fetched inputs
+    under ``inputs_root``, default ``<checkpoints>/inputs``; ``pvc://`` claims under ``claims_root``)."""
+    inputs = inputs_root or layout.inputs_dir(checkpoints)
     return Paths(
-        checkpoints=checkpoints, model=layout.model_path(spec), model_cache=model_cache,
+        checkpoints=checkpoints, model=layout.model_path(spec, inputs, claims_root), model_cache=model_cache,
         tokenizer=layout.tokenizer_path(spec), warm_start=layout.warm_start_path(spec),
-        chat_template=chat_template, output=output,
-        datasets=dataset_paths(spec, dataset_dir),
+        chat_template=chat_template, output=output, inputs=inputs if layout.inputs(spec, inputs) else None,
+        datasets=dataset_paths(spec, dataset_dir, inputs, claims_root),
         evaluator_files=evaluator_files(spec, evaluator_dir),
     )
 

@@ -28,6 +28,7 @@ from .constants import (
     PolicyLossName,
 )
 from .rules import Rule, RuleChecked, rules
+from .storage import is_uri, uri_problem
 
 VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]
 DEFAULT_REQUESTS = {"cpu": "250m", "memory": "512Mi"}
@@ -115,19 +116,33 @@ class LoraSpec(ApiModel):
 
 
 @rules(Rule(
-    cel="self.base.startsWith('builtin:') || self.base.startsWith('/') || has(self.volume)",
-    message="model.base must be 'builtin:<name>', an absolute path, or a path relative to model.volume",
+    cel="self.base.startsWith('builtin:') || self.base.startsWith('/') || self.base.matches('^(hf|s3|pvc)://') "
+        "|| has(self.volume)",
+    message="model.base must be 'builtin:<name>', an absolute path, a path relative to model.volume, or a storage "
+            "URI (hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX, pvc://CLAIM/PATH)",
     field=".base",
-    check=lambda m: m.base.startswith("builtin:") or m.base.startswith("/") or m.volume is not None,
+    check=lambda m: m.base.startswith("builtin:") or m.base.startswith("/") or "://" in m.base
+    or m.volume is not None,
 ), Rule(
     cel="!self.base.startsWith('builtin:') || self.base in ['" + "', '".join(BUILTIN_MODELS) + "']",
     message="unknown builtin model: the builtin models are " + ", ".join(BUILTIN_MODELS),
     field=".base",
     check=lambda m: not m.base.startswith("builtin:") or m.base in BUILTIN_MODELS,
+), Rule(
+    cel="!self.base.contains('://') || self.base.matches('^(hf|s3|pvc)://')",
+    message="model.base takes the storage URIs hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX and pvc://CLAIM/PATH",
+    field=".base",
+    check=lambda m: "://" not in m.base or uri_problem(m.base, repo_type="model") is None,
+    explain=lambda m: uri_problem(m.base, repo_type="model") or "",
+), Rule(
+    cel="!self.base.matches('^(hf|s3|pvc)://') || !has(self.volume)",
+    message="model.volume cannot be combined with a storage URI in model.base (a pvc:// URI names its claim)",
+    field=".volume",
+    check=lambda m: not is_uri(m.base) or m.volume is None,
 ))
 class ModelSpec(ApiModel):
     base: PathStr
-    """The base model: `builtin:tiny` (built offline by the runtime; `builtin:tiny-vllm` is the same with a head size vLLM serves) or a Hugging Face model directory on a volume."""
+    """The base model: `builtin:tiny` (built offline by the runtime; `builtin:tiny-vllm` is the same with a head size vLLM serves); a storage URI: `hf://ORG/NAME[@REVISION]` (a Hugging Face repository, from `storage.huggingFace.endpoint`), `s3://BUCKET/PREFIX` (the model directory under that prefix, from `storage.s3`) or `pvc://CLAIM/PATH` (read in place); or a Hugging Face model directory (an absolute path, or a path on `volume`). hf:// and s3:// models are fetched once into the checkpoint volume before any role starts (condition ModelReady)."""
     volume: Optional[VolumeRef] = None
     """The volume holding the model directory (relative paths in `base` resolve against its mount path)."""
     tokenizer: Optional[PathStr] = None
@@ -143,21 +158,69 @@ class ModelSpec(ApiModel):
 
 
 # ---------------------------------------------------------------- dataset
+ColumnName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
 @rules(Rule(
-    cel="[has(self.builtin), has(self.configMapKeyRef), has(self.path)].filter(x, x).size() == 1",
-    message="exactly one of builtin, configMapKeyRef or path must be set",
+    cel="!has(self.prompt) || !has(self.messages)",
+    message="fields.prompt and fields.messages cannot both be set (a task is a prompt string or chat messages)",
     field="",
-    check=lambda d: sum(x is not None for x in (d.builtin, d.config_map_key_ref, d.path)) == 1,
+    check=lambda f: f.prompt is None or f.messages is None,
+))
+class FieldMapping(ApiModel):
+    prompt: Optional[ColumnName] = None
+    """The column holding the prompt string (a task's `prompt`)."""
+    messages: Optional[ColumnName] = None
+    """The column holding the chat messages (a list of `{role, content}`)."""
+    ground_truth: Optional[ColumnName] = None
+    """The column holding the reference answer the evaluator compares with (GSM8K's `answer`, whose final number follows `####`, works with the math evaluator as it is)."""
+    task_id: Optional[ColumnName] = None
+    """The column holding a unique task id (default: the file name and row)."""
+    domain: Optional[ColumnName] = None
+    """The column holding the task's domain tag (for `dataset.mix`)."""
+
+
+@rules(Rule(
+    cel="[has(self.builtin), has(self.configMapKeyRef), has(self.path), has(self.uri)].filter(x, x).size() == 1",
+    message="exactly one of builtin, configMapKeyRef, path or uri must be set",
+    field="",
+    check=lambda d: sum(x is not None for x in (d.builtin, d.config_map_key_ref, d.path, d.uri)) == 1,
+), Rule(
+    cel="!has(self.uri) || self.uri.matches('^(hf|s3|pvc)://')",
+    message="uri takes hf://datasets/ORG/NAME[@REVISION], s3://BUCKET/KEY-OR-PREFIX and pvc://CLAIM/PATH",
+    field=".uri",
+    check=lambda d: d.uri is None or uri_problem(d.uri, repo_type="dataset") is None,
+    explain=lambda d: uri_problem(d.uri or "", repo_type="dataset") or "",
+), Rule(
+    cel="!has(self.builtin) || (!has(self.fields) && !has(self.format))",
+    message="fields and format apply to files (configMapKeyRef, path, uri), not to builtin datasets",
+    field=".fields",
+    check=lambda d: d.builtin is None or (d.fields is None and d.format is None),
+), Rule(
+    cel="!has(self.volume) || has(self.path)",
+    message="volume holds `path`: set path with it (a pvc:// uri names its own claim)",
+    field=".volume",
+    check=lambda d: d.volume is None or d.path is not None,
 ))
 class DataSource(ApiModel):
     builtin: Optional[BuiltinDatasetName] = None
     """A dataset generated offline by the runtime."""
     config_map_key_ref: Optional[ConfigMapKeySelector] = None
-    """JSONL in a ConfigMap key (small datasets only: ConfigMaps are limited to 1 MiB)."""
+    """A file in a ConfigMap key (small datasets only: ConfigMaps are limited to 1 MiB)."""
     path: Optional[PathStr] = None
-    """A JSONL file on `volume` (each line: `messages` or `prompt`, plus `ground_truth`)."""
+    """A file (or a directory holding the split's files) on `volume`, or an absolute path."""
     volume: Optional[VolumeRef] = None
     """The volume that holds `path`."""
+    uri: Optional[PathStr] = None
+    """A storage URI: `hf://datasets/ORG/NAME[@REVISION]` (the files of `split` and `config` in that dataset repository), `s3://BUCKET/KEY` (a file) or `s3://BUCKET/PREFIX/` (the split's files under it), `pvc://CLAIM/PATH` (a file or directory, read in place). hf:// and s3:// data is fetched once into the checkpoint volume before any role starts (condition DatasetReady), every row validated then."""
+    split: Optional[Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][-_.A-Za-z0-9]*$")]] = None
+    """The split to read (default `train`) when the source is a directory or a dataset repository: its files are named by the split (`train.jsonl`, `data/train-00000-of-00002.parquet`, `<config>/test-*.parquet`, as on the Hugging Face hub)."""
+    config: Optional[Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][-_.A-Za-z0-9]*$")]] = None
+    """The dataset configuration (a subdirectory of the repository, such as GSM8K's `main`)."""
+    format: Optional[Literal["jsonl", "json", "parquet", "csv"]] = None
+    """The file format; by default from each file's extension (.jsonl/.ndjson, .json, .parquet, .csv)."""
+    fields: Optional[FieldMapping] = None
+    """Which columns hold the prompt (or messages), the ground truth, the task id and the domain, when they are not named `prompt`/`messages`, `ground_truth`, `task_id`/`id` and `domain`. Other columns are kept as the task's metadata."""
     size: Optional[int] = Field(None, ge=1, le=10_000_000)
     """Number of tasks to generate (builtin) or to keep (files); all when unset."""
     seed: int = Field(0, ge=0, le=2**31 - 1)
@@ -713,15 +776,38 @@ class CheckpointSpec(ApiModel):
     """Keep the checkpoint claim (and the trained model on it) when the RFTJob is deleted; a new RFTJob of the same name adopts it and resumes from its latest checkpoint."""
 
 
+@rules(Rule(
+    cel="has(self.scoreAtLeast) || has(self.patience)",
+    message="evaluation.stopWhen needs scoreAtLeast, patience or both",
+    field=".scoreAtLeast",
+    check=lambda w: w.score_at_least is not None or w.patience is not None,
+))
+class StopWhen(ApiModel):
+    score_at_least: Optional[float] = None
+    """Stop once an evaluation scores at least this (a target on the held-out set)."""
+    patience: Optional[int] = Field(None, ge=1, le=10_000)
+    """Stop after this many evaluations in a row that do not beat the best score by more than minDelta (a plateau)."""
+    min_delta: float = Field(0.0, ge=0, le=1_000_000)
+    """How much an evaluation must beat the best score by to count as an improvement (patience)."""
+
+
 class EvaluationSpec(ApiModel):
     every_steps: int = Field(0, ge=0, le=1_000_000)
-    """Evaluate on dataset.eval every N steps; 0 disables evaluation."""
+    """Evaluate on dataset.eval every N steps and after the last step; 0 disables evaluation."""
     max_tasks: int = Field(64, ge=1, le=100000)
-    """Evaluation tasks per round."""
+    """Evaluation tasks per round (the first ones of dataset.eval, the same every round)."""
     samples_per_prompt: int = Field(1, ge=1, le=64)
-    """Samples per evaluation task."""
-    temperature: float = Field(1.0, gt=0, le=4)
-    """Sampling temperature for evaluation."""
+    """Samples per evaluation task (k of eval_pass_at_k)."""
+    temperature: float = Field(1.0, ge=0, le=4)
+    """Sampling temperature for evaluation; 0 decodes greedily."""
+    at_start: bool = True
+    """Measure the baseline before the first training step (step 0 in the metrics, status.evaluation.baseline)."""
+    pass_reward: float = 1.0
+    """A task passes (eval_pass_at_k) when one of its samples scores at least this."""
+    keep_best: bool = True
+    """Keep the checkpoint of the best evaluation (status.evaluation.bestCheckpoint) beyond checkpoint.keepLast; a checkpoint is written at every evaluation that beats the best."""
+    stop_when: Optional[StopWhen] = None
+    """Stop training early on a target score or a plateau; status.message and status.evaluation.stopReason say which."""
 
 
 # ---------------------------------------------------------------- network
@@ -796,11 +882,73 @@ class WandbTracking(ApiModel):
     """offline: the run is written on the checkpoint volume (tracking/wandb/), one run across trainer restarts; upload it with `wandb sync`. (Online logging is not offered yet.)"""
 
 
+class SamplesSpec(ApiModel):
+    every_steps: int = Field(1, ge=0, le=1_000_000)
+    """Write a few sampled completions every N training steps (and the first and last steps); 0 writes none."""
+    per_step: int = Field(4, ge=1, le=64)
+    """Prompts written per step, each with its sampled completions, rewards and the evaluator's reason."""
+    max_chars: int = Field(2000, ge=100, le=100_000)
+    """Texts longer than this are cut in the middle (a marker says how much); secrets the trainer holds are masked."""
+
+
 class TrackingSpec(ApiModel):
+    samples: SamplesSpec = Field(default_factory=SamplesSpec)
+    """Sampled completions where people look: samples/step-NNNNNN.jsonl on the checkpoint volume, TensorBoard text, an MLflow artifact, a W&B table, and `kubectl rft samples JOB`."""
     wandb: Optional[WandbTracking] = None
     """Also write the run as a Weights & Biases offline run: the spec as its config and every step's metrics (the reward curve included). Failures are counted (tracking_errors) and warned once; training goes on."""
     mlflow: Optional[MlflowTracking] = None
     """Also log the run to MLflow: one run per job (kept across trainer restarts) with the spec as parameters and every step's metrics (the reward curve included). A tracker that cannot be reached never stops training: its failures are counted (tracking_errors) and warned once. TensorBoard event files and metrics.jsonl are always written on the checkpoint volume."""
+
+
+# ---------------------------------------------------------------- storage and output
+Endpoint = Annotated[str, StringConstraints(min_length=8, max_length=2048, pattern=r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")]
+
+
+@rules(Rule(
+    cel="has(self.accessKeyIdSecretRef) == has(self.secretAccessKeySecretRef)",
+    message="storage.s3: set both accessKeyIdSecretRef and secretAccessKeySecretRef, or neither (anonymous access)",
+    field=".accessKeyIdSecretRef",
+    check=lambda s: (s.access_key_id_secret_ref is None) == (s.secret_access_key_secret_ref is None),
+))
+class S3Storage(ApiModel):
+    endpoint: Optional[Endpoint] = None
+    """The S3-compatible endpoint (`https://s3.eu-west-1.amazonaws.com`, a MinIO or SeaweedFS URL); AWS's regional endpoint when unset."""
+    region: Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9-]+$")] = "us-east-1"
+    """The region requests are signed for."""
+    path_style: bool = True
+    """Address buckets as `<endpoint>/<bucket>` (what most S3-compatible stores need) instead of `<bucket>.<endpoint>`."""
+    access_key_id_secret_ref: Optional[SecretKeySelector] = None
+    """The access key id, from a Secret (never written into the spec, the status, logs or errors)."""
+    secret_access_key_secret_ref: Optional[SecretKeySelector] = None
+    """The secret access key, from a Secret."""
+
+
+class HuggingFaceStorage(ApiModel):
+    endpoint: Optional[Endpoint] = None
+    """The hub's address (`HF_ENDPOINT`): a mirror or a self-hosted hub; https://huggingface.co when unset."""
+    token_secret_ref: Optional[SecretKeySelector] = None
+    """A Hugging Face access token, from a Secret (private or gated repositories, and pushing `output`)."""
+
+
+class StorageSpec(ApiModel):
+    s3: Optional[S3Storage] = None
+    """Where `s3://` URIs are read and written, and with which credentials."""
+    hugging_face: Optional[HuggingFaceStorage] = None
+    """Where `hf://` URIs are read and written, and with which token."""
+
+
+@rules(Rule(
+    cel="self.uri.matches('^(hf|s3)://')",
+    message="output.uri must be s3://BUCKET/PREFIX or hf://ORG/NAME[@BRANCH]",
+    field=".uri",
+    check=lambda o: uri_problem(o.uri, allowed=("hf", "s3"), repo_type="model") is None,
+    explain=lambda o: uri_problem(o.uri, allowed=("hf", "s3"), repo_type="model") or "",
+))
+class OutputSpec(ApiModel):
+    uri: PathStr
+    """Where the trained model goes: `s3://BUCKET/PREFIX` (the final model's files under `PREFIX/final/`) or `hf://ORG/NAME[@BRANCH]` (a model repository, created when missing; the branch too). Pushed when training ends, with retries; an interrupted push resumes, skipping the files already there. The model stays on the checkpoint volume whatever happens to the push; status.output says where it went."""
+    private: bool = True
+    """A repository the push creates on the hub is private."""
 
 
 @rules(Rule(
@@ -818,6 +966,11 @@ class TrackingSpec(ApiModel):
     message="evaluation.everySteps > 0 needs dataset.eval",
     field=".evaluation.everySteps",
     check=lambda s: s.evaluation is None or s.evaluation.every_steps == 0 or s.dataset.eval is not None,
+), Rule(
+    cel="!has(self.evaluation) || !has(self.evaluation.stopWhen) || self.evaluation.everySteps > 0",
+    message="evaluation.stopWhen needs evaluation.everySteps > 0 (it acts on evaluations)",
+    field=".evaluation.stopWhen",
+    check=lambda s: s.evaluation is None or s.evaluation.stop_when is None or s.evaluation.every_steps > 0,
 ), Rule(
     cel="!has(self.model.lora) || self.inference.weightSync != 'disk' || self.inference.engine == 'builtin'",
     message="with model.lora on vllm, inference.weightSync must be lora (or none)",
@@ -894,6 +1047,10 @@ class RFTJobSpec(ApiModel):
     """The job's network isolation (NetworkPolicies)."""
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     """Experiment trackers the trainer also logs to."""
+    storage: Optional[StorageSpec] = None
+    """Object storage and model hub settings (endpoints, credentials) for the job's `s3://` and `hf://` URIs."""
+    output: Optional[OutputSpec] = None
+    """Push the trained model (and optionally every checkpoint) to object storage or a model hub."""
     suspend: bool = False
     """Suspend: role workloads are removed, the checkpoint volume stays; false resumes from the latest checkpoint."""
     active_deadline_seconds: Optional[int] = Field(None, ge=1, le=31_536_000)

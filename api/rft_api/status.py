@@ -66,6 +66,36 @@ class FinalModelRecord(ApiModel):
     """The adapter merged into the base model, in Hugging Face layout (checkpoint.mergeFinalAdapter)."""
 
 
+class OutputRecord(ApiModel):
+    uri: Short
+    """Where the trained model was pushed (spec.output.uri; on S3 the folder of the final model's files)."""
+    revision: Optional[Short] = None
+    """The hub commit of the push."""
+    files: int = Field(0, ge=0)
+    """Files of the pushed model."""
+    bytes: int = Field(0, ge=0)
+    """Their size."""
+
+
+class EvaluationRecord(ApiModel):
+    baseline: Optional[float] = None
+    """Held-out score before the first training step (evaluation.atStart)."""
+    step: Optional[int] = Field(None, ge=0)
+    """The step of the last evaluation."""
+    score: Optional[float] = None
+    """The mean reward of the last evaluation."""
+    pass_at_k: Optional[float] = None
+    """The share of evaluation tasks with a sample scoring at least evaluation.passReward, at the last evaluation."""
+    best_step: Optional[int] = Field(None, ge=0)
+    """The step of the best evaluation."""
+    best_score: Optional[float] = None
+    """The best evaluation's score."""
+    best_checkpoint: Optional[Short] = None
+    """The checkpoint of the best evaluation, on the checkpoint claim (kept with evaluation.keepBest)."""
+    stop_reason: Optional[Literal["scoreAtLeast", "patience"]] = None
+    """Why training stopped before trainer.maxSteps (evaluation.stopWhen)."""
+
+
 class ErrorCounts(ApiModel):
     timeouts: int = Field(0, ge=0)
     """Samples whose evaluator timed out."""
@@ -109,12 +139,16 @@ class RFTJobStatus(ApiModel):
     """Mean reward of the last step per task domain (dataset.mix, per-domain evaluators)."""
     eval_domain_scores: dict[str, float] = Field(default_factory=dict)
     """Mean reward per task domain at the last evaluation (when the evaluation set has several domains)."""
+    evaluation: Optional[EvaluationRecord] = None
+    """Held-out evaluation: the baseline, the last and the best score and checkpoint, and why training stopped early."""
     last_checkpoint: Optional[CheckpointRecord] = None
     """The latest complete checkpoint."""
     checkpoints: list[CheckpointRecord] = Field(default_factory=list, max_length=1000)
     """Checkpoints retained on the volume, oldest first."""
     final_model: Optional[FinalModelRecord] = None
     """Where the trained policy is once the job Succeeded (on the checkpoint claim; keep it with checkpoint.retainOnDelete)."""
+    output: Optional[OutputRecord] = None
+    """Where the trained model was pushed (spec.output), once it was; condition OutputPushed says why it was not."""
     errors: ErrorCounts = Field(default_factory=ErrorCounts)
     """Counters of evaluator errors and coordinator drops."""
     restarts: int = Field(0, ge=0)

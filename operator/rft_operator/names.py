@@ -91,6 +91,11 @@ def token(job: str) -> str:
     return f"{job}-token"
 
 
+def fetch_prefix(job: str) -> str:
+    """The fetch Jobs' names: this prefix and a hash of the Job's spec (``builders.fetch``)."""
+    return f"{job[:40]}-fetch-"
+
+
 def checkpoints(job: str) -> str:
     """Checkpoint PersistentVolumeClaim (unless ``spec.checkpoint.existingClaim``)."""
     return f"{job}-checkpoints"

@@ -92,6 +92,10 @@ class Observed:
     """Pods that cannot start (image pull, invalid image, config errors)."""
     trainer_messages: tuple[str, ...] = ()
     """Termination messages of the trainer's failed containers (their last log lines)."""
+    fetch: Optional[TrainerObs] = None
+    """The fetch Job of the job's hf:// and s3:// inputs (``builders.fetch``), when there is one."""
+    fetch_messages: tuple[str, ...] = ()
+    """What the fetch pods' containers said as they ended (``rft fetch``'s summary or error), newest last."""
 
     @property
     def any_children(self) -> bool:
@@ -286,6 +290,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
     children = set()
     problems: list[PodProblem] = []
     messages: list[str] = []
+    fetch, fetch_said = None, []
     for obj in objects:
         kind, name = obj.get("kind", ""), obj["metadata"]["name"]
         role = (obj["metadata"].get("labels") or {}).get(names.LABEL_ROLE, "")
@@ -294,15 +299,30 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
             problems += p
             if role == "trainer":
                 messages += m
+            elif role == "fetch":
+                fetch_said += _ended_with(obj)
             continue
         children.add((kind, name))
         if kind == "Deployment":
             workloads[role] = observe_deployment(obj)
         elif kind == "Job" and name == names.trainer(job_name):
             trainer = observe_job(obj)
+        elif kind == "Job" and name.startswith(names.fetch_prefix(job_name)):
+            fetch = observe_job(obj)
         elif kind == "ConfigMap" and name == names.progress(job_name):
             progress_obj = obj
     progress, error = observe_progress(progress_obj)
     return Observed(now=now, workloads=workloads, trainer=trainer, progress=progress, progress_error=error,
                     children=frozenset(children), pod_problems=tuple(sorted(problems, key=lambda p: (p.role, p.pod))),
-                    trainer_messages=tuple(sorted(messages)))
+                    trainer_messages=tuple(sorted(messages)), fetch=fetch,
+                    fetch_messages=tuple(m for _, m in sorted(fetch_said)))
+
+
+def _ended_with(pod: Obj) -> list[tuple[str, str]]:
+    """``(finishedAt, message)`` of each container of ``pod`` that ended with a termination message."""
+    out = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if term.get("message"):
+            out.append((str(term.get("finishedAt") or ""), term["message"].strip()[-1024:]))
+    return out

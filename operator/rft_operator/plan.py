@@ -4,6 +4,8 @@ Children that hold state or identity (config and progress ConfigMaps, Services, 
 the trainer's ServiceAccount/Role/RoleBinding) always exist for a valid job. The role workloads follow
 the suspend policy and the failure policy:
 
+- no role workload exists before the job's hf:// and s3:// inputs are fetched (``policies.inputs``),
+  and the fetch Job, once it exists, is kept (its pods' logs and messages);
 - nothing new is created for a ValidationFailed job (its workloads are deleted, the rest is left);
 - Deployments exist while the job is neither suspended nor terminal;
 - the trainer Job is applied for the current attempt, an earlier attempt's Job (or one whose
@@ -15,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Optional
 
 from .observe import Observed
 from .policies import failure, suspend
+from .policies.inputs import InputsState
 from .policies.phase import is_terminal
 
 
@@ -36,15 +40,23 @@ class Plan:
     stateful: bool = True
     """Whether the state/identity children are applied (not for ValidationFailed: existing ones are
     left alone, none is created)."""
+    fetch: bool = False
+    """Whether the fetch Job of the job's inputs is applied (kept once it ran: ``policies.inputs``)."""
 
 
 def make_plan(suspend_: bool, phase: str, observed: Observed, persisted_restarts: int,
-              trainer_template_hash: str = "") -> Plan:
+              trainer_template_hash: str = "", inputs: Optional[InputsState] = None) -> Plan:
     """What to apply and delete this reconcile (``persisted_restarts``: ``status.restarts`` as stored;
-    ``trainer_template_hash``: that of the trainer Job that should run)."""
+    ``trainer_template_hash``: that of the trainer Job that should run; ``inputs``: where the fetch of
+    the job's inputs stands, whose completion the roles wait for)."""
     t = observed.trainer
-    deployments = suspend.deployments_allowed(suspend_, phase)
-    if not suspend.trainer_allowed(suspend_, phase):
+    ready = inputs is None or inputs.ready
+    fetch = inputs is not None and inputs.wanted and phase != "ValidationFailed" and \
+        (observed.fetch is not None or not (suspend_ or is_terminal(phase)))
+    deployments = ready and suspend.deployments_allowed(suspend_, phase)
+    if not ready:
+        step = TrainerStep.DELETE if t is not None else TrainerStep.ABSENT
+    elif not suspend.trainer_allowed(suspend_, phase):
         step = TrainerStep.DELETE if t is not None else TrainerStep.ABSENT
     elif is_terminal(phase):
         if t is None:
@@ -57,4 +69,4 @@ def make_plan(suspend_: bool, phase: str, observed: Observed, persisted_restarts
                 failure.TrainerAction.DELETE_STALE: TrainerStep.DELETE,
                 failure.TrainerAction.WAIT: TrainerStep.KEEP}[action]
     return Plan(deployments=deployments, trainer=step, attempt=persisted_restarts,
-                stateful=phase != "ValidationFailed")
+                stateful=phase != "ValidationFailed", fetch=fetch)

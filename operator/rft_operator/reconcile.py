@@ -31,7 +31,7 @@ from .events import JobEvent, event_object, transition_events
 from .kube import Kube, KubeError, child_kinds
 from .observe import Observed, observe
 from .plan import TrainerStep, make_plan
-from .policies import admission
+from .policies import admission, inputs
 from .policies.admission import Hold
 from .policies.suspend import WORKLOAD_KINDS
 from .status import compute_status, status_dict, validation_failed_status
@@ -350,10 +350,11 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
                        dns_ports=dns_ports or BuildContext.dns_ports)
     first = compute_status(job, observed, cfg_hash, gate.hold)
     trainer_hash = template_hash(job, ctx, cfg_hash)
-    plan = make_plan(job.spec.suspend or gate.hold is not None, first.phase, observed, persisted_restarts, trainer_hash)
+    plan = make_plan(job.spec.suspend or gate.hold is not None, first.phase, observed, persisted_restarts, trainer_hash,
+                     inputs.state(job.spec, observed))
 
-    desired = desired_children(job, ctx, deployments=plan.deployments,
-                               trainer_job=plan.trainer == TrainerStep.APPLY) if plan.stateful else []
+    desired = desired_children(job, ctx, deployments=plan.deployments, trainer_job=plan.trainer == TrainerStep.APPLY,
+                               fetch_job=plan.fetch) if plan.stateful else []
     if gate.workload is not None and plan.stateful and not gate.requeue:
         desired.insert(0, gate.workload)
     current = outcome.current

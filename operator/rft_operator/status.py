@@ -10,15 +10,24 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from rft_api.constants import CONDITION_TYPES
+from rft_api.constants import CONDITION_TYPES, OPTIONAL_CONDITION_TYPES
 from rft_api.job import RFTJob
 from rft_api.progress import Progress
 from rft_api.spec import RFTJobSpec
-from rft_api.status import Condition, ErrorCounts, FinalModelRecord, RFTJobStatus, RolesStatus, RoleStatus
+from rft_api.status import (
+    Condition,
+    ErrorCounts,
+    EvaluationRecord,
+    FinalModelRecord,
+    OutputRecord,
+    RFTJobStatus,
+    RolesStatus,
+    RoleStatus,
+)
 
 from . import names
 from .observe import Observed, TrainerObs
-from .policies import checkpoint, failure, suspend
+from .policies import checkpoint, failure, inputs, suspend
 from .policies.admission import Hold
 from .policies.phase import PhaseDecision, Signals, is_terminal, next_phase
 from .timeutil import format_time
@@ -88,7 +97,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     suspended = set_condition(prev.conditions, "Suspended", *_suspended_condition(spec.suspend, prev, hold),
                               generation, now)
 
-    # failure policy: restart budget, deadline, evaluator
+    inputs_state = inputs.state(spec, observed)
+    # failure policy: restart budget, deadline, evaluator, inputs
     if is_terminal(prev.phase) and job.status is not None:
         restarts, budget_failure = prev.restarts, None
     else:
@@ -98,7 +108,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
             or (None if held else failure.terminal_failure(observed, restarts))
             or (None if held else failure.deadline_failure(
                 spec, suspend.clock_start(prev.start_time, suspended), observed.now))
-            or failure.evaluator_failure(spec, observed.progress))
+            or failure.evaluator_failure(spec, observed.progress)
+            or inputs_state.failure)
 
     # phase machine
     replicas = desired_replicas(spec)
@@ -114,13 +125,18 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     phase = decision.phase
 
     roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts, hold)
+    if inputs_state.wanted:
+        values["InputsReady"] = inputs_state.condition
+    if spec.output is not None:
+        values["OutputPushed"] = _output_condition(observed.progress, phase)
     conditions = [suspended if ct == "Suspended" else set_condition(prev.conditions, ct, *values[ct], generation, now)
-                  for ct in CONDITION_TYPES]
+                  for ct in CONDITION_TYPES if ct == "Suspended" or ct in values]
 
     # progress and checkpoint view
     p = observed.progress
     checkpoints = checkpoint.retained(p, spec.checkpoint.keep_last, prev.checkpoints)
-    message = decision.message
+    evaluation = _evaluation(p) or prev.evaluation
+    message = _stopped_early(decision.message, phase, evaluation)
     if observed.progress_error:
         message = f"{message}; progress ConfigMap ignored: {observed.progress_error}"
     started = prev.start_time or (now if phase in ("Provisioning", "Running", "Succeeded", "Failed") else None)
@@ -140,10 +156,12 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
         eval_score=p.eval_score if p else prev.eval_score,
         domain_rewards=dict(p.domain_rewards) if p else prev.domain_rewards,
         eval_domain_scores=dict(p.eval_domain_scores) if p else prev.eval_domain_scores,
+        evaluation=evaluation,
         last_checkpoint=checkpoint.latest(checkpoints, prev.last_checkpoint),
         checkpoints=checkpoints,
         errors=ErrorCounts(**p.errors.model_dump()) if p else prev.errors,
         final_model=_final_model(job, p) or prev.final_model,
+        output=_output(p) or prev.output,
         restarts=restarts,
         start_time=started,
         completion_time=completed,
@@ -190,6 +208,45 @@ def _final_model(job: RFTJob, p: Optional[Progress]) -> Optional[FinalModelRecor
                             merged_path=p.final_model.merged_path)
 
 
+def _evaluation(p: Optional[Progress]) -> Optional[EvaluationRecord]:
+    """The held-out evaluation as the trainer reported it (its curve stays in the progress record)."""
+    if p is None or p.evaluation is None:
+        return None
+    return EvaluationRecord(**p.evaluation.model_dump(exclude={"curve"}))
+
+
+def _stopped_early(message: str, phase: str, evaluation: Optional[EvaluationRecord]) -> str:
+    """A Succeeded job's message says when training stopped before trainer.maxSteps, and why."""
+    if phase != "Succeeded" or evaluation is None or evaluation.stop_reason is None or "stopped early" in message:
+        return message
+    why = {"scoreAtLeast": "the evaluation reached evaluation.stopWhen.scoreAtLeast",
+           "patience": "the evaluation stopped improving for evaluation.stopWhen.patience evaluations"}
+    return f"{message}; stopped early at step {evaluation.step}: {why[evaluation.stop_reason]}"
+
+
+def _output(p: Optional[Progress]) -> Optional[OutputRecord]:
+    """Where the trainer pushed the final model (``spec.output``), once it has."""
+    if p is None or p.output is None or p.output.error is not None:
+        return None
+    o = p.output
+    return OutputRecord(uri=o.uri, revision=o.revision, files=o.files, bytes=o.bytes)
+
+
+def _output_condition(p: Optional[Progress], phase: str) -> tuple[str, str, str]:
+    """``OutputPushed``: the push's outcome as the trainer reported it (the model stays on the
+    checkpoint claim when it failed)."""
+    o = p.output if p is not None else None
+    if o is None:
+        return ("False", "NotYet" if not is_terminal(phase) else "NotPushed",
+                "the final model is pushed when training ends" if not is_terminal(phase)
+                else "the trainer did not push the final model")
+    if o.error is not None:
+        return ("False", o.reason or "PushFailed",
+                f"{o.error}; the final model stays on the checkpoint claim (status.finalModel)"[:1024])
+    return ("True", "Pushed", f"pushed {o.files} files ({o.bytes} bytes) to {o.uri}"
+            + (f" at revision {o.revision}" if o.revision else ""))
+
+
 def _reason_of(prev: RFTJobStatus) -> str:
     for c in prev.conditions:
         if c.type == ("Succeeded" if prev.phase == "Succeeded" else "Failed") and c.status == "True":
@@ -217,10 +274,11 @@ def validation_failed_status(previous: Optional[dict[str, Any]], message: str, g
         prev = RFTJobStatus()
     if previous and is_terminal(prev.phase):
         return prev
-    values = {ct: ("False", "InvalidSpec", "the spec does not validate") for ct in CONDITION_TYPES}
+    values = {ct: ("False", "InvalidSpec", "the spec does not validate") for ct in CONDITION_TYPES
+              if ct not in OPTIONAL_CONDITION_TYPES}
     values["Failed"] = ("True", "InvalidSpec", message)
     values["Suspended"] = ("False", "NotSuspended", "the spec does not validate")
-    conds = [set_condition(prev.conditions, ct, *values[ct], generation, observed_now) for ct in CONDITION_TYPES]
+    conds = [set_condition(prev.conditions, ct, *values[ct], generation, observed_now) for ct in values]
     return RFTJobStatus(phase="ValidationFailed", message=message[:MAX_CONDITION_MESSAGE],
                         observed_generation=generation, conditions=conds, restarts=prev.restarts,
                         start_time=prev.start_time, completion_time=prev.completion_time or observed_now)

@@ -11,6 +11,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("rft_runtime.cli:_validate", "validate RFTJob manifests"),
     "docs": ("rft_runtime.cli:_docs", "print the API reference (docs/api.md)"),
     "run": ("rft_runtime.local.cli:main", "run an RFTJob manifest on this machine (roles as Ray actors)"),
+    "samples": ("rft_runtime.samples_view:main",
+                "print a local run's sampled completions, rewards and reasons (rft samples DIR [--step N])"),
     "trainer": ("rft_runtime.trainer.main:main", "the trainer role: coordinator + learner (--config FILE)"),
     "rollout": ("rft_runtime.rollout.loop:main",
                 "the rollout role: lease tasks, sample, score, post episodes (--config FILE)"),
@@ -19,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model": ("rft_runtime.model.export:model_cli", "model utilities (export a builtin model for vLLM)"),
     "serve": ("rft_runtime.serve.server:main", "the builtin vLLM-compatible inference server"),
     "reward": ("rft_runtime.rewards.server:main", "the reward role: serve the reward API (--config FILE)"),
+    "fetch": ("rft_runtime.fetching:main", "fetch a job's hf:// and s3:// model and datasets (--config FILE)"),
 }
 
 

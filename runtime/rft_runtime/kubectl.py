@@ -9,6 +9,9 @@
     kubectl rft suspend JOB           spec.suspend: true (role pods removed, checkpoint kept)
     kubectl rft resume JOB            spec.suspend: false (the trainer resumes from its checkpoint)
     kubectl rft curve JOB -o F.png    the reward curve from the job's progress record
+    kubectl rft samples JOB           the newest sampled completions the trainer kept (prompts,
+                                      completions, rewards, the evaluator's reasons); --step N an
+                                      earlier kept step, -o json as JSON
     kubectl rft export JOB DIR        copy the trained model (``status.finalModel``) out of its claim
                                       into DIR (``--merged``: the merged copy of a LoRA adapter)
 
@@ -24,6 +27,7 @@ into DIR refusing any member that would land outside it, and deletes the pod.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import secrets
@@ -36,7 +40,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, cast
 
 from rft_api.constants import API_VERSION, DEFAULT_RUNTIME_IMAGE, KIND
-from rft_api.progress import PROGRESS_KEY, Progress, ProgressError, parse_text
+from rft_api.progress import PROGRESS_KEY, SAMPLES_KEY, Progress, ProgressError, parse_text
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "rftjobs"
@@ -86,7 +90,19 @@ def format_status(job: dict[str, Any], progress: Optional[Progress]) -> str:
     domains = st.get("domainRewards") or (progress.domain_rewards if progress is not None else {})
     if domains:
         lines.append("by domain   " + "   ".join(f"{d} {_fmt(v)}" for d, v in sorted(domains.items())))
-    if st.get("evalScore") is not None:
+    ev = st.get("evaluation") or {}
+    if ev.get("score") is not None:
+        line = f"eval score  {_fmt(ev['score'])} at step {ev.get('step')}"
+        if ev.get("baseline") is not None:
+            line += f"   baseline {_fmt(ev['baseline'])}"
+        if ev.get("bestScore") is not None:
+            line += f"   best {_fmt(ev['bestScore'])} at step {ev.get('bestStep')}"
+        if progress is not None and progress.evaluation is not None and len(progress.evaluation.curve) > 1:
+            line += f"   {sparkline([p.score for p in progress.evaluation.curve])}"
+        lines.append(line)
+        if ev.get("bestCheckpoint"):
+            lines.append(f"best        {ev['bestCheckpoint']}")
+    elif st.get("evalScore") is not None:
         lines.append(f"eval score  {_fmt(st['evalScore'])}")
     eval_domains = st.get("evalDomainScores") or (progress.eval_domain_scores if progress is not None else {})
     if eval_domains:
@@ -130,20 +146,28 @@ class Client:
         except Exception as e:
             raise self._api_error(e, f"{KIND} {name}") from None
 
-    def progress(self, name: str) -> Optional[Progress]:
+    def _progress_key(self, name: str, key: str) -> Optional[str]:
+        """One key of the job's progress ConfigMap (None when the ConfigMap or the key is not there yet)."""
         try:
             cm = self.core.read_namespaced_config_map(f"{name}-progress", self.namespace)
         except Exception as e:
             if getattr(e, "status", None) == 404:
                 return None
             raise self._api_error(e, f"ConfigMap {name}-progress") from None
-        text = (cm.data or {}).get(PROGRESS_KEY)
+        return (cm.data or {}).get(key) or None
+
+    def progress(self, name: str) -> Optional[Progress]:
+        text = self._progress_key(name, PROGRESS_KEY)
         if not text:
             return None
         try:
             return parse_text(text)
         except ProgressError:
             return None
+
+    def samples(self, name: str) -> Optional[str]:
+        """The ``samples.json`` text of the job's progress ConfigMap (None when there is none yet)."""
+        return self._progress_key(name, SAMPLES_KEY)
 
     def set_suspend(self, name: str, suspend: bool) -> None:
         self.job(name)
@@ -335,6 +359,27 @@ def _curve(c: Client, a: argparse.Namespace) -> int:
     return 0
 
 
+def _samples(c: Client, a: argparse.Namespace) -> int:
+    from rft_runtime.samples_view import SamplesError, format_step, parse_steps, pick_step
+
+    text = c.samples(a.job)
+    if text is None:
+        c.job(a.job)
+        raise PluginError(f"{a.job} has no samples yet: the trainer writes them at its first step and every "
+                          "spec.tracking.samples.everySteps steps (0 writes none)")
+    where = f"ConfigMap {a.job}-progress"
+    try:
+        steps = parse_steps(text)
+        entry = pick_step(steps, a.step, where)
+    except SamplesError as e:
+        raise PluginError(str(e)) from None
+    if a.output == "json":
+        print(json.dumps(entry, ensure_ascii=False, indent=1))
+    else:
+        print(format_step(entry, steps=[s["step"] for s in steps]))
+    return 0
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="kubectl rft", description="Inspect and control RFTJobs.")
     ap.add_argument("-n", "--namespace", default=None, help="namespace (default: the kubeconfig context's)")
@@ -352,6 +397,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     cv = sub.add_parser("curve", help="write the reward curve as a PNG")
     cv.add_argument("job")
     cv.add_argument("-o", "--output", required=True, type=Path)
+    sm = sub.add_parser("samples", help="the newest sampled completions, their rewards and reasons")
+    sm.add_argument("job")
+    sm.add_argument("--step", type=int, default=None, help="this step (one of those kept; default: the newest)")
+    sm.add_argument("-o", "--output", choices=("text", "json"), default="text")
     ex = sub.add_parser("export", help="copy the trained model out of the job's claim")
     ex.add_argument("job")
     ex.add_argument("dir", type=Path, help="where to write it (created; must be empty)")
@@ -361,7 +410,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 COMMANDS = {"status": _status, "suspend": _suspend, "resume": _suspend, "logs": _logs, "curve": _curve,
-            "export": _export}
+            "export": _export, "samples": _samples}
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -13,6 +13,9 @@
   ``rft_trainer_domain_reward_<stat>{domain}``; any other key is ``rft_trainer_<key>``
   (non-alphanumerics become ``_``).
 
+:meth:`MetricsSink.text` adds markdown text to TensorBoard (its Text tab): the trainer's sampled
+completions, tagged ``samples``.
+
 On resume, :meth:`MetricsSink.truncate_after` drops lines of steps that are redone, and the
 TensorBoard writer purges events after the resumed step, so each step appears once.
 """
@@ -146,6 +149,11 @@ class MetricsSink:
                 f.flush()
                 os.fsync(f.fileno())
         return row
+
+    def text(self, tag: str, markdown: str, step: int) -> None:
+        """Markdown ``markdown`` as TensorBoard text under ``tag`` at ``step`` (nothing without TensorBoard)."""
+        if self._tb is not None:
+            self._tb.add_text(tag, markdown, step)
 
     def flush(self) -> None:
         if self._tb is not None:

@@ -7,6 +7,10 @@ Sinks:
 * :class:`FileProgressSink` — ``progress.json`` in a directory (local runs), replaced atomically.
 * :class:`ConfigMapProgressSink` — ConfigMap ``<job>-progress`` (named by the runtime config), key
   ``progress.json``, patched through the in-cluster config. It patches that one ConfigMap and nothing else.
+
+Both also hold the last steps' sampled completions (:mod:`rft_runtime.samples_view`): the file
+``samples.json`` next to ``progress.json``, or the ConfigMap's key ``samples.json``
+(:meth:`~FileProgressSink.write_samples`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from rft_api.progress import PROGRESS_KEY, Progress, parse_text
+from rft_api.progress import PROGRESS_KEY, SAMPLES_KEY, Progress, parse_text
 
 MAX_MESSAGE = 1024
 
@@ -44,21 +48,42 @@ class ProgressSink(Protocol):
 
     def read(self) -> Progress | None: ...
 
+    def write_samples(self, data: str) -> None:
+        """Replace the last steps' samples (the ``samples.json`` text)."""
+
+    def read_samples(self) -> str | None:
+        """The ``samples.json`` text written last (None when there is none)."""
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary file next to ``path`` and rename it (readers never see half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
 
 class FileProgressSink:
-    """``<dir>/progress.json``, written to a temporary file and renamed (readers never see half)."""
+    """``<dir>/progress.json`` (and ``<dir>/samples.json``), each written to a temporary file and renamed
+    (readers never see half)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.path = Path(directory) / PROGRESS_KEY
+        self.samples_path = Path(directory) / SAMPLES_KEY
 
     def write(self, record: Progress) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".progress-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            f.write(record.to_data()[PROGRESS_KEY])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        _replace_file(self.path, record.to_data()[PROGRESS_KEY])
+
+    def write_samples(self, data: str) -> None:
+        _replace_file(self.samples_path, data)
+
+    def read_samples(self) -> str | None:
+        if not self.samples_path.exists():
+            return None
+        return self.samples_path.read_text(encoding="utf-8") or None
 
     def read(self) -> Progress | None:
         if not self.path.exists():
@@ -97,7 +122,12 @@ class ConfigMapProgressSink:
         self._api.patch_namespaced_config_map(self.name, self.namespace, {"data": record.to_data()},
                                               _request_timeout=API_TIMEOUT_S)
 
-    def read(self) -> Progress | None:
+    def write_samples(self, data: str) -> None:
+        """Patch the key ``samples.json`` of the same ConfigMap (the record's key is left as it is)."""
+        self._api.patch_namespaced_config_map(self.name, self.namespace, {"data": {SAMPLES_KEY: data}},
+                                              _request_timeout=API_TIMEOUT_S)
+
+    def _data(self) -> dict[str, str] | None:
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -106,6 +136,12 @@ class ConfigMapProgressSink:
             if e.status == 404:
                 return None
             raise
-        text = (cm.data or {}).get(PROGRESS_KEY, "")
+        return dict(cm.data or {})
+
+    def read(self) -> Progress | None:
+        text = (self._data() or {}).get(PROGRESS_KEY, "")
         return parse_text(text) if text.strip() else None
+
+    def read_samples(self) -> str | None:
+        return (self._data() or {}).get(SAMPLES_KEY) or None
 

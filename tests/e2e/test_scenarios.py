@@ -214,8 +214,10 @@ def test_multi_domain_mix_with_routed_evaluators(driver: JobDriver) -> None:
     assert sorted(st["evalDomainScores"]) == ["arithmetic", "code", "words"] and st["evalScore"] is not None, st
     assert [k for k in driver.children(job) if k[1] == names.reward(job)]  # the code sandbox's reward role
     rows = driver.metrics_rows(job)
-    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
-    for r in rows:
+    assert [r["step"] for r in rows] == list(range(0, max_steps + 1))  # step 0: the baseline evaluation
+    assert sorted(k for k in rows[0] if k.startswith("eval_score/")) == [f"eval_score/{d}" for d in ("arithmetic", "code", "words")]
+    assert st["evaluation"]["baseline"] == rows[0]["eval_score"], st
+    for r in rows[1:]:
         assert [r[f"domain/{d}/samples"] for d in ("arithmetic", "words", "code")] == [5 * n, 3 * n, 2 * n], r
         assert all(abs(r[f"reward/{d}"] - r[f"domain/{d}/mean"]) < 1e-9 for d in ("arithmetic", "words", "code")), r
 

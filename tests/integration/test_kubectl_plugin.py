@@ -130,3 +130,17 @@ def test_export_refuses_an_archive_that_escapes_its_directory(tmp_path) -> None:
     job["status"]["finalModel"]["path"] = "../other-job"
     with pytest.raises(PluginError, match="not a directory on its claim"):
         export_source(job, merged=False)
+
+
+def test_status_shows_the_evaluation() -> None:
+    from rft_api.progress import EvalPoint, Progress, ProgressEvaluation
+    from rft_runtime.kubectl import format_status
+
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "status": {
+        "phase": "Running", "step": 12, "evaluation": {"baseline": 0.1, "step": 10, "score": 0.35, "bestStep": 10,
+                                                       "bestScore": 0.35, "bestCheckpoint": "/checkpoints/step-000010"}}}
+    p = Progress(evaluation=ProgressEvaluation(curve=[EvalPoint(step=0, score=0.1), EvalPoint(step=5, score=0.2),
+                                                      EvalPoint(step=10, score=0.35)]))
+    out = format_status(job, p)
+    assert "eval score  0.350 at step 10   baseline 0.100   best 0.350 at step 10   ▁" in out
+    assert "best        /checkpoints/step-000010" in out

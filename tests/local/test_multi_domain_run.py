@@ -20,8 +20,8 @@ def test_the_multi_domain_example_mixes_routes_and_reports_per_domain(tmp_path, 
     log = (tmp_path / "rft.log").read_text()
     assert code == 0, log[-4000:]
     rows = rft.rows(out)
-    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
-    for r in rows:
+    assert [r["step"] for r in rows] == list(range(0, max_steps + 1))  # step 0: the baseline evaluation
+    for r in rows[1:]:
         # every step holds each domain's share: 5/3/2 prompts of n samples each
         assert [r[f"domain/{d}/samples"] for d in ("arithmetic", "words", "code")] == [5 * n, 3 * n, 2 * n]
         # each evaluator scored its own domain only: its mean is that domain's reward mean
@@ -35,7 +35,7 @@ def test_the_multi_domain_example_mixes_routes_and_reports_per_domain(tmp_path, 
         assert "domain/arithmetic/shaped_mean" in r and "domain/words/shaped_mean" not in r
     # validation per domain: every 4 steps, each domain's held-out score, the overall one their mean by sample
     evaluated = [r for r in rows if "eval_score" in r and r["step"] % 4 == 0]
-    assert [r["step"] for r in evaluated] == [4, 8]
+    assert [r["step"] for r in evaluated] == [0, 4, 8]
     for r in evaluated:
         per = [r[f"eval_score/{d}"] for d in ("arithmetic", "words", "code")]
         assert r["eval_score"] == pytest.approx((2 * per[0] + per[1] + per[2]) / 4)

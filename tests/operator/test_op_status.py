@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from rft_api.constants import CONDITION_TYPES
+from rft_api.constants import CONDITION_TYPES, OPTIONAL_CONDITION_TYPES
 from rft_api.progress import Progress
 from rft_api.status import RFTJobStatus
 from rft_operator.status import compute_status, validation_failed_status
@@ -25,7 +25,7 @@ def cond(status: RFTJobStatus, ctype: str):
 def test_new_job_without_children_is_pending(tiny_job) -> None:
     s = compute_status(tiny_job, observed(children=False))
     assert s.phase == "Pending"
-    assert [c.type for c in s.conditions] == list(CONDITION_TYPES)
+    assert [c.type for c in s.conditions] == [c for c in CONDITION_TYPES if c not in OPTIONAL_CONDITION_TYPES]
     assert all(c.observed_generation == 1 for c in s.conditions)
     assert s.observed_generation == 1 and s.start_time is None and s.total_steps == 30
 
@@ -230,3 +230,25 @@ def test_no_restart_is_counted_once_terminal() -> None:
     assert step(job, observed(at(100), **RUNNING)).phase == "Failed"
     s = step(job, observed(at(101), inference=1, rollout=1, trainer=trainer_obs(failed=True)))
     assert s.phase == "Failed" and s.restarts == 0 and cond(s, "Failed").reason == "DeadlineExceeded"
+
+
+def test_evaluation_in_status_and_an_early_stop_in_the_message():
+    from rft_api.progress import EvalPoint, ProgressEvaluation
+
+    job = make_job(dataset={"train": {"builtin": "arithmetic"}, "eval": {"builtin": "arithmetic", "seed": 3}},
+                   evaluation={"everySteps": 5, "stopWhen": {"patience": 2}})
+    ev = ProgressEvaluation(baseline=0.1, step=15, score=0.3, pass_at_k=0.5, best_step=5, best_score=0.4,
+                            best_checkpoint="/checkpoints/step-000005", stop_reason="patience",
+                            curve=[EvalPoint(step=0, score=0.1), EvalPoint(step=5, score=0.4)])
+    running = compute_status(job, observed(trainer=trainer_obs(), progress=Progress(step=10, evaluation=ev)))
+    assert running.evaluation is not None and running.evaluation.best_checkpoint == "/checkpoints/step-000005"
+    assert running.evaluation.baseline == 0.1 and "curve" not in running.evaluation.model_dump()
+    assert "stopped early" not in running.message
+    done = compute_status(job, observed(trainer=trainer_obs(complete=True), progress=Progress(step=15, evaluation=ev,
+                                                                                              done=True)))
+    assert done.phase == "Succeeded" and done.evaluation is not None and done.evaluation.stop_reason == "patience"
+    assert "stopped early at step 15" in done.message and "evaluation.stopWhen.patience" in done.message
+    # a later record without an evaluation keeps the last one
+    later = compute_status(job.model_copy(update={"status": done}), observed(trainer=trainer_obs(complete=True),
+                                                                             progress=Progress(step=15, done=True)))
+    assert later.evaluation == done.evaluation

@@ -9,10 +9,13 @@ import pytest
 from rft_api.progress import (
     PROGRESS_KEY,
     CurvePoint,
+    EvalPoint,
     FinalModel,
+    OutputPush,
     Progress,
     ProgressCheckpoint,
     ProgressErrors,
+    ProgressEvaluation,
     parse,
     parse_text,
 )
@@ -27,7 +30,11 @@ def _full_record() -> Progress:
         checkpoints=[ProgressCheckpoint(step=10, path="/ckpt/step-000010", time="2025-01-01T00:00:00Z")], done=True,
         message="finished", update_time="2025-01-01T00:01:00Z",
         reward_curve=[CurvePoint(step=11, mean=0.3, std=0.1), CurvePoint(step=12, mean=0.4, std=0.2)],
-        domain_rewards={"math": 0.4}, final_model=FinalModel(path="final", format="full"))
+        domain_rewards={"math": 0.4}, final_model=FinalModel(path="final", format="full"),
+        evaluation=ProgressEvaluation(baseline=0.1, step=12, score=0.35, pass_at_k=0.5, best_step=10, best_score=0.4,
+                                      best_checkpoint="/ckpt/step-000010", stop_reason="patience",
+                                      curve=[EvalPoint(step=0, score=0.1), EvalPoint(step=10, score=0.4)]),
+        output=OutputPush(uri="s3://models/run/final", files=9, bytes=1000))
 
 
 def test_written_record_parses_back_field_for_field():

@@ -102,7 +102,9 @@ def test_two_steps(tmp_path, tiny_model_dir, serve, case, monkeypatch):
     progress = json.loads((tmp_path / "out" / "progress.json").read_text())
     assert progress["done"] and progress["step"] == 2 and progress["samplesScored"] >= 32
     assert [c["step"] for c in progress["checkpoints"]] == [1, 2]
-    assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")] == [1, 2]
+    # with evaluation, step 0 is the baseline's row
+    assert [r["step"] for r in read_metrics(tmp_path / "out" / "metrics.jsonl")] == (
+        [0, 1, 2] if case == "eval-staleness" else [1, 2])
     assert loop.stats.tasks_done >= 8 and loop.stats.tasks_failed == 0
     # recomputed old log-probs: from the update's own forward where that gives the same numbers (one pass,
     # neither TIS nor KL in the reward needs them first), else a pass of their own; the mismatch either way
@@ -121,6 +123,8 @@ def test_two_steps(tmp_path, tiny_model_dir, serve, case, monkeypatch):
         assert learned and all(r["approx_kl"] != 0.0 for r in learned), rows
     if case == "eval-staleness":
         assert "eval_score" in rows[-1] and progress["evalScore"] == rows[-1]["eval_score"]
+        ev = progress["evaluation"]
+        assert ev["step"] == 2 and ev["baseline"] is not None and [p["step"] for p in ev["curve"]] == [0, 1, 2]
         assert rows[-1]["staleness_max"] <= 1
     # the trained policy outlives the job: under final/ on the checkpoint volume, in Hugging Face layout
     final = tmp_path / "ckpt" / "final"

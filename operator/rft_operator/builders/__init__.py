@@ -24,7 +24,7 @@ from rft_api.job import RFTJob
 
 from .. import names
 from ..topology import checkpoint_sharing, reward_required
-from . import config, inference, network, rbac, reward, rollout, storage, trainer, workload
+from . import config, fetch, inference, network, rbac, reward, rollout, storage, trainer, workload
 from .common import BuildContext, resources
 
 Obj = dict[str, Any]
@@ -125,11 +125,18 @@ def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = Tru
     return with_default_resources(job, out)
 
 
-def desired_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True, trainer_job: bool = True) -> list[Obj]:
-    """Everything the job should have, in apply order, stamped with their hashes."""
+def desired_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True, trainer_job: bool = True,
+                     fetch_job: bool = False) -> list[Obj]:
+    """Everything the job should have, in apply order, stamped with their hashes (``fetch_job``: with
+    the Job that fetches its hf:// and s3:// inputs, when it has any)."""
+    fetcher = fetch.job_for(job, ctx) if fetch_job else None
+    # the fetch Job's template carries no config hash: a config edit must not make it another Job
+    fetched = stamp(with_default_resources(job, [fetcher]), "") if fetcher is not None else []
     children = stateful_children(job, ctx) + workload_children(job, ctx, deployments=deployments,
                                                                trainer_job=trainer_job)
-    return stamp(children, config_hash(job, ctx))
+    out = stamp(children, config_hash(job, ctx))
+    cut = len(out) - sum(1 for o in out if o["kind"] in ("Deployment", "Job"))
+    return out[:cut] + fetched + out[cut:]
 
 
 def key_of(obj: Obj) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from rft_api import layout
 from rft_api.constants import API_VERSION, KIND
 from rft_api.job import RFTJob
 from rft_api.layout import CACHE_DIR, CHECKPOINT_DIR, CONFIG_DIR, JOB_TOKEN_ENV, JOB_TOKEN_SECRET_KEY, TMP_DIR
@@ -182,6 +183,23 @@ def claim_volumes(refs: Iterable[Optional[VolumeRef]], prefix: str) -> tuple[lis
         if ref.sub_path:
             mount["subPath"] = ref.sub_path
         mounts.append(mount)
+    return vols, mounts
+
+
+def input_volumes(job: RFTJob, *, inputs: bool = True) -> tuple[list[Obj], list[Obj]]:
+    """Read-only volumes and mounts for the job's storage URIs: each ``pvc://`` claim at
+    ``<CLAIMS_DIR>/<claim>``, and (``inputs``, for pods that do not mount the checkpoint claim) its
+    ``inputs/`` folder, where hf:// and s3:// models and datasets were fetched, at the same path as
+    under the checkpoint mount (nothing else of the claim is visible)."""
+    vols: list[Obj] = []
+    mounts: list[Obj] = []
+    for i, claim in enumerate(layout.claims(job.spec)):
+        vols.append({"name": f"uri-claim-{i}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": f"uri-claim-{i}", "mountPath": f"{layout.CLAIMS_DIR}/{claim}", "readOnly": True})
+    if inputs and layout.inputs(job.spec, layout.inputs_dir()):
+        vols.append(checkpoint_volume(job))
+        mounts.append({"name": "checkpoints", "mountPath": layout.inputs_dir(), "subPath": layout.INPUTS_SUBDIR,
+                       "readOnly": True})
     return vols, mounts
 
 

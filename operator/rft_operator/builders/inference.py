@@ -51,6 +51,7 @@ from .common import (
     deployment,
     env_var,
     http_probe,
+    input_volumes,
     pod_spec,
     resources,
     scratch_mounts,
@@ -140,8 +141,9 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     """The inference Deployment."""
     spec, inf = job.spec, job.spec.inference
     data_vols, data_mounts = claim_volumes([spec.model.volume], "model")
-    volumes = [config_volume(job), checkpoint_volume(job), *scratch_volumes(), *data_vols]
-    mounts = [config_mount(), checkpoint_mount(read_only=True), *scratch_mounts(), *data_mounts]
+    uri_vols, uri_mounts = input_volumes(job, inputs=False)  # the checkpoint claim is mounted whole
+    volumes = [config_volume(job), checkpoint_volume(job), *scratch_volumes(), *data_vols, *uri_vols]
+    mounts = [config_mount(), checkpoint_mount(read_only=True), *scratch_mounts(), *data_mounts, *uri_mounts]
     if inf.engine != "builtin":
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})

@@ -24,6 +24,7 @@ from .common import (
     config_volume,
     container_security_context,
     deployment,
+    input_volumes,
     pod_spec,
     scratch_mounts,
     scratch_volumes,
@@ -41,14 +42,15 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     # The tokenizer (chat template, prompt ids) is read from the model's directory: a model on a claim
     # is mounted here as in inference and trainer pods (read-only).
     model_vols, model_mounts = claim_volumes([job.spec.model.volume], "model")
+    uri_vols, uri_mounts = input_volumes(job)
     container = {
         "name": ROLE, "image": evaluator.scoring_image(job),
         "command": ["rft", "rollout", "--config", CONFIG_PATH, "--when-done", "wait"],
         "env": base_env(job) + (evaluator.secret_envs(job.spec) if scores_here else []),
-        "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts, *model_mounts],
+        "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts, *model_mounts, *uri_mounts],
         "securityContext": container_security_context(read_only_root=True),
     }
     sa = job.spec.service_account_name
-    pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols, *model_vols],
+    pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols, *model_vols, *uri_vols],
                    service_account=sa, automount_token=None if sa else False)
     return deployment(job, names.rollout(job.name), ROLE, job.spec.rollout.replicas, pod)

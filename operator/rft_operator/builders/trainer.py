@@ -36,6 +36,7 @@ from .common import (
     config_volume,
     container_security_context,
     env_var,
+    input_volumes,
     metadata,
     pod_spec,
     resources,
@@ -44,6 +45,7 @@ from .common import (
     service,
     user_env,
 )
+from .fetch import storage_env
 
 Obj = dict[str, Any]
 ROLE = "trainer"
@@ -72,15 +74,28 @@ def _shared_memory(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
             [{"name": "dshm", "mountPath": "/dev/shm"}])
 
 
+def _output_env(job: RFTJob) -> list[Obj]:
+    """With ``spec.output``: the store credentials the final push needs (by secretKeyRef), and hub
+    access for an hf:// push (every other pod of the job stays offline)."""
+    out = job.spec.output
+    if out is None:
+        return []
+    return storage_env(job.spec.storage) + ([env_var("HF_HUB_OFFLINE", "0")] if out.uri.startswith("hf://") else [])
+
+
 def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     """The trainer Job of attempt ``ctx.trainer_attempt``."""
     spec, tr = job.spec, job.spec.trainer
     ds = spec.dataset
     claim_vols, claim_mounts = claim_volumes([spec.model.volume, *(src.volume for _, _, src, _ in ds.sources())], "data")
+    uri_vols, uri_mounts = input_volumes(job, inputs=False)  # the checkpoint claim is mounted whole
+    claim_vols, claim_mounts = claim_vols + uri_vols, claim_mounts + uri_mounts
     cm_vols, cm_mounts = _dataset_configmaps(job)
     shm_vols, shm_mounts = _shared_memory(job)
     attempt = str(ctx.trainer_attempt)
-    env = base_env(job) + [env_var("RFT_TRAINER_ATTEMPT", attempt)] + user_env(tr.env)
+    online = job.spec.output is not None and job.spec.output.uri.startswith("hf://")
+    env = [e for e in base_env(job) if not (online and e["name"] == "HF_HUB_OFFLINE")] + \
+        [env_var("RFT_TRAINER_ATTEMPT", attempt)] + _output_env(job) + user_env(tr.env)
     container: Obj = {
         "name": ROLE, "image": tr.image or spec.runtime_image,
         "command": ["rft", "trainer", "--config", CONFIG_PATH],

@@ -247,6 +247,10 @@ class TrainerActor(_Staged):
         except StopRequested:
             return None
 
+    def finished(self) -> bool:
+        """Every step ran, or the evaluation stopped training early."""
+        return bool(self.trainer.finished)
+
     def request_stop(self) -> None:
         self._stop.set()
 

@@ -14,11 +14,20 @@ def _mean(xs: Sequence[float | None]) -> float | None:
 
 def reward_summary(rows: Sequence[dict[str, Any]], window: int = 3) -> dict[str, Any]:
     """Mean reward of the first and last ``window`` steps and the gain between them."""
-    rows = sorted((r for r in rows if isinstance(r.get("step"), int)), key=lambda r: r["step"])
+    evals = [(r["step"], r["eval_score"]) for r in sorted((r for r in rows if isinstance(r.get("step"), int)),
+                                                          key=lambda r: r["step"])
+             if isinstance(r.get("eval_score"), (int, float))]
+    rows = sorted((r for r in rows if isinstance(r.get("step"), int) and r["step"] >= 1),  # step 0: the baseline
+                  key=lambda r: r["step"])
     rewards = [r.get("reward_mean") for r in rows]
     first, last = _mean(rewards[:window]), _mean(rewards[-window:])
-    return {"steps": len(rows), "reward_first": first, "reward_last": last,
-            "reward_gain": (last - first) if first is not None and last is not None else None}
+    out = {"steps": len(rows), "reward_first": first, "reward_last": last,
+           "reward_gain": (last - first) if first is not None and last is not None else None}
+    if evals:
+        best = max(evals, key=lambda e: e[1])
+        out.update(eval_first=evals[0][1], eval_first_step=evals[0][0], eval_last=evals[-1][1],
+                   eval_last_step=evals[-1][0], eval_best=best[1], eval_best_step=best[0])
+    return out
 
 
 def plot_reward_curve(rows: Sequence[dict[str, Any]], path: str | Path, title: str = "") -> Path:
@@ -65,6 +74,11 @@ def format_summary(name: str, s: dict[str, Any], seconds: float, out: Path, inte
         f"(gain {f(s['reward_gain'])})",
         f"  output: {out} (metrics.jsonl, tensorboard/, checkpoints/, reward_curve.png)",
     ]
+    if s.get("eval_last") is not None:
+        lines.insert(2, f"  eval: step {s['eval_first_step']} {f(s['eval_first'])} -> step {s['eval_last_step']} "
+                        f"{f(s['eval_last'])} (best {f(s['eval_best'])} at step {s['eval_best_step']})")
+    if (out / "checkpoints" / "samples").is_dir():
+        lines.append(f"  samples: {out / 'checkpoints' / 'samples'} (print them: rft samples {out})")
     if interrupted:
         lines.append(f"  continue with: rft run <manifest> --out {out} --resume")
     return "\n".join(lines)

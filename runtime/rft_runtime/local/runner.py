@@ -6,8 +6,9 @@ The driver steps the trainer, shows a progress bar, and handles Ctrl-C: the firs
 after the current step (a step still collecting is abandoned) and writes a checkpoint of the last
 completed step that ``--resume`` continues; a second SIGINT aborts at once.
 
-Output directory: ``metrics.jsonl``, ``tensorboard/``, ``checkpoints/`` (with ``weights/``),
-``progress.json``, ``reward_curve.png``, ``logs/<role>.log``, ``config.json``.
+Output directory: ``metrics.jsonl``, ``tensorboard/``, ``checkpoints/`` (with ``weights/`` and the
+sampled completions in ``samples/``, which ``rft samples`` prints), ``progress.json``, ``samples.json``,
+``reward_curve.png``, ``logs/<role>.log``, ``config.json``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from rft_api import runtime
+from rft_api import layout, runtime
 from rft_api.job import RFTJob
 
 from ..metrics_sink import read_metrics
@@ -210,6 +211,7 @@ def run_local(opts: RunOptions) -> RunResult:
 
     cache = default_cache_dir()
     paths = local_paths(job, opts.manifest, out, cache)
+    _fetch_inputs(spec, paths)
     model_dir = resolve_model_dir(paths)  # build a builtin model once, before the actors
     import ray
 
@@ -268,6 +270,32 @@ def run_local(opts: RunOptions) -> RunResult:
     return RunResult(out, steps_done, interrupted, seconds, summary, EXIT_INTERRUPTED if interrupted else 0)
 
 
+def inputs_cache() -> Path:
+    """Where ``rft run`` fetches hf:// and s3:// models and datasets: ``$RFT_INPUTS_CACHE``, or
+    ``inputs/`` next to the model cache (one copy per source, reused by every later run)."""
+    env = os.environ.get("RFT_INPUTS_CACHE")
+    from ..model import default_cache_dir
+
+    return Path(env) if env else default_cache_dir().parent / "inputs"
+
+
+def _fetch_inputs(spec: Any, paths: runtime.Paths) -> None:
+    """Fetch the job's hf:// and s3:// inputs (as the fetch Job does on a cluster) and validate its
+    datasets, before any role starts; a failure names the field and the URI."""
+    if not paths.inputs:
+        return
+    from ..data import DatasetError
+    from ..fetching import fetch_all
+    from ..storage.errors import StorageError
+
+    try:
+        fetch_all(spec, paths.inputs)
+    except StorageError as e:
+        raise LocalRunError(f"{e} ({e.reason})") from None
+    except DatasetError as e:
+        raise LocalRunError(str(e)) from None
+
+
 def local_paths(job: RFTJob, manifest: str, out: Path, model_cache: Path) -> runtime.Paths:
     """The job's paths on this machine: checkpoints and metrics under ``out``, every spec path resolved
     as in a pod (:mod:`rft_api.layout`), and each ``configMapKeyRef`` (datasets, evaluator files)
@@ -296,6 +324,7 @@ def local_paths(job: RFTJob, manifest: str, out: Path, model_cache: Path) -> run
             kind = "file" if e.file is not None else "evalProtocol"
             place(f"spec.evaluator (evaluator {i}).{kind}", ref, evaluator_dir / str(i) / ref.key)
     return runtime.spec_paths(spec, checkpoints=str(out / "checkpoints"), model_cache=str(model_cache),
+                              inputs_root=str(inputs_cache()), claims_root=os.environ.get("RFT_CLAIMS_DIR", layout.CLAIMS_DIR),
                               output=str(out), dataset_dir=str(dataset_dir), evaluator_dir=str(evaluator_dir))
 
 
@@ -474,6 +503,8 @@ def _drive(trainer: Any, info: dict[str, Any], opts: RunOptions, runs: list[Any]
                 bar.update(1)
                 bar.set_postfix(reward=f"{row.get('reward_mean', float('nan')):.3f}",
                                 tok_s=f"{row.get('tokens_per_s', 0.0):.0f}")
+                if step < total and ray.get(trainer.finished.remote()):  # evaluation.stopWhen
+                    break
         finally:
             bar.close()
         return step, intr.requested and step < total

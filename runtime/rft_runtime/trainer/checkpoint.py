@@ -20,7 +20,8 @@ newest complete checkpoint (a directory with a valid ``COMPLETE`` marker); nothi
 it. A save never deletes what it did not write, except: temporaries of *earlier* attempts (the
 operator starts an attempt only once the previous one's pods are gone), the uncommitted leftover
 of the step being written, and, after the pointer moved, committed checkpoints beyond the newest
-``keep_last`` (retention).
+``keep_last`` (retention), except the one the ``best`` pointer names (:meth:`CheckpointManager.set_best`:
+the checkpoint of the best held-out evaluation).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Callable
 from ..progress import now_rfc3339
 
 POINTER = "latest"
+BEST = "best"
 MARKER = "COMPLETE"
 _NAME = re.compile(r"^step-(\d{6,})$")
 _TMP = re.compile(r"^\.tmp-step-\d{6,}-a(\d+)-[0-9a-f]+$")
@@ -201,7 +203,26 @@ class CheckpointManager:
             if m and d.is_dir() and int(m.group(1)) < self.attempt:
                 shutil.rmtree(d, ignore_errors=True)
 
+    def set_best(self, step: int) -> Path:
+        """Mark committed checkpoint ``step`` as the best: retention keeps it (the ``best`` pointer,
+        replaced atomically); returns its directory."""
+        d = self.root / step_dir_name(step)
+        info = self._read_marker(d)
+        if info is None or info.step != step:
+            raise CheckpointError(f"{d}: no complete checkpoint of step {step} to keep as the best")
+        write_text_atomic(self.root / BEST, d.name + "\n")
+        return d
+
+    def best_step(self) -> int | None:
+        """The step the ``best`` pointer names (None without one)."""
+        try:
+            name = (self.root / BEST).read_text().strip()
+        except OSError:
+            return None
+        m = _NAME.match(name)
+        return int(m.group(1)) if m else None
+
     def _prune(self) -> None:
-        done = self.committed()
+        done = [c for c in self.committed() if c.step != self.best_step()]
         for c in done[: max(len(done) - self.keep_last, 0)]:
             shutil.rmtree(c.path, ignore_errors=True)

@@ -4,12 +4,13 @@ entry's own ``train``) and ``dataset.eval``."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Optional
 
 from rft_api.runtime import DatasetPaths
 from rft_api.spec import DatasetSpec, DataSource
 
-from ..data import DatasetError, Task, load_builtin, load_jsonl
+from ..data import DatasetError, FieldMap, Task, load_builtin, load_file, load_split
 
 DEFAULT_BUILTIN_SIZE = 1000
 UNTAGGED = "default"
@@ -23,12 +24,31 @@ def load_source(source: DataSource, where: str, path: Optional[str], config_key:
     else:
         if not path:
             raise DatasetError(f"{where}: the runtime config has no file for it (paths.datasets.{config_key})")
-        tasks = load_jsonl(path)
+        tasks = load_path(source, Path(path), where)
         if source.size is not None:
             tasks = tasks[: source.size]
     if not tasks:
         raise DatasetError(f"{where}: the dataset has no tasks")
     return tasks
+
+
+def load_path(source: DataSource, path: Path, where: str) -> list[Task]:
+    """The tasks of a file source: one file, or a directory (fetched, or on a claim) holding either a
+    single data file or the files of ``source.split`` (and ``source.config``) as on the Hugging Face hub."""
+    fields = FieldMap.from_mapping(source.fields.model_dump(exclude_none=True)) if source.fields else None
+    fmt = source.format or "auto"
+    if not path.is_dir():
+        if not path.exists():
+            raise DatasetError(f"{where}: {path} does not exist")
+        return load_file(path, format=fmt, fields=fields, where=str(path))
+    data = [p for p in path.rglob("*") if p.is_file() and p.suffix in _DATA_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+    if len(data) == 1:
+        return load_file(data[0], format=fmt, fields=fields)
+    return load_split(path, source.split or "train", source.config, format=fmt, fields=fields)
+
+
+_DATA_SUFFIXES = {".jsonl", ".ndjson", ".json", ".parquet", ".csv", ".gz"}
 
 
 def load_training_tasks(dataset: DatasetSpec, files: DatasetPaths) -> list[Task]:

@@ -41,7 +41,7 @@ def task_seed(job_seed: int, seq: int) -> int:
 def sampling_params(spec: Any, temperature: float | None = None) -> dict[str, Any]:
     """Sampling fields handed to rollout workers with each lease (vLLM names)."""
     r = spec.rollout
-    out: dict[str, Any] = {"max_tokens": r.max_tokens, "temperature": temperature or r.temperature}
+    out: dict[str, Any] = {"max_tokens": r.max_tokens, "temperature": r.temperature if temperature is None else temperature}
     if r.top_p < 1.0:
         out["top_p"] = r.top_p
     if r.top_k != -1:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rft_api.layout import published_weights_dir
-from rft_api.progress import FinalModel
+from rft_api.progress import FinalModel, OutputPush
 from rft_api.runtime import RuntimeConfig
 
 from .inference_sync import InferenceSync
@@ -138,3 +138,23 @@ def export_final(model: Any, tokenizer: Any, state: dict[str, Any], cfg: Runtime
                                      base_model_dir=model_dir, merge_adapter=cfg.spec.checkpoint.merge_final_adapter)
     log.info("final model (%s) at %s", fmt, Path(cfg.paths.checkpoints) / FINAL_DIR)
     return FinalModel(path=FINAL_DIR, format=fmt, merged_path=merged)
+
+
+def push_final(cfg: RuntimeConfig, final: FinalModel) -> OutputPush | None:
+    """Push the final model to ``spec.output`` (None without it). A failed push is reported, not
+    raised: the model stays on the checkpoint volume and the job says where it is and why the push
+    failed (condition OutputPushed)."""
+    out = cfg.spec.output
+    if out is None:
+        return None
+    from ..storage.errors import StorageError
+    from ..storage.push import push_dir
+
+    src = Path(cfg.paths.checkpoints) / (final.merged_path or final.path)
+    try:
+        rec = push_dir(src, out, cfg.spec.storage, sub="final", message=f"rft: {cfg.job.name}: final model")
+    except StorageError as e:
+        log.error("pushing the final model failed (it stays at %s): %s", src, e)
+        return OutputPush(uri=out.uri, error=str(e)[:1024], reason=e.reason)
+    log.info("final model pushed to %s (%d files, %d uploaded)", rec.uri, rec.files, rec.uploaded)
+    return OutputPush(uri=rec.uri, revision=rec.revision, files=rec.files, bytes=rec.bytes)

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from rft_api.progress import FinalModel, Progress, ProgressCheckpoint, ProgressErrors, reward_curve
+from rft_api.progress import FinalModel, OutputPush, Progress, ProgressCheckpoint, ProgressErrors, reward_curve
 from rft_api.runtime import RuntimeConfig
 
 from ..coordinator import Group
@@ -124,7 +124,7 @@ class RunReport:
         """The metrics sink (rows after ``step`` dropped: a resumed attempt writes them again) and the
         experiment trackers, started."""
         self.metrics = MetricsSink(self.cfg.paths.metrics_dir, purge_step=(step + 1) if resumed else None)
-        self.metrics.truncate_after(step)
+        self.metrics.truncate_after(step if resumed else -1)  # a fresh start redoes the baseline (step 0) too
         # the whole job's per-step rows (earlier attempts' too) for the progress record's reward curve
         self.curve_rows = read_metrics(self.metrics.jsonl_path) if self.metrics.jsonl_path is not None else []
         self.trackers = self._start_trackers()
@@ -172,7 +172,8 @@ class RunReport:
 
     def write_progress(self, *, step: int, policy_version: int, evaluation: Evaluation,
                        coordinator: Mapping[str, int], checkpoints: list[CheckpointInfo],
-                       final_model: FinalModel | None, message: str = "", done: bool = False) -> None:
+                       final_model: FinalModel | None, message: str = "", done: bool = False,
+                       output: OutputPush | None = None) -> None:
         """Write the progress record (best effort: a failure is logged); ``coordinator``: the
         coordinator's counters of this attempt."""
         if self.progress_sink is None:
@@ -183,12 +184,12 @@ class RunReport:
             attempt=self.attempt, step=step, total_steps=self.max_steps,
             policy_version=policy_version, reward_mean=finite(last.get("reward_mean")),
             reward_std=finite(last.get("reward_std")), eval_score=finite(evaluation.score),
-            eval_domain_scores=dict(evaluation.domain_scores),
+            eval_domain_scores=dict(evaluation.domain_scores), evaluation=evaluation.record(),
             samples_scored=int(self.counters.get("samples_scored", 0)),
             errors=self._errors(coordinator),
             checkpoints=[ProgressCheckpoint(step=c.step, path=str(c.path), time=c.time) for c in checkpoints],
             done=done, message=clip_message(message), update_time=now_rfc3339(),
-            reward_curve=reward_curve(rows), final_model=final_model,
+            reward_curve=reward_curve(rows), final_model=final_model, output=output,
             domain_rewards={k.split("/")[1]: v for k, v in last.items()
                             if k.startswith("domain/") and k.endswith("/mean") and finite(v) is not None},
         )

@@ -48,6 +48,8 @@ class TrainerState:
     run: dict[str, Any] = field(default_factory=dict)
     reward_moments: dict[str, Any] = field(default_factory=dict)
     """Running reward moments per domain (``dataset.mix[].rewardNormalization: running``)."""
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    """The held-out evaluation's state (baseline, best, curve, early stop): ``evaluation.EvalState``."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -59,7 +61,8 @@ class TrainerState:
             return cls(step=int(d["step"]), policy_version=int(d["policy_version"]), cursor=dict(d["cursor"]),
                        pending_tasks=list(d.get("pending_tasks", [])), next_seq=int(d.get("next_seq", 0)),
                        counters=dict(d.get("counters", {})), eval_score=d.get("eval_score"),
-                       run=dict(d.get("run", {})), reward_moments=dict(d.get("reward_moments", {})))
+                       run=dict(d.get("run", {})), reward_moments=dict(d.get("reward_moments", {})),
+                       evaluation=dict(d.get("evaluation") or {}))
         except (KeyError, TypeError, ValueError) as e:
             raise ResumeError(f"{STATE_FILE}: field {e} is missing or malformed") from None
 

@@ -11,6 +11,10 @@ read from the environment as MLflow's own client reads them: ``MLFLOW_TRACKING_T
   (``tracking/mlflow.json``), so a resumed attempt logs into the same run (status back to RUNNING).
 - Parameters: the job's spec, flattened (``trainer.learningRate``), plus the job's identity as tags.
 - Metrics: every step's finite metrics at that step, the reward curve included (``reward_mean``).
+- Sampled completions (``spec.tracking.samples``): an artifact ``samples/step-NNNNNN.json`` per step
+  written, uploaded through the server's artifact proxy (``/api/2.0/mlflow-artifacts``, on by default in
+  ``mlflow server``). A run whose artifacts the server does not proxy (its artifact URI is a path or a
+  bucket the server's clients write to directly) gets none; that is logged once, not counted as a failure.
 - The run ends FINISHED with the job, or FAILED when the trainer fails.
 
 A tracker never stops training. Requests run on a background thread from a bounded queue (a step
@@ -20,8 +24,9 @@ tracker keeps trying with the next step.
 
 :class:`WandbTracker` uses the real ``wandb`` SDK in offline mode: the run is written under the
 checkpoint volume (``tracking/wandb/``), to be uploaded later with ``wandb sync``; its run id is kept
-(``tracking/wandb.json``) so that every trainer attempt writes the same run. Its failures are counted
-and warned once in the same way.
+(``tracking/wandb.json``) so that every trainer attempt writes the same run. Sampled completions are
+logged as a table ``samples`` (one row per completion) at their step. Its failures are counted and warned
+once in the same way.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
+from urllib.parse import quote, urlparse
 
 import httpx
 
@@ -43,11 +49,14 @@ from .checkpoint import write_text_atomic
 log = logging.getLogger(__name__)
 
 API = "/api/2.0/mlflow"
+ARTIFACTS_API = "/api/2.0/mlflow-artifacts/artifacts"
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limits for runs/log-batch
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAM_VALUE = 6000
 STATE_FILE = "mlflow.json"
 WANDB_STATE_FILE = "wandb.json"
+WANDB_SAMPLE_COLUMNS = ("task", "prompt", "reference", "completion", "text", "reward", "correct", "reason",
+                        "finish", "errors")
 
 
 class TrackerError(RuntimeError):
@@ -131,6 +140,8 @@ class MlflowTracker(_Failures):
         self.state_file = state_dir / STATE_FILE if state_dir is not None else None
         self.tags = dict(tags or {})
         self.run_id: str | None = None
+        self.artifact_uri: str | None = None
+        self._no_artifacts_noted = False
         self._http = httpx.Client(timeout=timeout_s, headers=auth_headers())
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._run, name="mlflow-tracker", daemon=True)
@@ -148,6 +159,11 @@ class MlflowTracker(_Failures):
         rows = [{"key": k, "value": v, "timestamp": now, "step": int(step)} for k, v in finite_metrics(metrics).items()]
         if rows:
             self._submit(lambda: self._batch(metrics=rows))
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Queue ``step``'s sampled completions as the run's artifact ``samples/step-NNNNNN.json``."""
+        data = json.dumps(list(rows), ensure_ascii=False, indent=1).encode()
+        self._submit(lambda: self._artifact(f"samples/step-{int(step):06d}.json", data))
 
     def finish(self, status: str = "FINISHED", timeout_s: float = 30.0) -> None:
         """End the run (``FINISHED`` or ``FAILED``), wait up to ``timeout_s`` for what is queued, and stop."""
@@ -195,6 +211,7 @@ class MlflowTracker(_Failures):
             got = self._call("GET", "/runs/get", params={"run_id": run_id}, ok_missing=True)
             if got is not None:
                 self.run_id = run_id
+                self.artifact_uri = ((got.get("run") or {}).get("info") or {}).get("artifact_uri")
                 self._call("POST", "/runs/update", {"run_id": run_id, "status": "RUNNING"})
                 log.info("MLflow: resuming run %s in %s", run_id, self.uri)
                 return
@@ -208,6 +225,7 @@ class MlflowTracker(_Failures):
             "experiment_id": exp_id, "run_name": self.run_name, "start_time": int(time.time() * 1000),
             "tags": [{"key": k, "value": v} for k, v in sorted(self.tags.items())]}) or {}
         self.run_id = run["run"]["info"]["run_id"]
+        self.artifact_uri = run["run"]["info"].get("artifact_uri")
         if self.state_file is not None:
             write_state(self.state_file, {"uri": self.uri, "experiment": self.experiment, "run_id": self.run_id})
         items = sorted(params.items())
@@ -225,6 +243,33 @@ class MlflowTracker(_Failures):
             if params and i == 0:
                 body["params"] = params
             self._call("POST", "/runs/log-batch", body)
+
+    def artifact_url(self, path: str) -> str | None:
+        """Where the run's artifact ``path`` is uploaded: through the server's artifact proxy for an
+        ``mlflow-artifacts:`` run (an ``http(s)`` artifact URI directly); None when the server does not
+        proxy the run's artifacts."""
+        uri = self.artifact_uri or ""
+        if uri.startswith("mlflow-artifacts:"):
+            where = urlparse(uri).path.strip("/")
+            return f"{self.uri}{ARTIFACTS_API}/{quote(where)}/{quote(path)}"
+        if uri.startswith(("http://", "https://")):
+            return f"{uri.rstrip('/')}/{quote(path)}"
+        return None
+
+    def _artifact(self, path: str, data: bytes) -> None:
+        if self.run_id is None:
+            raise TrackerError("no run is open (opening it failed)")
+        url = self.artifact_url(path)
+        if url is None:
+            if not self._no_artifacts_noted:
+                self._no_artifacts_noted = True
+                log.info("MLflow: run %s keeps its artifacts at %s, which %s does not serve: samples are not "
+                         "uploaded (mlflow server --serve-artifacts serves them)", self.run_id, self.artifact_uri,
+                         self.uri)
+            return
+        r = self._http.put(url, content=data, headers={"Content-Type": "application/json"})
+        if r.status_code != 200:
+            raise TrackerError(f"PUT {ARTIFACTS_API}/.../{path}: HTTP {r.status_code}: {r.text[:300]}")
 
     def _end(self, status: str) -> None:
         if self.run_id is not None:
@@ -277,6 +322,22 @@ class WandbTracker(_Failures):
             return
         try:
             self.run.log(finite_metrics(metrics), step=int(step))
+        except Exception as e:  # noqa: BLE001 - the tracker never stops training
+            self._failed(e)
+
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``step``'s sampled completions as a table ``samples``, one row per completion."""
+        if self.run is None:
+            return
+        try:
+            import wandb
+
+            data = [[g.get("task_id"), g.get("prompt"), g.get("reference"), c.get("index"), c.get("text"),
+                     c.get("reward"), c.get("correct"), c.get("reason"), c.get("finish") or c.get("termination"),
+                     ", ".join(c.get("errors") or [])]
+                    for g in rows for c in g.get("completions") or []]
+            table = wandb.Table(columns=list(WANDB_SAMPLE_COLUMNS), data=data)
+            self.run.log({"samples": table}, step=int(step))
         except Exception as e:  # noqa: BLE001 - the tracker never stops training
             self._failed(e)
 

@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
-from rft_api.progress import FinalModel
+from rft_api.progress import FinalModel, OutputPush
 from rft_api.runtime import BIND_HOST_ENV, RuntimeConfig
 
 from ..algos import tis_weights
@@ -65,16 +65,17 @@ from ..model.loading import load_tokenizer, resolve_model_dir
 from ..rewards.config import evaluator_names
 from . import distributed
 from .batch import TrainSequence, collate, sequences_from_groups
-from .checkpoint import CheckpointManager
+from .checkpoint import CheckpointManager, step_dir_name
 from .compiled import wants_compile
 from .distributed import DistContext
 from .evaluation import Evaluation
 from .feed import TaskFeed, sampling_params
 from .learner import Learner, Shard, build_optimizer, build_scheduler, forward_is_deterministic, learner_config
 from .model_io import Reference, compute_dtype, load_policy
-from .publication import Publication, export_final
+from .publication import Publication, export_final, push_final
 from .report import RunReport, overlap_metrics, step_metrics
 from .reward_shaping import RewardShaper
+from .samples import SampleLog
 from .shutdown import Shutdown, StopRequested
 from .signals import advantages, shaped_rewards
 from .state import ResumeError, TrainerState, check_checkpoint, load_checkpoint, write_checkpoint
@@ -274,6 +275,7 @@ class Trainer:
         self.policy_version = 0  # the trainer's weights
         self.resumed_from: int | None = None
         self.final_model: FinalModel | None = None
+        self.output_push: OutputPush | None = None
         self.worker: Worker | None = None
         self._server: CoordinatorServer | None = None
         self.shutdown = Shutdown(should_stop)
@@ -302,6 +304,7 @@ class Trainer:
         self.report.open_progress()
         next_seq = self._restore() if self.resume else 0
         self.metrics = self.report.open_metrics(self.step_count, resumed=bool(self.resumed_from))
+        self.samples = SampleLog(self.cfg, self.report)
         self._start_coordinator(next_seq)
         return self
 
@@ -349,7 +352,10 @@ class Trainer:
         self.feed.restore(state.cursor, state.pending_tasks)
         self.step_count, self.policy_version = state.step, state.policy_version
         self.report.counters = dict(state.counters)
-        self.evaluation.score = state.eval_score
+        self.evaluation.load_state_dict(state.evaluation, state.eval_score)
+        best = self.evaluation.state.best_checkpoint
+        if best is not None and self.evaluation.state.best_step is not None and Path(best).is_dir():
+            self.checkpoints.set_best(self.evaluation.state.best_step)  # lost when killed right after the save
         self.shape_rewards.load_state_dict(state.reward_moments)
         self.resumed_from = state.step
         self.report.merge_previous()  # counters are cumulative over the job, across restarts
@@ -393,7 +399,8 @@ class Trainer:
 
     @property
     def finished(self) -> bool:
-        return self.step_count >= self.max_steps
+        """Every step ran, or the evaluation stopped training early (``evaluation.stopWhen``)."""
+        return self.step_count >= self.max_steps or self.evaluation.stop_reason is not None
 
     @property
     def served_version(self) -> int:
@@ -426,6 +433,8 @@ class Trainer:
         if self.finished:
             raise RuntimeError(f"the run has finished ({self.step_count}/{self.max_steps} steps)")
         step_no = self.step_count + 1
+        if step_no == 1 and self.evaluation.wants_baseline():
+            self._baseline()
         times = _Phases()
         self.publication.waited_s = None
         with times("time/step"):
@@ -442,12 +451,13 @@ class Trainer:
             with times("time/weight_sync"):
                 self._publish(self.policy_version + 1)
             self.step_count = step_no
-            if self.evaluation.due(step_no):
+            best = False
+            if self.evaluation.due(step_no, last=step_no == self.max_steps):
                 with times("time/eval"):
-                    self.evaluation.score = self.evaluate()
+                    best = self.evaluate(step_no)
             with times("time/checkpoint"):
-                if step_no % self.spec.checkpoint.every_steps == 0 or step_no == self.max_steps:
-                    self.save_checkpoint()
+                self._checkpoint_step(step_no, best)
+            self.samples.record(step_no, everything, self.tokenizer, last=self.finished)
             idle_generate = self.coordinator.idle_seconds() - idle0
         metrics = res.metrics
         metrics.update(self._step_metrics(seqs, everything, res, ds, times.seconds))
@@ -479,12 +489,34 @@ class Trainer:
         m.update(self.evaluation.metrics())
         return m
 
-    def evaluate(self) -> float | None:
-        """Mean reward on the evaluation tasks under the current policy, served (no training); the mean
-        of each task domain is kept in ``evaluation.domain_scores`` when there are several
-        (``eval_score/<domain>`` in the metrics)."""
+    def evaluate(self, step: int) -> bool:
+        """Evaluate the current policy, served (no training), as of ``step``: the score, its best and
+        the early stop in :attr:`evaluation`; returns whether it is the new best (after training began)."""
         self.publication.wait()  # under the current policy, served
-        return self.evaluation.run(self.feed)
+        best = self.evaluation.run(self.feed, step)
+        st = self.evaluation.state
+        log.info("evaluation at step %d: score %s (best %s at step %s)%s", step, st.score, st.best_score,
+                 st.best_step, f"; stopping: evaluation.stopWhen.{st.stop_reason}" if st.stop_reason else "")
+        return best
+
+    def _baseline(self) -> None:
+        """The held-out score of the base policy, before the first step (step 0 in the metrics)."""
+        started = time.perf_counter()
+        self.evaluate(0)
+        self.report.log_step(0, {**self.evaluation.metrics(), "time/eval": time.perf_counter() - started})
+        self._report(message="baseline evaluated")
+
+    def _checkpoint_step(self, step: int, best: bool) -> None:
+        """The checkpoint of a step when one is due: every ``checkpoint.everySteps``, the last step, an
+        early stop, and a new best evaluation (``evaluation.keepBest``: kept beyond ``keepLast``)."""
+        ev = self.spec.evaluation
+        keep_best = best and ev is not None and ev.keep_best
+        if keep_best:  # the state saved names its own directory as the best
+            self.evaluation.state.best_checkpoint = str(self.checkpoints.root / step_dir_name(step))
+        if (step % self.spec.checkpoint.every_steps == 0 or self.finished or keep_best):
+            self.save_checkpoint()
+        if keep_best:
+            self.checkpoints.set_best(step)
 
     # ---------------------------------------------------------------- checkpoints, progress
     def save_checkpoint(self) -> Path:
@@ -492,7 +524,8 @@ class Trainer:
         state = TrainerState(step=self.step_count, policy_version=self.policy_version,
                              cursor=self.feed.cursor.state_dict(), pending_tasks=self.feed.carried_tasks(),
                              next_seq=self.coordinator.next_seq, counters=dict(self.report.counters),
-                             eval_score=self.evaluation.score, run=self._run_identity(),
+                             eval_score=self.evaluation.score, evaluation=self.evaluation.state_dict(),
+                             run=self._run_identity(),
                              reward_moments=self.shape_rewards.state_dict())
 
         def write(d: Path) -> None:
@@ -516,7 +549,8 @@ class Trainer:
         self.report.write_progress(
             step=self.step_count, policy_version=self.policy_version, evaluation=self.evaluation,
             coordinator=self.coordinator.counters() if hasattr(self, "coordinator") else {},
-            checkpoints=self.checkpoints.committed(), final_model=self.final_model, message=message, done=done)
+            checkpoints=self.checkpoints.committed(), final_model=self.final_model, message=message, done=done,
+            output=self.output_push)
 
     # ---------------------------------------------------------------- the end
     def finish(self) -> None:
@@ -525,6 +559,9 @@ class Trainer:
         self._checkpoint_unless_saved()
         self.coordinator.finish()
         self.final_model = export_final(self.model, self.tokenizer, self._gather(), self.cfg, self.model_dir)
+        if self.final_model is not None and self.cfg.spec.output is not None:
+            self._report(message=f"finished {self.step_count} steps; pushing the final model")
+            self.output_push = push_final(self.cfg, self.final_model)
         self._report(message=f"finished {self.step_count} steps", done=True)
         self.shutdown.finished()
 

@@ -102,9 +102,14 @@ def extract_answer(text: str, strategies: tuple[str, ...] | list[str] = STRATEGI
     return None
 
 
+_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+
+
 def ground_truth_answers(ground_truth: object) -> list[str]:
-    """Acceptable answers from a ground truth: a string (a GSM8K solution's ``#### N`` or a
-    ``\\boxed{}`` is extracted), a number, or a list of these."""
+    """Acceptable answers from a ground truth: a string, a number, a ``{"answer": ...}`` object, or a
+    list of these. A string that holds ``####`` is a GSM8K solution: its answer is the text after the
+    last ``####`` (a number's thousands commas dropped: ``#### 1,234`` → ``1234``); else its last
+    ``\\boxed{}``; else the whole string."""
     if ground_truth is None:
         return []
     if isinstance(ground_truth, (list, tuple)):
@@ -122,7 +127,8 @@ def ground_truth_answers(ground_truth: object) -> list[str]:
     if "####" in s:
         found = extract_answer(s, ("hash",))
         if found:
-            return [found.answer]
+            answer = found.answer
+            return [answer.replace(",", "") if _THOUSANDS_RE.fullmatch(answer) else answer]
     boxes = find_boxed(s)
     if boxes:
         return [boxes[-1]]

@@ -4,6 +4,12 @@ Config (all optional): ``strategies`` (order of ``boxed``, ``hash``, ``answer_is
 default all, in that order), ``relTol`` (1e-9), ``symbolic`` (true: sympy for expressions),
 ``symbolicTimeoutSeconds`` (3), ``maxAnswerChars`` (200: longer answers are never given to sympy).
 
+The ground truth (``rewards.answers.ground_truth_answers``) is a string, a number, an object with
+``answer``, or a list of these (any one may match). A string holding ``####`` is a GSM8K solution
+(``"...worked solution...\\n#### 1,234"``): its answer is the text after the last ``####``, thousands
+commas dropped, so a GSM8K-format dataset needs only ``fields: {prompt: question, ground_truth:
+answer}``. Otherwise a string's last ``\\boxed{}``, else the whole string.
+
 Reward 1.0 when the answer equals any ground-truth answer, else 0.0. No answer found: 0.0 with
 ``error="parse_error"``. No ground truth: None (not applicable).
 """
