@@ -799,8 +799,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
                 raise NodeError(f"timed out waiting for {what} {last}\n{tails}")
             time.sleep(0.5)
 
-    def stop(self, delete_node: bool = True) -> None:
-        """Stop everything (see the module docstring) and check that nothing is left."""
+    def stop(self, delete_node: bool = True, purge: bool = False) -> None:
+        """Stop everything (see the module docstring) and check that nothing is left. With ``purge``
+        the node's images and container filesystems go too (containerd's root and state: gigabytes
+        once the runtime and vLLM images are imported), so that a finished test session leaves only
+        its logs and volumes on disk; without it a restarted node finds its images imported."""
         for name in ("provisioner", "kube-router", "kube-proxy", "kubelet"):
             rec = self._read_pid(name)
             if rec is not None:
@@ -823,6 +826,10 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         left = self.leftovers()
         if left:
             raise NodeError(f"the node left behind: {left}")
+        if purge:
+            for d in (self.workdir / "containerd" / "root", self.workdir / "containerd" / "state"):
+                shutil.rmtree(d, ignore_errors=True)
+            (self.workdir / "imported.txt").unlink(missing_ok=True)
 
     def _remove_host_files(self) -> None:
         """The few paths the kubelet hard-codes outside its root directory: its symlinks in

@@ -8,6 +8,21 @@
 # (for packages that must run on the dev set's torch), and its path is part of KEY. CHECK (a shell
 # command, with $venv set) runs once after the install; its output goes to stderr.
 # Expects $root and $cache.
+#
+# prune_stale PATH PREFIX: before PATH (a cached venv about to be built) is built, the same kind's
+# other builds (PREFIX-*: another version or lock) go but the newest one, so a lock change does not
+# leave a torch-sized venv behind for good (nor need the disk of three), while a checkout still on the
+# previous lock keeps working.
+prune_stale() {
+  local built=$1 prefix=$2 old
+  # shellcheck disable=SC2012  # ls -t: newest first; the names are ours (no spaces)
+  for old in $(ls -1dt "$prefix"-*/ 2>/dev/null | sed 's:/$::' | grep -vxF "$built" | tail -n +2); do
+    [ -f "$old/.complete" ] || [ -d "$old/bin" ] || continue
+    echo "[cache] removing $old (superseded by $built)" >&2
+    rm -rf "$old"
+  done
+}
+
 cached_venv() {
   local name=$1 version=$2 lock=$3 layered=$4 check=$5 deps_site="" key site
   if [ "$layered" = 1 ]; then
@@ -24,6 +39,7 @@ cached_venv() {
   flock 9
   if [ ! -f "$venv/.complete" ]; then
     echo "[$name] building $venv (one time)" >&2
+    prune_stale "$venv" "$cache/$name"
     rm -rf "$venv"
     python3 -m venv "$venv"
     if [ "$layered" = 1 ]; then

@@ -37,6 +37,7 @@ step() { # NAME COMMAND... : runs one part, logs it, records its time; returns i
 }
 
 t_all=$SECONDS
+bash "$root/hack/reclaim.sh" || true  # earlier sessions' node images and interrupted builds: disk first
 pids=()
 if wants venv || wants vllm || wants smollm2 || wants hadolint || wants seaweedfs; then
   (

@@ -17,6 +17,7 @@ if [ ! -f "$deps/.complete" ]; then
   flock 8
   if [ ! -f "$deps/.complete" ]; then
     echo "[venv] building dependency venv $deps from requirements/dev.txt (one time; torch is large)"
+    . "$root/hack/cached-venv.sh" && prune_stale "$deps" "$cache/deps"
     uv=$(bash "$root/hack/uv.sh")
     rm -rf "$deps"
     "$py" -m venv "$deps"

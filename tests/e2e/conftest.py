@@ -95,7 +95,7 @@ def real_node(cluster: LocalCluster) -> Iterator[LocalNode]:
     try:
         yield node
     finally:
-        node.stop(delete_node=True)
+        node.stop(delete_node=True, purge=True)
 
 
 @pytest.fixture(scope="module")
