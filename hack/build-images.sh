@@ -89,7 +89,9 @@ inputs_key() { # NAME -> hash of the Dockerfile, the files its COPY reads, the b
       inputs_key runtime  # its base
       sha256sum requirements/vllm.txt
     else
-      git ls-files -co --exclude-standard -- pyproject.toml README.md requirements api operator runtime \
+      # requirements/: only the two locks the Dockerfiles install (a test tool's lock rebuilds no image)
+      git ls-files -co --exclude-standard -- pyproject.toml README.md requirements/operator.txt \
+        requirements/runtime.txt api operator runtime \
         | grep -v -e '__pycache__' -e '/Dockerfile$' | sort | xargs -d '\n' sha256sum
     fi
     cat .dockerignore 2>/dev/null
