@@ -39,3 +39,10 @@ for d in /var/tmp/storage[0-9]* /var/tmp/buildah[0-9]*; do
   fi
 done
 echo "[reclaim] after: $(free "$tmp")" >&2
+# Short of the ~40 GB a cold run needs: say where the disk went, so that a failed build names it.
+if [ "$(df -Pk "$tmp" | awk 'NR==2 {print $4}')" -lt $((40 * 1048576)) ]; then
+  echo "[reclaim] under 40 GiB free; the largest of what builds and tests keep:" >&2
+  du -xsh "${RFT_CACHE:-$HOME/.cache/rft-operator}"/* "$HOME"/.cache/* "$tmp"/pytest-of-* /var/lib/containers \
+    "$(go env GOMODCACHE 2>/dev/null || echo /nonexistent)" "$(go env GOCACHE 2>/dev/null || echo /nonexistent)" \
+    2>/dev/null | sort -rh | head -12 >&2 || true
+fi
