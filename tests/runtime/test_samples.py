@@ -6,8 +6,6 @@ the W&B table (the real SDK, offline), and what ``rft samples`` prints."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from rft_runtime.samples_view import (
 from rft_runtime.trainer.report import RunReport
 from rft_runtime.trainer.samples import SampleLog, markdown, pick_groups
 from rft_runtime.types import Episode
+from tests.support.mlflow_server import running_mlflow
 from tests.support.runtime_config import local_config
 
 SECRET = "hf_s3cr3tT0kenValue42"
@@ -314,35 +313,11 @@ def test_wandb_offline_run_gets_a_samples_table(tmp_path, tokenizer):
 
 @pytest.fixture(scope="module")
 def mlflow_proxy(tmp_path_factory: pytest.TempPathFactory):
-    """A real ``mlflow server`` (hack/mlflow-venv.sh) serving its runs' artifacts itself, as it does by
-    default: runs get ``mlflow-artifacts:`` URIs and the files land under ``--artifacts-destination``."""
-    import subprocess
-
-    from tests.support.ports import free_port
-    from tests.support.processes import stop
-    from tests.support.servers import wait_healthy
-
-    root_dir = Path(__file__).resolve().parents[2]
-    exe = subprocess.run(["bash", str(root_dir / "hack" / "mlflow-venv.sh")], capture_output=True, text=True,
-                         check=True, timeout=1800).stdout.strip()
+    """A real ``mlflow server`` serving its runs' artifacts itself, as it does by default: runs get
+    ``mlflow-artifacts:`` URIs and the files land under ``--artifacts-destination``."""
     root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = (root / "server.log").open("w")
-    proc = subprocess.Popen([exe, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                             "--artifacts-destination", str(root / "artifacts")],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url + "/health", 180, proc=proc, log=root / "server.log", what="the mlflow server to start")
+    with running_mlflow(root, ["--artifacts-destination", str(root / "artifacts")]) as url:
         yield url
-    finally:
-        stop(proc)
-        try:  # MLflow 3 starts job workers (huey consumers) that outlive the server: end its session's group
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        log.close()
 
 
 def test_mlflow_run_gets_each_written_step_as_an_artifact(mlflow_proxy, tmp_path, tokenizer):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import struct
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,32 +17,17 @@ import pytest
 
 from rft_runtime.trainer.tracking import MlflowTracker, WandbTracker, auth_headers, flatten
 from tests.local.conftest import read_rows, run_rft, write_manifest
+from tests.support.mlflow_server import running_mlflow
 from tests.support.ports import free_port
-from tests.support.processes import stop
-from tests.support.servers import wait_healthy
 
-ROOT = Path(__file__).resolve().parents[2]
 API = "/api/2.0/mlflow"
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    exe = subprocess.run(["bash", str(ROOT / "hack" / "mlflow-venv.sh")], capture_output=True, text=True,
-                         check=True, timeout=1800).stdout.strip()
     root = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    log = (root / "server.log").open("w")
-    proc = subprocess.Popen([exe, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-                             "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                             "--default-artifact-root", f"file://{root / 'artifacts'}"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url + "/health", 180, proc=proc, log=root / "server.log", what="the mlflow server to start")
+    with running_mlflow(root, ["--default-artifact-root", f"file://{root / 'artifacts'}"]) as url:
         yield url
-    finally:
-        stop(proc)
-        log.close()
 
 
 def _run(url: str, run_id: str) -> dict:
