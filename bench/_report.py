@@ -24,6 +24,9 @@ TRANSCRIBED = "transcribed from the project's recorded run (docs), not re-measur
 EXTRAS: dict[str, tuple[str, ...]] = {
     "e2e_step": ("startup.first_step_s_median",),
     "rollout_tokens": ("drift",),
+    "real_model": ("accuracy.baseline", "accuracy.final", "accuracy.final_step", "accuracy.best", "steps",
+                   "wall_s", "per_step_s.step", "per_step_s.generate", "per_step_s.train",
+                   "tokens_per_s.generation", "tokens_per_s.training"),
     "operator_scale": ("converge_s", "idle_requests_per_s", "idle_mutating_requests_excluding_lease",
                        "status_latency_p99_s", "operator_rss_peak_mb"),
 }

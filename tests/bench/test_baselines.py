@@ -44,7 +44,9 @@ def test_every_baseline_parses_with_a_machine_record_and_ratios(path: Path):
     data = json.loads(path.read_text())
     assert report.problems(path.stem, data) == []
     assert isinstance(data["machine"], dict) and "cpus" in data["machine"]
-    assert data["ratios"] and all(v is None or v > 0 for v in data["ratios"].values())
+    # a ratio may be 0 where what it measures was (real_model's final_over_baseline: no held-out problem right at
+    # the end), never negative; make bench prints no quotient against a 0 baseline
+    assert data["ratios"] and all(v is None or v >= 0 for v in data["ratios"].values())
     if data["provenance"] == _report.TRANSCRIBED:  # copied from the docs: the machine as they described it
         assert data["machine"]["recorded_as"] and data.get("source")
     else:
