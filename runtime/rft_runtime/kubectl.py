@@ -6,7 +6,8 @@
                                       per-domain rewards, roles ready/desired
     kubectl rft logs JOB --role R     the logs of the job's pods in role R (inference, rollout,
                                       reward, trainer); -f follows one pod
-    kubectl rft suspend JOB           spec.suspend: true (role pods removed, checkpoint kept)
+    kubectl rft suspend JOB           spec.suspend: true (role pods removed, checkpoint kept; warns when Argo CD
+                                      manages the job: its Git holds spec.suspend)
     kubectl rft resume JOB            spec.suspend: false (the trainer resumes from its checkpoint)
     kubectl rft curve JOB -o F.png    the reward curve from the job's progress record
     kubectl rft samples JOB           the newest sampled completions the trainer kept (prompts,
@@ -169,13 +170,15 @@ class Client:
         """The ``samples.json`` text of the job's progress ConfigMap (None when there is none yet)."""
         return self._progress_key(name, SAMPLES_KEY)
 
-    def set_suspend(self, name: str, suspend: bool) -> None:
-        self.job(name)
+    def set_suspend(self, name: str, suspend: bool) -> dict[str, Any]:
+        """Patches ``spec.suspend``; returns the job as it was read before the patch."""
+        job = self.job(name)
         try:
             self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
                                                        {"spec": {"suspend": suspend}})
         except Exception as e:
             raise self._api_error(e, f"{KIND} {name}") from None
+        return job
 
     def pods(self, name: str, role: str) -> list[Any]:
         sel = f"app.kubernetes.io/instance={name},rft.dev/role={role}"
@@ -320,8 +323,22 @@ def _status(c: Client, a: argparse.Namespace) -> int:
     return 0
 
 
+ARGO_PREFIX = "argocd.argoproj.io/"
+
+
+def argo_marks(job: dict[str, Any]) -> list[str]:
+    """The Argo CD tracking marks on a job's metadata (its annotations' and labels' ``argocd.argoproj.io/*``
+    keys, e.g. ``argocd.argoproj.io/tracking-id``): an object Argo CD manages."""
+    meta = job.get("metadata") or {}
+    return sorted(k for part in ("annotations", "labels") for k in (meta.get(part) or {}) if k.startswith(ARGO_PREFIX))
+
+
 def _suspend(c: Client, a: argparse.Namespace) -> int:
-    c.set_suspend(a.job, a.command == "suspend")
+    job = c.set_suspend(a.job, a.command == "suspend")
+    marks = argo_marks(job)
+    if marks:
+        print(f"warning: {KIND.lower()} {c.namespace}/{a.job} is managed by Argo CD ({', '.join(marks)}): it reverts "
+              "this change (self-heal) or shows the job OutOfSync; set spec.suspend in Git instead", file=sys.stderr)
     print(f"{KIND.lower()} {c.namespace}/{a.job} {'suspended' if a.command == 'suspend' else 'resumed'}")
     return 0
 

@@ -64,11 +64,15 @@ def test_status_suspend_resume_and_curve(cluster, api, operator, namespace, tmp_
     assert "eval score  0.550" in out and "eval by domain  code 0.300   math 0.700" in out
     assert "roles       inference 1/1" in out
 
-    kubectl_rft(cluster, namespace, "suspend", "arith")
-    assert get_job(api, namespace, "arith")["spec"]["suspend"] is True
+    r = kubectl_rft(cluster, namespace, "suspend", "arith")
+    assert get_job(api, namespace, "arith")["spec"]["suspend"] is True and "Argo CD" not in r.stderr
     wait_phase(api, namespace, "arith", "Suspended")
-    kubectl_rft(cluster, namespace, "resume", "arith")
+    # an object Argo CD tracks: the change is made, with a warning that Git is where it belongs
+    api.patch("RFTJob", namespace, "arith", {"metadata": {"annotations": {
+        "argocd.argoproj.io/tracking-id": f"ml:rft.dev/RFTJob:{namespace}/arith"}}})
+    r = kubectl_rft(cluster, namespace, "resume", "arith")
     assert get_job(api, namespace, "arith")["spec"]["suspend"] is False
+    assert "managed by Argo CD (argocd.argoproj.io/tracking-id)" in r.stderr and "spec.suspend in Git" in r.stderr
     wait_for("resumed", lambda: (get_job(api, namespace, "arith").get("status") or {}).get("phase") != "Suspended")
 
     png = tmp_path / "curve.png"
