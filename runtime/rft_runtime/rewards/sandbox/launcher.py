@@ -7,7 +7,7 @@ it can run before anything else is trusted. Process tree::
     worker ─► L (this script, new session)          writes the uid/gid maps of C
                └─► C  unshare(user?, mnt, net, ipc, uts, pid); private read-only mounts
                     └─► G  pid 1 of the new pid namespace: private /proc, drops to the sandbox uid
-                         └─► H  rlimits, empty environment, exec(argv)   ← untrusted code
+                         └─► H  rlimits, empty environment, seccomp filter, exec(argv)   ← untrusted code
 
 Isolation modes (``mode`` in the config):
   * ``userns``: C creates a user namespace too; L (in the parent namespace) maps one inside uid to
@@ -34,6 +34,21 @@ failed. The program started (the trusted harness) gets that pipe as fd 3; the ha
 untrusted solution in a separate process without it (see harness.py).
 Each child sets PR_SET_PDEATHSIG=SIGKILL, so killing L's process group, or L dying, tears the whole
 tree down; G's death (pid 1) makes the kernel kill everything left in the pid namespace.
+
+System calls (H, both modes, last thing before the exec): a seccomp filter (:func:`build_filter`,
+installed by :func:`install_solution_filter`) refuses with EPERM what the namespaces leave to the
+kernel: new namespaces (``unshare``, ``setns``, ``clone`` with a CLONE_NEW* flag; ``clone3`` gets
+ENOSYS so the C library falls back to ``clone``), mounts and the new mount API, ``chroot``, ``bpf``,
+the keyrings, ``ptrace`` and ``process_vm_*``, modules, kexec, ``perf_event_open``, ``userfaultfd``,
+io_uring, handles, swap, ``reboot``, ``acct``, quotas, host and domain names, ``personality``
+other than the default or a query, ``AF_PACKET`` sockets and ``AF_NETLINK`` ones other than
+NETLINK_ROUTE. It is a deny list on top of the namespaces, the rlimits and the pod's own profile.
+It is installed here, not in the harness's child, because a filter is inherited across fork and
+execve and cannot be removed: the harness (H after the exec) needs none of these calls (it starts
+the solution's process with fork/exec, pipes and prctl(PR_SET_DUMPABLE)), so the solution, anything
+it starts and every program run under the launcher (the harness, the probe, direct runs) are
+filtered, and the harness itself stays free of ctypes. No filter, no exec: a failure to install it
+is a ``setup_error`` at stage ``seccomp``.
 """
 
 from __future__ import annotations
@@ -43,6 +58,7 @@ import json
 import os
 import resource
 import signal
+import struct
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -305,12 +321,121 @@ def setup_mounts(cfg: dict, owner: tuple[int, int]) -> dict:
             "work_max_files": inodes}
 
 
+# ----------------------------------------------------------------------------- the solution's seccomp filter
+
+AUDIT_ARCH_X86_64 = 0xC000003E
+AUDIT_ARCH_AARCH64 = 0xC00000B7
+X32_SYSCALL_BIT = 0x40000000
+SECCOMP_RET_KILL_PROCESS = 0x80000000
+SECCOMP_RET_ERRNO = 0x00050000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+EPERM, ENOSYS = 1, 38
+AF_NETLINK, AF_PACKET, NETLINK_ROUTE = 16, 17, 0
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NAMESPACES = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+PER_LINUX, PER_QUERY = 0, 0xFFFFFFFF
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JSET_K, BPF_RET_K = 0x20, 0x15, 0x45, 0x06
+# struct seccomp_data: nr at 0, arch at 4, args[i] at 16 + 8 i (the low 32 bits first: both arches
+# here are little-endian, and clone's flags, socket's domain and protocol and personality's persona
+# are read by the kernel as 32-bit values).
+SD_NR, SD_ARCH, SD_ARG0, SD_ARG2 = 0, 4, 16, 32
+
+# Refused outright with EPERM.
+DENIED = ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree",
+          "open_tree_attr", "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr", "bpf", "keyctl",
+          "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev", "kexec_load",
+          "kexec_file_load", "init_module", "finit_module", "delete_module", "perf_event_open",
+          "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register", "open_by_handle_at",
+          "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl", "quotactl_fd",
+          "sethostname", "setdomainname")
+_SAME_NR = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
+            "clone3": 435, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+            "mount_setattr": 442, "quotactl_fd": 443, "open_tree_attr": 467}
+# os.uname().machine -> (AUDIT_ARCH_*, system call numbers)
+SYSCALLS = {
+    "x86_64": (AUDIT_ARCH_X86_64, dict(
+        _SAME_NR, unshare=272, setns=308, clone=56, socket=41, personality=135, mount=165, umount2=166,
+        pivot_root=155, chroot=161, bpf=321, keyctl=250, add_key=248, request_key=249, ptrace=101,
+        process_vm_readv=310, process_vm_writev=311, kexec_load=246, kexec_file_load=320, init_module=175,
+        finit_module=313, delete_module=176, perf_event_open=298, userfaultfd=323, open_by_handle_at=304,
+        name_to_handle_at=303, swapon=167, swapoff=168, reboot=169, acct=163, quotactl=179,
+        sethostname=170, setdomainname=171)),
+    "aarch64": (AUDIT_ARCH_AARCH64, dict(
+        _SAME_NR, unshare=97, setns=268, clone=220, socket=198, personality=92, mount=40, umount2=39,
+        pivot_root=41, chroot=51, bpf=280, keyctl=219, add_key=217, request_key=218, ptrace=117,
+        process_vm_readv=270, process_vm_writev=271, kexec_load=104, kexec_file_load=294, init_module=105,
+        finit_module=273, delete_module=106, perf_event_open=241, userfaultfd=282, open_by_handle_at=265,
+        name_to_handle_at=264, swapon=224, swapoff=225, reboot=142, acct=89, quotactl=60,
+        sethostname=161, setdomainname=162)),
+}
+
+Insn = tuple[int, int, int, int]  # struct sock_filter: code, jt, jf, k
+
+
+def _ld(offset: int) -> Insn:
+    return (BPF_LD_W_ABS, 0, 0, offset)
+
+
+def _ret(action: int) -> Insn:
+    return (BPF_RET_K, 0, 0, action)
+
+
+def _guard(nr: int, body: list[Insn]) -> list[Insn]:
+    """``body`` (which ends in returns) for system call ``nr``; other calls skip over it."""
+    return [(BPF_JEQ_K, 0, len(body), nr), *body]
+
+
+def _argument_rules(nrs: dict) -> list[Insn]:
+    """clone without namespace flags, sockets but AF_PACKET and non-route netlink, the default persona."""
+    eperm, allow = _ret(SECCOMP_RET_ERRNO | EPERM), _ret(SECCOMP_RET_ALLOW)
+    clone = [_ld(SD_ARG0), (BPF_JSET_K, 0, 1, CLONE_NAMESPACES), eperm, allow]
+    sock = [_ld(SD_ARG0), (BPF_JEQ_K, 0, 1, AF_PACKET), eperm, (BPF_JEQ_K, 0, 3, AF_NETLINK),
+            _ld(SD_ARG2), (BPF_JEQ_K, 1, 0, NETLINK_ROUTE), eperm, allow]
+    persona = [_ld(SD_ARG0), (BPF_JEQ_K, 2, 0, PER_LINUX), (BPF_JEQ_K, 1, 0, PER_QUERY), eperm, allow]
+    return _guard(nrs["clone"], clone) + _guard(nrs["socket"], sock) + _guard(nrs["personality"], persona)
+
+
+def build_filter(machine: str) -> bytes:
+    """The solution's seccomp-BPF program for ``machine`` (``os.uname().machine``) as the bytes of a
+    ``struct sock_filter`` array. It checks the architecture first (any other, such as 32-bit calls
+    on x86-64, kills the process), refuses the x32 ABI on x86-64, then the calls of :data:`DENIED`
+    (EPERM), ``clone3`` (ENOSYS) and the argument rules; everything else is allowed. Raises
+    ValueError for a machine without a table."""
+    if machine not in SYSCALLS:
+        raise ValueError(f"no seccomp table for machine {machine!r}")
+    arch, nrs = SYSCALLS[machine]
+    eperm = _ret(SECCOMP_RET_ERRNO | EPERM)
+    prog = [_ld(SD_ARCH), (BPF_JEQ_K, 1, 0, arch), _ret(SECCOMP_RET_KILL_PROCESS), _ld(SD_NR)]
+    if arch == AUDIT_ARCH_X86_64:
+        prog += [(BPF_JSET_K, 0, 1, X32_SYSCALL_BIT), eperm]
+    prog += _guard(nrs["clone3"], [_ret(SECCOMP_RET_ERRNO | ENOSYS)])
+    for name in DENIED:
+        prog += _guard(nrs[name], [eperm])
+    prog += _argument_rules(nrs) + [_ret(SECCOMP_RET_ALLOW)]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_solution_filter(machine: str | None = None) -> None:
+    """Installs :func:`build_filter`'s program for this machine (or ``machine``) on this thread,
+    after PR_SET_NO_NEW_PRIVS. Raises OSError or ValueError: the caller must not exec then."""
+    prog = build_filter(machine or os.uname().machine)
+    buf = ctypes.create_string_buffer(prog, len(prog))
+    fprog = _SockFprog(len(prog) // 8, ctypes.addressof(buf))
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "prctl(PR_SET_SECCOMP)")
+
+
 # ----------------------------------------------------------------------------- stages
 
 
-def stage_h(cfg: dict, report_fd: int) -> None:
-    """The untrusted process: rlimits, fds, empty environment, exec."""
-    lim = cfg["limits"]
+def set_limits(lim: dict) -> None:
+    """The untrusted process's rlimits (no core files, ever)."""
     if "cpu" in lim:
         resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu"], lim["cpu"] + 1))
     if "as" in lim:
@@ -322,11 +447,21 @@ def stage_h(cfg: dict, report_fd: int) -> None:
     if "nofile" in lim:
         resource.setrlimit(resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if report_fd != 3:
-        os.dup2(report_fd, 3)
+
+
+def stage_h(cfg: dict, rep: Reporter) -> None:
+    """The untrusted process: rlimits, fds, empty environment, seccomp filter, exec."""
+    set_limits(cfg["limits"])
+    if rep.fd != 3:
+        os.dup2(rep.fd, 3)
+        rep.fd = 3  # the report pipe's other descriptors are closed below: failures go to fd 3
     os.closerange(4, 65536)
     os.set_inheritable(3, True)
     os.chdir(INSIDE_WORKDIR)
+    try:  # seccomp_machine: set by tests only, to see the refusal; any name but ours fails the run
+        install_solution_filter(cfg.get("seccomp_machine"))
+    except (OSError, ValueError) as exc:
+        rep.fail("seccomp", exc)
     os.execve(cfg["argv"][0], cfg["argv"], {})
 
 
@@ -395,7 +530,7 @@ def stage_g(cfg: dict, rep: Reporter, parent: int, info: dict) -> None:
     if pid == 0:
         try:
             die_with_parent(me)
-            stage_h(cfg, rep.fd)
+            stage_h(cfg, rep)
         except Exception as exc:  # noqa: BLE001
             rep.fail("exec", exc)
     os._exit(wait_status(pid))
