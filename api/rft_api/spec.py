@@ -17,6 +17,7 @@ from .constants import (
     BUILTIN_MODELS,
     DEFAULT_RUNTIME_IMAGE,
     GROUP_RELATIVE_ALGORITHMS,
+    REWARD_LIMIT,
     VLLM_LORA_RANKS,
     AdvantageEstimatorName,
     AlgorithmName,
@@ -344,6 +345,10 @@ class EvaluatorConfig(ApiModel):
     """llm_judge: base URL of an OpenAI-compatible server."""
     pattern: Optional[Annotated[str, StringConstraints(min_length=1, max_length=4096)]] = None
     """regex: the pattern a completion must match."""
+    prompt_template: Optional[Annotated[str, StringConstraints(min_length=1, max_length=65536)]] = None
+    """llm_judge: the judge's prompt (with a custom one, scoreMax or the evaluator's rewardRange bounds the score)."""
+    score_max: Optional[float] = Field(None, ge=-REWARD_LIMIT, le=REWARD_LIMIT)
+    """llm_judge: the highest score; set, scores in [scoreMin, scoreMax] map to rewards in [0, 1]."""
 
 
 _JUDGE_ENDPOINT = Rule(
@@ -351,6 +356,15 @@ _JUDGE_ENDPOINT = Rule(
     message="an llm_judge evaluator needs config.endpoint (an OpenAI-compatible base URL)",
     field=".config",
     check=lambda e: e.builtin != "llm_judge" or (e.config is not None and e.config.endpoint is not None),
+)
+_JUDGE_BOUNDED = Rule(
+    cel="!has(self.builtin) || self.builtin != 'llm_judge' || !has(self.config) || !has(self.config.promptTemplate) "
+        "|| has(self.config.scoreMax) || has(self.rewardRange)",
+    message="an llm_judge evaluator with a custom config.promptTemplate needs config.scoreMax (scores map to [0, 1]) "
+            "or rewardRange (the raw score is the reward): a judge's unbounded number is no reward",
+    field=".config",
+    check=lambda e: (e.builtin != "llm_judge" or e.config is None or e.config.prompt_template is None
+                     or e.config.score_max is not None or e.reward_range is not None),
 )
 _REGEX_PATTERN = Rule(
     cel="!has(self.builtin) || self.builtin != 'regex' || (has(self.config) && has(self.config.pattern))",
@@ -361,11 +375,26 @@ _REGEX_PATTERN = Rule(
 
 
 @rules(Rule(
+    cel="self.min < self.max",
+    message="rewardRange.min must be below rewardRange.max",
+    field="",
+    check=lambda r: r.min < r.max,
+))
+class RewardRange(ApiModel):
+    """The rewards an evaluator may return (inclusive)."""
+
+    min: float = Field(ge=-REWARD_LIMIT, le=REWARD_LIMIT)
+    """The lowest reward."""
+    max: float = Field(ge=-REWARD_LIMIT, le=REWARD_LIMIT)
+    """The highest reward."""
+
+
+@rules(Rule(
     cel="[has(self.builtin), has(self.bundle), has(self.file), has(self.evalProtocol)].filter(x, x).size() == 1",
     message="exactly one of builtin, bundle, file or evalProtocol must be set",
     field="",
     check=lambda e: sum(x is not None for x in (e.builtin, e.bundle, e.file, e.eval_protocol)) == 1,
-), _JUDGE_ENDPOINT, _REGEX_PATTERN)
+), _JUDGE_ENDPOINT, _JUDGE_BOUNDED, _REGEX_PATTERN)
 class EvaluatorEntry(ApiModel):
     name: Optional[Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-_a-z0-9]*[a-z0-9])?$")]] = None
     """Name used in per-evaluator metrics; defaults to the builtin kind or the function name."""
@@ -387,6 +416,8 @@ class EvaluatorEntry(ApiModel):
     """Only tasks of these domains are scored by this evaluator; for the others it does not apply (left out of the weighted mean). All domains when unset."""
     timeout_seconds: Optional[float] = Field(None, gt=0, le=3600)
     """Per-sample timeout for this evaluator; defaults to evaluator.timeoutSeconds."""
+    reward_range: Optional[RewardRange] = None
+    """The rewards this evaluator may return. A reward outside it is refused: the sample gets a runtime_error from this evaluator (onError applies) and the reward_out_of_range metric counts it. Defaults to [-1e6, 1e6]."""
 
     def file_ref(self) -> Optional[ConfigMapKeySelector]:
         """The ConfigMap key holding this evaluator's Python file (file and evalProtocol evaluators)."""
@@ -412,7 +443,7 @@ class EvaluatorEntry(ApiModel):
     message="at most one evaluator may be a bundle image (the rollout pods run that image)",
     field=".evaluators",
     check=lambda e: e.evaluators is None or sum(x.bundle is not None for x in e.evaluators) <= 1,
-), _JUDGE_ENDPOINT, _REGEX_PATTERN)
+), _JUDGE_ENDPOINT, _JUDGE_BOUNDED, _REGEX_PATTERN)
 class EvaluatorSpec(EvaluatorEntry):
     evaluators: Optional[list[EvaluatorEntry]] = Field(None, min_length=1, max_length=16)
     """Several evaluators combined by weight (instead of the single one above)."""
@@ -710,6 +741,8 @@ class TrainerSpec(ApiModel):
     """AdamW weight decay."""
     grad_clip: float = Field(1.0, gt=0, le=1e6)
     """Gradient-norm clipping."""
+    max_non_finite_steps: int = Field(3, ge=1, le=1000)
+    """A step whose gradient norm is not finite (NaN or infinite) makes no update and is counted; after this many such steps in a row the job fails, its checkpoints as they were (nothing non-finite is published or checkpointed)."""
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     """Learning-rate schedule."""
     kl: KLSpec = Field(default_factory=KLSpec)

@@ -234,3 +234,39 @@ def test_evaluator_domains_come_from_the_spec():
     assert [e.domains for e in cfg.evaluators] == [["arithmetic", "words"], None]
     comp = build_composite(cfg)
     assert [s.domains for s in comp.slots] == [frozenset({"arithmetic", "words"}), None]
+
+
+@pytest.mark.parametrize("on_error, expected", [("zero", 0.25), ("exclude", 1.0)])
+async def test_a_reward_outside_the_evaluators_range_is_refused_and_counted(on_error: str, expected: float) -> None:
+    """A custom evaluator returning 1e300 (its group's advantages would overflow float32) is refused
+    like one that raised; the default range is [-1e6, 1e6], a declared one replaces it."""
+
+    class Grouped:
+        grouped = True
+
+        async def score_group(self, samples, item):
+            return [2.0, 0.5]
+
+    comp = CompositeEvaluator([slot("huge", lambda s, i: 1e300), slot("ok", lambda s, i: 1.0),
+                               Slot("percent", CustomEvaluator(lambda s, i: 50.0, "percent"), reward_range=(0, 1)),
+                               Slot("group", Grouped(), reward_range=(0.0, 1.0))], on_error=on_error)  # type: ignore[arg-type]
+    assert comp.slots[0].reward_range == (-1e6, 1e6)
+    r = await comp.score(Sample(text="x"), Item())
+    assert r.error == "runtime_error"
+    assert r.metrics["huge/reward_out_of_range"] == 1.0 and r.metrics["percent/reward_out_of_range"] == 1.0
+    assert "huge: reward 1e+300 is outside its rewardRange [-1e+06, 1e+06]" in r.reason
+    assert "percent: reward 50 is outside its rewardRange [0, 1]" in r.reason
+    group = await comp.score_group([Sample(text="a"), Sample(text="b")], Item())
+    await comp.aclose()
+    assert [g.metrics.get("group/reward_out_of_range") for g in group] == [1.0, None]
+    assert group[1].metrics["group"] == 0.5
+    # zero: the refused count as 0 in the weighted mean; exclude: they drop out of it (the groupwise
+    # evaluator has no per-sample score: an error of its own for one sample)
+    assert r.reward == pytest.approx(expected)
+
+
+def test_reward_ranges_come_from_the_spec():
+    cfg = from_spec({"evaluators": [{"name": "a", "builtin": "math", "rewardRange": {"min": -1, "max": 2}},
+                                    {"name": "b", "builtin": "math"}]})
+    assert [e.reward_range for e in cfg.evaluators] == [(-1.0, 2.0), (-1e6, 1e6)]
+    assert [s.reward_range for s in build_composite(cfg).slots] == [(-1.0, 2.0), (-1e6, 1e6)]

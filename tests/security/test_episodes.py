@@ -133,12 +133,16 @@ def test_non_finite_reward_in_the_body_is_refused(served, literal):
     assert _accepted(svc) == 0
 
 
-def test_non_finite_reward_in_process_is_invalid():
+@pytest.mark.parametrize("reward", [math.nan, 1e300, -2e9])
+def test_a_non_finite_or_out_of_scale_reward_in_process_is_invalid(reward):
+    """Beyond ±1e9 a reward's advantage could overflow the learner's float32: refused like NaN."""
     coord = Coordinator(CoordinatorConfig(n=1, lease_timeout_s=5.0))
     (key,) = coord.submit(tasks(1), seeds=[0])
     (g,) = coord.lease("w", 1).tasks
-    res = coord.post_episodes("w", [episode(key, 0, reward=math.nan)], [g.lease_id])
-    assert res.invalid and "finite" in res.errors[0] and not res.accepted
+    res = coord.post_episodes("w", [episode(key, 0, reward=reward)], [g.lease_id])
+    assert res.invalid and "finite and within ±1e+09" in res.errors[0] and not res.accepted
+    res = coord.post_episodes("w", [episode(key, 0, reward=1e9)], [g.lease_id])
+    assert res.accepted and not res.invalid
 
 
 def test_out_of_vocabulary_token_ids_are_refused(served):

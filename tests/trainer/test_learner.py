@@ -5,6 +5,7 @@ base."""
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -230,3 +231,53 @@ def test_whole_rows_run_without_a_mask_and_give_the_padded_masks_logits(tiny_mod
     read = batch.loss_mask[:, start:]
     assert torch.allclose(logits[read], expected[read].float(), atol=1e-5, rtol=0)
     assert not torch.allclose(logits, expected.float(), atol=1e-3)  # only padding positions may differ
+
+
+@pytest.mark.parametrize("poison", ["huge-reward", "nan-advantage"])
+def test_a_non_finite_gradient_makes_no_step_and_the_weights_stay_finite(tiny_model, groups, poison):
+    """A reward far out of scale overflows its advantage in float32 (RLOO on [1e200, 0, 0, 0] in
+    float64 is finite; the loss's float32 is not), a NaN anywhere in the loss: the pass is skipped."""
+    batch, _ = _inputs(groups, 1, 4)
+    rewards = torch.tensor([1e200 if poison == "huge-reward" else 1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    adv = compute_advantages("rloo", rewards, [0, 0, 0, 0])
+    advantages = adv.advantages.float()
+    if poison == "nan-advantage":
+        advantages[1] = float("nan")
+    learner = _learner(tiny_model)
+    before = {n: p.detach().clone() for n, p in tiny_model.named_parameters()}
+    m = learner.update(batch, advantages, adv.valid, learner.logprobs(batch))
+    assert m["nonfinite_skipped"] == 1.0 and not math.isfinite(m["grad_norm"])
+    assert all(torch.equal(p.detach(), before[n]) for n, p in tiny_model.named_parameters())
+    assert learner.weights_finite()
+    # the next, sane step trains as usual from the same weights
+    batch, adv = _inputs(groups, 1, 4)
+    m = learner.update(batch, adv.advantages.float(), adv.valid, learner.logprobs(batch))
+    assert m["nonfinite_skipped"] == 0.0 and math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in tiny_model.named_parameters())
+
+
+def test_weights_that_are_not_finite_after_a_step_are_refused(tiny_model, groups):
+    from rft_runtime.trainer.finite import NonFiniteWeights
+
+    batch, adv = _inputs(groups, 1, 4)
+    learner = _learner(tiny_model)
+    with torch.no_grad():
+        next(tiny_model.parameters()).view(-1)[0] = float("inf")  # what an overflow in the step would leave
+    learner.optimizer = torch.optim.SGD([p for p in tiny_model.parameters() if p.requires_grad], lr=0.0)
+    with pytest.raises(NonFiniteWeights, match="published or checkpointed"):
+        learner.update(batch, adv.advantages.float(), adv.valid, learner.logprobs(batch))
+
+
+def test_the_guard_fails_the_run_after_the_limit_of_skipped_steps_in_a_row():
+    from rft_runtime.trainer.finite import NonFiniteSteps, NonFiniteTraining
+
+    g = NonFiniteSteps(2)
+    g.observe(1, 1, 1, None)
+    g.observe(2, 0, 1, None)  # a good step resets the count
+    g.observe(3, 1, 2, None)  # one pass of two skipped: the weights moved, the count resets
+    g.observe(4, 1, 1, 2)
+    assert (g.in_a_row, g.total) == (1, 3)
+    with pytest.raises(NonFiniteTraining, match=r"2 steps in a row \(up to step 5\).*maxNonFiniteSteps=2.*step 2\) is intact"):
+        g.observe(5, 1, 1, 2)
+    with pytest.raises(ValueError, match="maxNonFiniteSteps"):
+        NonFiniteSteps(0)

@@ -290,3 +290,33 @@ def test_publication_in_the_background_keeps_episodes_within_the_staleness_bound
     assert trainer.policy_version == trainer.served_version == 5
     current = json.loads((tmp_path / "ckpt" / "weights" / "current.json").read_text())
     assert current["policy_version"] == 5
+
+
+def test_rewards_out_of_scale_skip_their_steps_and_end_the_run_with_the_checkpoints_intact(
+        tmp_path, tiny_model_dir, serve, monkeypatch):
+    """Every step's rewards × 1e300 (an evaluator gone wrong with a range that admits it): each
+    advantage overflows float32, no step changes the weights, and at trainer.maxNonFiniteSteps in a
+    row the run ends; the checkpoints hold finite weights, the base model's."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rft_runtime.trainer import trainer as trainer_module
+    from rft_runtime.trainer.finite import NonFiniteTraining
+    from rft_runtime.trainer.state import WEIGHTS_FILE
+
+    real = trainer_module.shaped_rewards
+    def huge(*a: Any, **kw: Any) -> torch.Tensor:
+        r = real(*a, **kw)
+        return r + 1e300 * torch.arange(len(r), dtype=r.dtype)
+
+    monkeypatch.setattr(trainer_module, "shaped_rewards", huge)
+    spec = _spec(tiny_model_dir, trainer={"algorithm": "rloo", "maxNonFiniteSteps": 2, "maxSteps": 4})
+    with pytest.raises(NonFiniteTraining, match=r"2 steps in a row \(up to step 2\).*step 1\) is intact"):
+        _run(tmp_path, serve, spec)
+    rows = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    assert [(r["step"], r["nonfinite_skipped"]) for r in rows] == [(1, 1.0)]
+    saved = load_file(str(tmp_path / "ckpt" / "step-000001" / WEIGHTS_FILE))
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters())
+    assert saved and all(torch.isfinite(t).all() for t in saved.values())
+    assert all(torch.equal(t, base[k].detach()) for k, t in saved.items() if k in base) and set(saved) & set(base)

@@ -47,6 +47,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from rft_api.constants import REWARD_LIMIT
+
 from ..types import Episode
 from .episodes import (
     EpisodeFormatError,
@@ -108,6 +110,15 @@ def max_body_bytes(cfg: "CoordinatorConfig") -> int:
     return min(MAX_BODY_BYTES, (1 << 20) + cfg.n * tokens * BYTES_PER_TOKEN)
 
 
+REWARD_RULE = f"rewards must be finite and within ±{REWARD_LIMIT:g}"
+
+
+def _bad_reward(r: float | None) -> bool:
+    """A reward the trainer cannot take: not finite, or beyond :data:`~rft_api.constants.REWARD_LIMIT`
+    (an advantage of it could overflow the learner's float32)."""
+    return r is not None and not (math.isfinite(r) and abs(r) <= REWARD_LIMIT)
+
+
 class CoordinatorError(RuntimeError):
     """Misuse of the coordinator by its owner (e.g. taking a group that is not complete)."""
 
@@ -139,12 +150,12 @@ class EpisodeLimits:
         lease's ``sampling.max_tokens``, the response limit unless :attr:`max_response_tokens` is set."""
         max_resp = self.max_response_tokens if self.max_response_tokens is not None else max_tokens
         for t, traj in enumerate(ep.trajectories):
-            if traj.reward is not None and not math.isfinite(traj.reward):
-                return f"trajectories.{t}.reward is {traj.reward!r}: rewards must be finite"
+            if _bad_reward(traj.reward):
+                return f"trajectories.{t}.reward is {traj.reward!r}: {REWARD_RULE}"
             for i, step in enumerate(traj.steps):
                 where = f"trajectories.{t}.steps.{i}"
-                if step.reward is not None and not math.isfinite(step.reward):
-                    return f"{where}.reward is {step.reward!r}: rewards must be finite"
+                if _bad_reward(step.reward):
+                    return f"{where}.reward is {step.reward!r}: {REWARD_RULE}"
                 if self.vocab_size is not None:
                     for name, ids in (("prompt_ids", step.prompt_ids), ("response_ids", step.response_ids)):
                         if ids and max(ids) >= self.vocab_size:  # one pass in C; the first bad id named

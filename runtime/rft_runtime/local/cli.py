@@ -15,13 +15,15 @@ def known_errors() -> tuple[type[BaseException], ...]:
 
     from ..coordinator import CollectTimeout
     from ..data import DatasetError
+    from ..model.loading import ModelLoadError
     from ..rewards.options import ConfigError as EvaluatorConfigError
     from ..trainer.checkpoint import CheckpointError, ResumeError
+    from ..trainer.finite import NonFiniteTraining, NonFiniteWeights
     from ..trainer.publisher import PublishError
     from .runner import LocalRunError
 
     return (LocalRunError, ResumeError, CheckpointError, ConfigError, DatasetError, PublishError, CollectTimeout,
-            EvaluatorConfigError, FileNotFoundError)
+            EvaluatorConfigError, FileNotFoundError, NonFiniteTraining, NonFiniteWeights, ModelLoadError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,11 @@ better than a wrong one; ``exclude`` → None, so it drops out of the group base
 evaluator *returns* with an error flag (e.g. math's parse_error with 0.0) is kept as returned: that
 outcome is about the sample, not a failure of the evaluator.
 
+Ranges. Each evaluator's rewards must lie in its ``rewardRange`` (default
+:data:`~rft_api.constants.DEFAULT_REWARD_RANGE`); a reward outside it is refused like an evaluator
+that raised (``runtime_error``, ``on_error``), and the result's ``reward_out_of_range`` metric counts
+it: a custom evaluator returning 1e300 would otherwise overflow its group's advantages.
+
 Timeouts: async evaluators are cancelled by ``asyncio.wait_for``; sync ones run in a thread pool and
 are abandoned (a Python thread cannot be killed): the sample is reported as a timeout at once, the
 thread finishes in the background. A groupwise evaluator (``grouped``: it scores the samples of one
@@ -26,6 +31,8 @@ import inspect
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from rft_api.constants import DEFAULT_REWARD_RANGE
 
 from .types import EvaluatorError, Item, Sample, ScoreResult, normalise_result
 
@@ -44,6 +51,15 @@ class Slot:
     timeout_seconds: float = 30.0
     domains: frozenset[str] | None = None
     """The task domains it scores (``evaluators[].domains``); None: all."""
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
+    """The rewards it may return (``evaluators[].rewardRange``): another is refused (:meth:`refuse`)."""
+
+    def refuse(self, result: ScoreResult) -> str | None:
+        """Why ``result``'s reward is refused (outside :attr:`reward_range`), or None."""
+        lo, hi = self.reward_range
+        if result.reward is None or lo <= result.reward <= hi:
+            return None
+        return f"{self.name}: reward {result.reward:g} is outside its rewardRange [{lo:g}, {hi:g}]"
 
     def applies(self, item: Item) -> bool:
         return self.domains is None or item.domain in self.domains
@@ -98,9 +114,20 @@ class CompositeEvaluator:
             return self._failed("runtime_error", f"{slot.name}: invalid result: {exc}")
         return self._failed("runtime_error", f"{slot.name}: {type(exc).__name__}: {exc}")
 
+    def _checked(self, slot: Slot, value: Any) -> ScoreResult:
+        """An evaluator's returned ``value`` as a result; a reward out of the slot's range is refused
+        (a runtime error, ``onError`` applies, ``reward_out_of_range`` counts it)."""
+        result = normalise_result(value)
+        why = slot.refuse(result)
+        if why is None:
+            return result
+        failed = self._failed("runtime_error", why)
+        failed.metrics["reward_out_of_range"] = 1.0
+        return failed
+
     async def _call(self, slot: Slot, sample: Sample, item: Item) -> ScoreResult:
         try:
-            return normalise_result(await self._invoke(slot, sample, item))
+            return self._checked(slot, await self._invoke(slot, sample, item))
         except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
             return self._failure(slot, exc)
 
@@ -109,7 +136,7 @@ class CompositeEvaluator:
             return list(await asyncio.gather(*(self._call(slot, s, item) for s in samples)))
         try:  # one call for the whole group, under the evaluator's timeout
             values = await asyncio.wait_for(slot.evaluator.score_group(samples, item), slot.timeout_seconds)
-            return [normalise_result(v) for v in values]
+            return [self._checked(slot, v) for v in values]
         except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
             return [self._failure(slot, exc)] * len(samples)
 

@@ -14,6 +14,7 @@ from typing import Any, Literal, Mapping
 from pydantic import ValidationError
 
 from rft_api import runtime
+from rft_api.constants import DEFAULT_REWARD_RANGE
 from rft_api.layout import api_key_env_name
 from rft_api.runtime import RuntimeConfig
 from rft_api.spec import EvaluatorEntry as SpecEntry
@@ -43,6 +44,8 @@ class EvaluatorEntry:
     config: dict[str, Any] = field(default_factory=dict)
     explicit_name: bool = False
     domains: list[str] | None = None
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE
+    """The rewards it may return (``rewardRange``); others are refused (:class:`~.composite.Slot`)."""
 
 
 @dataclass
@@ -96,7 +99,9 @@ def _entry(e: SpecEntry, index: int, file_path: str | None, key_env: str | None)
     config = dict(e.config.model_dump(by_alias=True, exclude_none=True)) if e.config is not None else {}
     entry = EvaluatorEntry(name=e.name or _default_name(e), kind="builtin", weight=e.weight, timeout_seconds=e.timeout_seconds,
                            config=config, explicit_name=e.name is not None,
-                           domains=list(e.domains) if e.domains is not None else None)
+                           domains=list(e.domains) if e.domains is not None else None,
+                           reward_range=(e.reward_range.min, e.reward_range.max) if e.reward_range is not None
+                           else DEFAULT_REWARD_RANGE)
     where = f"spec.evaluator.evaluators[{index}]"
     if e.builtin is not None:
         if e.builtin not in BUILTINS:

@@ -34,5 +34,6 @@ def build_composite(config: RewardConfig) -> CompositeEvaluator:
     """A CompositeEvaluator for a whole reward config."""
     slots = [Slot(name=e.name, evaluator=build_evaluator(e), weight=e.weight,
                   timeout_seconds=e.timeout_seconds or config.timeout_seconds,
-                  domains=frozenset(e.domains) if e.domains is not None else None) for e in config.evaluators]
+                  domains=frozenset(e.domains) if e.domains is not None else None, reward_range=e.reward_range)
+             for e in config.evaluators]
     return CompositeEvaluator(slots, on_error=config.on_error, sync_workers=max(4, config.concurrency))

@@ -12,6 +12,7 @@ Per micro-batch: ``logprobs_from_logits(logits / T)`` → policy loss (registry)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -27,6 +28,7 @@ from ..algos import (
     logprobs_from_logits,
 )
 from .batch import TrainBatch
+from .finite import NonFiniteWeights
 from .prefix import StepPrompts, model_costs, order_rows, prompt_owners, shared_logits, shares, step_prompts
 
 
@@ -62,6 +64,12 @@ class LearnerConfig:
 
     def policy_loss_config(self) -> PolicyLossConfig:
         return PolicyLossConfig(self.clip_low, self.clip_high, self.dual_clip_c)
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``p`` (a DTensor's local shard under FSDP, else ``p``)."""
+    to_local = getattr(p, "to_local", None)
+    return to_local().detach() if to_local is not None else p.detach()
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
@@ -277,6 +285,12 @@ class Learner:
         masked out of the loss and its normaliser). ``old_logprobs``, ``ref_logprobs`` and
         ``tis_weights`` are [B, L-1].
 
+        A pass whose gradient norm is not finite (a NaN or an overflow in the loss, a reward so large
+        that its advantage overflows) makes no optimiser step: its gradients are dropped, the weights
+        stay as they were, and ``nonfinite_skipped`` counts it (the trainer fails the job after
+        ``trainer.maxNonFiniteSteps`` such steps in a row). Weights that are not finite after a step
+        raise :class:`NonFiniteWeights`, before anything publishes or checkpoints them.
+
         ``old_logprobs`` None: the old policy is the one being updated, its log-probs taken (detached)
         from the update's own forward -- what a separate no-gradient pass before it would recompute, for
         one pass (``cfg.epochs`` 1: the parameters change only after the last micro-batch) and a forward
@@ -302,16 +316,35 @@ class Learner:
         # Per micro-batch nothing is read back from the device (no host synchronisation): the token
         # count comes from the mask on the host, the loss and the metrics are summed on the device.
         self.model.train()
+        skipped = 0
         for epoch in range(cfg.epochs):
             total = self._accumulate_gradients(u, epoch, stats, on_micro_batch)
             grad_norms.append(self._clip_gradients(params))
             losses.append(float(total))
-            self.optimizer.step()
+            if math.isfinite(grad_norms[-1]):
+                self.optimizer.step()
+            else:  # the same decision on every rank: the norm is the global one
+                skipped += 1
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.update_logprobs = None if u.own is None else whole_batch(u.own, batch.size, self.shard, u.dev)
-        return self._update_metrics(u, stats, losses, grad_norms)
+        out = self._update_metrics(u, stats, losses, grad_norms)
+        out["nonfinite_skipped"] = float(skipped)
+        if not self.weights_finite():
+            raise NonFiniteWeights("the policy's weights are not finite after the optimiser step: nothing of "
+                                   "this step is published or checkpointed")
+        return out
+
+    def weights_finite(self) -> bool:
+        """Whether every trainable parameter is finite (this rank's shards; with a :attr:`shard`, all
+        ranks', every rank getting the same answer)."""
+        ok = all(bool(torch.isfinite(_local(p)).all()) for p in self.trainable_parameters())
+        if self.shard is not None and self.shard.world_size > 1:
+            from .distributed import gather_objects
+
+            ok = all(gather_objects(ok))
+        return ok
 
     def _start_update(self, batch: TrainBatch, advantages: torch.Tensor, valid: torch.Tensor,
                       old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None,
@@ -413,7 +446,8 @@ class Learner:
         return loss, pm
 
     def _clip_gradients(self, params: list[torch.nn.Parameter]) -> float:
-        """Clip the accumulated gradients to ``cfg.grad_clip``; returns their norm before clipping."""
+        """Clip the accumulated gradients to ``cfg.grad_clip``; returns their norm before clipping (not
+        finite: the gradients are not usable, :meth:`update` makes no step with them)."""
         gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
         full = getattr(gn, "full_tensor", None)  # a DTensor under FSDP: the global norm
         return float(full() if full is not None else gn)

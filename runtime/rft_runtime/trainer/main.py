@@ -6,7 +6,9 @@ ranks form one torch.distributed process group (:mod:`.distributed`). Global ran
 proper: it resumes from the latest complete checkpoint under ``paths.checkpoints`` when there is one
 (a restarted trainer continues), serves the coordinator, trains ``trainer.maxSteps`` steps, writes
 the final checkpoint and a ``done`` progress record, and exits 0 (also when the checkpoint it
-resumed from already completes the run: an attempt killed after its final checkpoint). SIGTERM/SIGINT stop it after
+resumed from already completes the run: an attempt killed after its final checkpoint). It exits 2, the
+terminal status, when its config, dataset, model or checkpoint cannot be used, or when training stopped being finite
+(:mod:`.finite`: the checkpoints stay as they were). SIGTERM/SIGINT stop it after
 the current step with a checkpoint of the last completed step (exit status 143 / 130). Every other
 rank follows rank 0 (:func:`.trainer.follow`) and ignores SIGTERM/SIGINT.
 """
@@ -21,6 +23,9 @@ import threading
 
 from rft_api import runtime
 
+from ..data import DatasetError
+from ..model.loading import ModelLoadError
+from .finite import NonFiniteTraining, NonFiniteWeights
 from .state import ResumeError
 from .trainer import StopRequested, Trainer
 
@@ -94,7 +99,7 @@ def _run(cfg: runtime.RuntimeConfig, args: argparse.Namespace, ctx: object) -> i
     try:
         try:
             trainer.setup()
-        except ResumeError as e:
+        except (ResumeError, DatasetError, ModelLoadError) as e:  # a restart would fail the same way
             print(f"rft trainer: {e}", file=sys.stderr)
             return 2
         while not trainer.finished and not stop.is_set():
@@ -102,6 +107,9 @@ def _run(cfg: runtime.RuntimeConfig, args: argparse.Namespace, ctx: object) -> i
                 row = trainer.step()
             except StopRequested:
                 break
+            except (NonFiniteTraining, NonFiniteWeights) as e:  # terminal: a restart would train the same way
+                print(f"rft trainer: {e}", file=sys.stderr)
+                return 2
             log.info("step %d/%d reward %.3f", row["step"], trainer.max_steps, row.get("reward_mean") or 0.0)
         if trainer.finished:
             trainer.finish()

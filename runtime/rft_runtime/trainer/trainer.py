@@ -70,6 +70,7 @@ from .compiled import wants_compile
 from .distributed import DistContext
 from .evaluation import Evaluation
 from .feed import TaskFeed, sampling_params
+from .finite import NonFiniteSteps, NonFiniteWeights
 from .learner import Learner, Shard, build_optimizer, build_scheduler, forward_is_deterministic, learner_config
 from .model_io import Reference, compute_dtype, load_policy
 from .publication import Publication, export_final, push_final
@@ -241,7 +242,10 @@ def follow(cfg: RuntimeConfig, dist: DistContext) -> None:
         if name == "exit":
             distributed.leave_group()
             return
-        getattr(worker, name)(*args)
+        try:
+            getattr(worker, name)(*args)
+        except NonFiniteWeights as e:  # rank 0 saw the same (all ranks agree) and ends the run
+            log.error("trainer rank %d: %s", dist.rank, e)
 
 
 class Trainer:
@@ -283,6 +287,7 @@ class Trainer:
         self.publication = Publication(cfg, grant=self._grant)
         self.evaluation = Evaluation(cfg)
         self.report = RunReport(cfg, self.attempt, self.max_steps)
+        self.finite = NonFiniteSteps(self.spec.trainer.max_non_finite_steps)
 
     # ---------------------------------------------------------------- setup
     def setup(self) -> "Trainer":
@@ -301,6 +306,7 @@ class Trainer:
         self.evaluation.load()
         self.checkpoints = CheckpointManager(Path(self.cfg.paths.checkpoints), self.spec.checkpoint.keep_last,
                                              attempt=self.attempt)
+        self.checkpoints.remove_leftovers()  # partial saves of a suspended, evicted or killed trainer
         self.report.open_progress()
         next_seq = self._restore() if self.resume else 0
         self.metrics = self.report.open_metrics(self.step_count, resumed=bool(self.resumed_from))
@@ -448,6 +454,7 @@ class Trainer:
             self._command("train", seqs, step_no)
             assert self.worker is not None
             res = self.worker.train(seqs, step_no, times)
+            self._check_finite(step_no, res)
             with times("time/weight_sync"):
                 self._publish(self.policy_version + 1)
             self.step_count = step_no
@@ -468,6 +475,13 @@ class Trainer:
         row = self.report.log_step(step_no, metrics)
         self._report()
         return row
+
+    def _check_finite(self, step_no: int, res: StepResult) -> None:
+        """Count a step the learner skipped for a non-finite gradient (:mod:`.finite`); at
+        ``trainer.maxNonFiniteSteps`` in a row, :class:`~.finite.NonFiniteTraining` ends the run."""
+        latest = self.checkpoints.latest()
+        self.finite.observe(step_no, int(res.update.get("nonfinite_skipped", 0)), self.learner.cfg.epochs,
+                            latest.step if latest is not None else None)
 
     def _publish(self, version: int) -> None:
         """Make inference serve the updated policy as ``version`` (verified), then grant it to rollouts
