@@ -413,3 +413,16 @@ def test_gsm8k_train_over_a_mib_loads_from_every_format(tmp_path: Path) -> None:
     for name in ("train.parquet", "train.csv", "train.json"):
         assert (tmp_path / name).stat().st_size > 1_500_000
         assert load_file(tmp_path / name, fields=GSM8K) == tasks
+
+
+@pytest.mark.parametrize("name", ["deep.jsonl", "deep.json", "deep.csv"])
+def test_json_nested_too_deeply_names_the_file_and_row_not_a_traceback(tmp_path, name):
+    """A row nested 100,000 levels deep (Python's parser recurses): a DatasetError, not RecursionError."""
+    deep = "[" * 100_000 + "]" * 100_000
+    text = {"deep.jsonl": '{"prompt": "a", "ground_truth": 1}\n{"prompt": "b", "metadata": {"x": %s}}\n' % deep,
+            "deep.json": '[{"prompt": "a", "metadata": {"x": %s}}]' % deep,
+            "deep.csv": 'prompt,metadata\na,"{""x"": %s}"\n' % deep}[name]
+    (tmp_path / name).write_text(text)
+    where = {"deep.jsonl": r"deep\.jsonl:2", "deep.json": r"deep\.json", "deep.csv": r"deep\.csv:1: field 'metadata'"}
+    with pytest.raises(DatasetError, match=where[name] + r".*nested deeper than the parser allows"):
+        load_file(tmp_path / name)

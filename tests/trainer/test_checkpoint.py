@@ -120,6 +120,11 @@ def test_temporaries_are_unique_per_attempt_and_only_earlier_attempts_are_cleane
         d.mkdir()
     CheckpointManager(tmp_path, attempt=1).save(3, _writer("3"))
     assert not earlier.exists() and same.exists() and later.exists() and foreign.exists()
+    # a trainer of attempt 1 starting again (resumed after a suspension, its pod evicted, a save cut
+    # short by SIGKILL): the partial saves of its attempt's earlier processes go before it writes
+    CheckpointManager(tmp_path, attempt=1).remove_leftovers()
+    assert not same.exists() and later.exists() and foreign.exists()
+    assert CheckpointManager(tmp_path, attempt=1).latest().step == 3
 
 
 def test_trainer_state_roundtrip(tmp_path, tiny_model_dir):

@@ -55,7 +55,7 @@ from typing import Any, TextIO
 import yaml
 
 from .jsonl import parse_jsonl_row
-from .task import DatasetError, Task
+from .task import TOO_DEEP, DatasetError, Task
 
 __all__ = ["FORMATS", "FieldMap", "detect_format", "load_file", "load_files", "load_split", "split_files"]
 
@@ -183,6 +183,8 @@ def _rows_jsonl(path: Path, where: str) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{where}:{lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+            except RecursionError:
+                raise DatasetError(f"{where}:{lineno}: {TOO_DEEP}") from None
 
 
 def _rows_json(path: Path, where: str) -> Iterator[tuple[int, Any]]:
@@ -195,6 +197,8 @@ def _rows_json(path: Path, where: str) -> Iterator[tuple[int, Any]]:
         if e.msg != "Extra data":
             raise DatasetError(f"{where}: invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
         doc = None  # several values: JSON Lines
+    except RecursionError:
+        raise DatasetError(f"{where}: {TOO_DEEP}") from None
     del text
     if isinstance(doc, dict) and len(doc) == 1 and isinstance(next(iter(doc.values())), list):
         doc = next(iter(doc.values()))
@@ -221,6 +225,8 @@ def _csv_cell(column: str, value: str, where: str) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{where}: field {column!r} must be JSON in a CSV file: {e.msg}") from None
+    except RecursionError:
+        raise DatasetError(f"{where}: field {column!r}: {TOO_DEEP}") from None
 
 
 def _rows_csv(path: Path, where: str) -> Iterator[tuple[int, Any]]:

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .task import DatasetError, Task
+from .task import TOO_DEEP, DatasetError, Task
 
 __all__ = ["load_jsonl", "parse_jsonl_row", "write_jsonl"]
 
@@ -75,6 +75,8 @@ def load_jsonl(path: str | Path, *, domain: str | None = None) -> list[Task]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
+            except RecursionError:
+                raise DatasetError(f"{where}: {TOO_DEEP}") from None
             task = parse_jsonl_row(row, where, f"{path.stem}-{lineno}", domain)
             if task.task_id in seen:
                 raise DatasetError(

@@ -6,7 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Task", "DatasetError"]
+__all__ = ["Task", "DatasetError", "TOO_DEEP"]
+
+TOO_DEEP = "JSON nested deeper than the parser allows (a row is a task: a prompt, an answer, metadata)"
 
 
 class DatasetError(ValueError):

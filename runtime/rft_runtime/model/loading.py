@@ -20,6 +20,11 @@ _NO_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
 _transformers_without_torch = False  # transformers was first imported under torch_hidden
 
 
+class ModelLoadError(ValueError):
+    """The model cannot be built from what the spec names (an architecture transformers does not know,
+    weights that do not fit its config, LoRA target modules it does not have): no retry can load it."""
+
+
 @contextlib.contextmanager
 def torch_hidden(hide: bool = True) -> Iterator[None]:
     """Within it, ``import torch`` fails and torch looks absent to transformers (``sys.modules`` maps

@@ -18,7 +18,8 @@ uncommitted leftover that is ignored (a later save of that very step replaces it
 A missing ``latest`` pointer, or one naming a missing or incomplete directory, falls back to the
 newest complete checkpoint (a directory with a valid ``COMPLETE`` marker); nothing is deleted for
 it. A save never deletes what it did not write, except: temporaries of *earlier* attempts (the
-operator starts an attempt only once the previous one's pods are gone), the uncommitted leftover
+operator starts an attempt only once the previous one's pods are gone; a trainer's start also removes
+its own attempt's, :meth:`CheckpointManager.remove_leftovers`), the uncommitted leftover
 of the step being written, and, after the pointer moved, committed checkpoints beyond the newest
 ``keep_last`` (retention), except the one the ``best`` pointer names (:meth:`CheckpointManager.set_best`:
 the checkpoint of the best held-out evaluation).
@@ -195,13 +196,23 @@ class CheckpointManager:
         assert info is not None
         return info
 
-    def _remove_stale_temporaries(self) -> None:
-        """Delete temporary directories of earlier attempts (never this attempt's nor a later one's,
-        nor any temporary whose name this protocol did not produce)."""
+    def _remove_stale_temporaries(self, *, this_attempt: bool = False) -> None:
+        """Delete temporary directories of earlier attempts, and of this one with ``this_attempt``
+        (never a later one's, nor any temporary whose name this protocol did not produce)."""
+        if not self.root.is_dir():
+            return
         for d in self.root.iterdir():
             m = _TMP.match(d.name)
-            if m and d.is_dir() and int(m.group(1)) < self.attempt:
+            if m and d.is_dir() and (int(m.group(1)) < self.attempt or (this_attempt and int(m.group(1)) == self.attempt)):
                 shutil.rmtree(d, ignore_errors=True)
+
+    def remove_leftovers(self) -> None:
+        """At a trainer's start, before it writes anything: delete the temporaries of earlier processes
+        of this attempt and of earlier attempts. An attempt's trainer runs again after a suspension, an
+        eviction or a save cut short by SIGKILL at the end of the grace period, and each time may leave
+        a partial checkpoint that no later save of the attempt would remove. The operator starts a
+        trainer only once the previous one's pods are gone, so none of these is being written."""
+        self._remove_stale_temporaries(this_attempt=True)
 
     def set_best(self, step: int) -> Path:
         """Mark committed checkpoint ``step`` as the best: retention keeps it (the ``best`` pointer,

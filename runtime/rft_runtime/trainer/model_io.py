@@ -61,12 +61,20 @@ def wrap_lora(model: torch.nn.Module, lora: Any) -> torch.nn.Module:
 
 def load_policy(model_spec: Any, model_dir: Path, seed: int, warm_start: str | None = None) -> torch.nn.Module:
     """The trainable policy: base (or warm-start, ``paths.warmStart``) weights, LoRA-wrapped when configured."""
+    from ..model.loading import ModelLoadError
+
     dtype = torch_dtype(model_spec.dtype)
-    model = load_base(model_dir, dtype, warm_start)
+    try:
+        model = load_base(model_dir, dtype, warm_start)
+    except ValueError as e:  # what transformers raises for a model it cannot build (not for I/O)
+        raise ModelLoadError(f"spec.model.base: {model_dir} cannot be loaded: {e}") from e
     if model_spec.lora is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = wrap_lora(model, model_spec.lora)
+            try:
+                model = wrap_lora(model, model_spec.lora)
+            except ValueError as e:  # peft: target modules not in the model
+                raise ModelLoadError(f"spec.model.lora.targetModules: {e}") from e
     model.config.use_cache = False  # type: ignore[union-attr]
     return model
 
