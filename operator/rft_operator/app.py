@@ -51,6 +51,8 @@ class OperatorConfig:
     dns_ports: tuple[int, ...] = ()
     """The ports the cluster's DNS pods listen on, admitted by every job's rollout egress policy
     (empty: 53 and 5353)."""
+    dns_cidrs: tuple[str, ...] = ()
+    """DNS servers that are not pods (CIDR blocks), admitted on those ports by the same policy."""
 
 
 class LeadershipLost(RuntimeError):
@@ -94,7 +96,7 @@ async def run(config: OperatorConfig, *, stop_flag: Any = None, ready_flag: Any 
     metrics = Metrics()
     controller = Controller(api, metrics, namespaces=config.namespaces, resync_seconds=config.resync_seconds,
                             max_concurrent=config.max_concurrent_reconciles, kueue=config.kueue,
-                            dns_ports=config.dns_ports or None)
+                            dns_ports=config.dns_ports or None, dns_cidrs=config.dns_cidrs)
     elector = None
     if config.leader_election_namespace:
         elector = (LeaderElector(api, config.leader_election_namespace, identity=config.leader_identity)

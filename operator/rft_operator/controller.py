@@ -38,10 +38,11 @@ class Controller:
     def __init__(self, api: Kube, metrics: Metrics, *, namespaces: tuple[str, ...] = (),
                  resync_seconds: float = 10.0,
                  max_concurrent: int = 8, store: Optional[Store] = None, kueue: bool = False,
-                 dns_ports: Optional[tuple[int, ...]] = None):
+                 dns_ports: Optional[tuple[int, ...]] = None, dns_cidrs: tuple[str, ...] = ()):
         self.api = api
         self.kueue = kueue
         self.dns_ports = dns_ports
+        self.dns_cidrs = dns_cidrs
         self.metrics = metrics
         self.namespaces = namespaces
         self.resync_seconds = resync_seconds
@@ -94,7 +95,7 @@ class Controller:
         try:
             outcome = await asyncio.to_thread(reconcile, self.api, obj, children=self.store.children(key),
                                               pods=self.store.pods(key), kueue=self.kueue,
-                                              dns_ports=self.dns_ports)
+                                              dns_ports=self.dns_ports, dns_cidrs=self.dns_cidrs)
         except KubeError as e:
             self.metrics.reconciles.labels(result="error").inc()
             self.metrics.errors.labels(kind="transient" if e.transient else "unexpected").inc()

@@ -2,17 +2,27 @@
 
     rft-operator [--namespace NS ... | --all-namespaces] [--metrics-port 8080] [--kubeconfig PATH]
                  [--resync-seconds 10] [--health-port 8081]
-                 [--leader-election-namespace NS] [--dns-port 53 ...] [--log-level INFO]
+                 [--leader-election-namespace NS] [--dns-port 53 ...] [--dns-cidr CIDR ...]
+                 [--log-level INFO]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
 from typing import Optional
 
 from .app import LeadershipLost, OperatorConfig, run
+
+
+def _cidr(value: str) -> str:
+    """An IP address or CIDR block as a NetworkPolicy ``ipBlock`` takes it (an address gets /32 or /128)."""
+    try:
+        return str(ipaddress.ip_network(value, strict=True))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not an IP address or CIDR block: {value!r} ({e})") from None
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -40,6 +50,10 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="a port the cluster's DNS pods listen on, admitted by each job's rollout egress policy "
                          "(repeatable; default 53 and 5353). A policy-enforcing network checks the DNS pod's port, "
                          "not the kube-dns Service's")
+    ap.add_argument("--dns-cidr", action="append", default=[], dest="dns_cidrs", type=_cidr,
+                    help="addresses of DNS servers that are not pods (NodeLocal DNSCache: 169.254.20.10/32), "
+                         "admitted on the DNS ports by each job's rollout egress policy besides the cluster's "
+                         "pods (repeatable; default none)")
     ap.add_argument("--log-level", default=os.environ.get("RFT_OPERATOR_LOG_LEVEL", "INFO"), type=str.upper,
                     choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = ap.parse_args(argv)
@@ -64,7 +78,7 @@ def config_from_args(a: argparse.Namespace) -> OperatorConfig:
                           health_port=None if a.health_port < 0 else a.health_port,
                           leader_election_namespace=a.leader_election_namespace or None,
                           max_concurrent_reconciles=a.max_concurrent_reconciles, kueue=a.kueue,
-                          dns_ports=tuple(dict.fromkeys(a.dns_ports)))
+                          dns_ports=tuple(dict.fromkeys(a.dns_ports)), dns_cidrs=tuple(dict.fromkeys(a.dns_cidrs)))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -96,6 +96,12 @@ class Observed:
     """The fetch Job of the job's hf:// and s3:// inputs (``builders.fetch``), when there is one."""
     fetch_messages: tuple[str, ...] = ()
     """What the fetch pods' containers said as they ended (``rft fetch``'s summary or error), newest last."""
+    pulls: tuple[PodProblem, ...] = ()
+    """Containers waiting on an image pull error still within :data:`PULL_ERROR_GRACE_S` (not yet a
+    pod problem): the status says the job waits on them."""
+    trainer_disruptions: tuple[str, ...] = ()
+    """Trainer pods with a ``DisruptionTarget`` condition (evicted, preempted, their node drained or
+    tainted), each as ``pod: reason: message``."""
 
     @property
     def any_children(self) -> bool:
@@ -182,6 +188,20 @@ PERMANENT_CREATE_ERRORS = ("not found", "couldn't find key", "runAsNonRoot", "no
 """Message fragments of a create error no retry can cure: a missing Secret, ConfigMap or key, a
 securityContext the image cannot meet, a file the runtime needs (a seccomp profile) missing on the node."""
 CREATE_ERROR_GRACE_S = 120.0
+# The same for an image pull: the kubelet retries a pull with a back-off, and a registry may answer 429
+# (rate limit), 5xx or time out for minutes. A pull error is a pod that cannot start when its message
+# names a permanent cause (:data:`PERMANENT_PULL_ERRORS`), or once the pod's containers have waited
+# :data:`PULL_ERROR_GRACE_S` without becoming ready. ``ImagePullBackOff``'s own message ("Back-off
+# pulling image ...") names no cause; the ``ErrImagePull`` between two back-offs carries containerd's.
+RETRIED_PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff")
+PERMANENT_PULL_ERRORS = ("not found", "manifest unknown", "repository does not exist", "unauthorized",
+                         "authentication required", "denied", "invalid reference format")
+"""Message fragments of a pull error no retry can cure, as containerd and the registries word them: an
+image or tag that does not exist (``...: not found``, ``manifest unknown``), credentials missing or
+refused (``401 Unauthorized``, ``authentication required``, ``pull access denied``), a malformed name."""
+PULL_ERROR_GRACE_S = 600.0
+"""How long a pod's containers may wait on a transient pull error (a registry answering 429 or 503)
+before the job fails as PodCannotStart: longer than a rate limit's window of a minute or two."""
 # ``rft reward`` exits with this code when its evaluators cannot be built: a bad evaluator config, or
 # the code sandbox's isolation probe failed (runtime/rft_runtime/rewards/server.py). A restart builds
 # the same evaluators on the same node, so it cannot help.
@@ -222,19 +242,31 @@ def waiting_since(obj: Obj) -> Optional[dt.datetime]:
     return _parse_time(status.get("startTime")) or _parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
 
 
+def _retried(reason: str) -> Optional[tuple[tuple[str, ...], float]]:
+    """The permanent message fragments and the grace of a waiting reason the kubelet retries (None
+    for one it does not: that is a pod that cannot start at once)."""
+    if reason in RETRIED_CREATE_ERRORS:
+        return PERMANENT_CREATE_ERRORS, CREATE_ERROR_GRACE_S
+    if reason in RETRIED_PULL_ERRORS:
+        return PERMANENT_PULL_ERRORS, PULL_ERROR_GRACE_S
+    return None
+
+
 def _cannot_start(waiting: Obj, obj: Obj, now: dt.datetime) -> bool:
     """A container waiting for a reason in :data:`CANNOT_START` that a retry by the kubelet cannot cure
-    (see :data:`RETRIED_CREATE_ERRORS`)."""
+    (see :data:`RETRIED_CREATE_ERRORS` and :data:`RETRIED_PULL_ERRORS`)."""
     reason = waiting.get("reason")
     if reason not in CANNOT_START:
         return False
-    if reason not in RETRIED_CREATE_ERRORS:
+    retried = _retried(reason)
+    if retried is None:
         return True
+    permanent, grace = retried
     msg = (waiting.get("message") or "").lower()
-    if any(m.lower() in msg for m in PERMANENT_CREATE_ERRORS):
+    if any(m.lower() in msg for m in permanent):
         return True
     since = waiting_since(obj)
-    return since is None or (now - since).total_seconds() >= CREATE_ERROR_GRACE_S
+    return since is None or (now - since).total_seconds() >= grace
 
 
 def observe_pod(obj: Obj, now: dt.datetime) -> tuple[list[PodProblem], list[str]]:
@@ -272,6 +304,32 @@ def observe_pod(obj: Obj, now: dt.datetime) -> tuple[list[PodProblem], list[str]
     return problems, messages
 
 
+def pulling(obj: Obj, now: dt.datetime) -> list[PodProblem]:
+    """A pod's containers waiting on a pull error the kubelet retries, still within the grace (see
+    :data:`RETRIED_PULL_ERRORS`)."""
+    meta = obj["metadata"]
+    if meta.get("deletionTimestamp"):
+        return []
+    role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
+    status = obj.get("status") or {}
+    out = []
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in RETRIED_PULL_ERRORS and not _cannot_start(waiting, obj, now):
+            out.append(PodProblem(role, meta["name"], cs.get("name", ""), waiting["reason"],
+                                  (waiting.get("message") or "")[:512]))
+    return out
+
+
+def disruption(obj: Obj) -> Optional[str]:
+    """``pod: reason: message`` of a pod's ``DisruptionTarget`` condition (status True), else None: the
+    pod is being evicted, preempted or deleted by the taint manager, or the kubelet evicted it."""
+    c = _cond(obj, "DisruptionTarget")
+    if c is None:
+        return None
+    return f"{obj['metadata']['name']}: {c.get('reason') or 'DisruptionTarget'}: {c.get('message') or ''}".strip(": ")[:512]
+
+
 def observe_progress(obj: Optional[Obj]) -> tuple[Optional[Progress], Optional[str]]:
     """The parsed progress record, or the reason it could not be parsed."""
     if obj is None:
@@ -291,14 +349,18 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
     problems: list[PodProblem] = []
     messages: list[str] = []
     fetch, fetch_said = None, []
+    pulls: list[PodProblem] = []
+    disrupted: list[str] = []
     for obj in objects:
         kind, name = obj.get("kind", ""), obj["metadata"]["name"]
         role = (obj["metadata"].get("labels") or {}).get(names.LABEL_ROLE, "")
         if kind == "Pod":  # not a child (the controllers own pods), only what they tell
             p, m = observe_pod(obj, now)
             problems += p
+            pulls += pulling(obj, now)
             if role == "trainer":
                 messages += m
+                disrupted += [d for d in (disruption(obj),) if d]
             elif role == "fetch":
                 fetch_said += _ended_with(obj)
             continue
@@ -315,7 +377,8 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
     return Observed(now=now, workloads=workloads, trainer=trainer, progress=progress, progress_error=error,
                     children=frozenset(children), pod_problems=tuple(sorted(problems, key=lambda p: (p.role, p.pod))),
                     trainer_messages=tuple(sorted(messages)), fetch=fetch,
-                    fetch_messages=tuple(m for _, m in sorted(fetch_said)))
+                    fetch_messages=tuple(m for _, m in sorted(fetch_said)),
+                    pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(sorted(disrupted)))
 
 
 def _ended_with(pod: Obj) -> list[tuple[str, str]]:

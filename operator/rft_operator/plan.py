@@ -64,7 +64,8 @@ def make_plan(suspend_: bool, phase: str, observed: Observed, persisted_restarts
         else:
             step = TrainerStep.KEEP if t.finished else TrainerStep.DELETE
     else:
-        action = failure.trainer_action(t, persisted_restarts, trainer_template_hash)
+        action = failure.trainer_action(t, persisted_restarts, trainer_template_hash,
+                                        disrupted=bool(observed.trainer_disruptions))
         step = {failure.TrainerAction.APPLY: TrainerStep.APPLY,
                 failure.TrainerAction.DELETE_STALE: TrainerStep.DELETE,
                 failure.TrainerAction.WAIT: TrainerStep.KEEP}[action]

@@ -318,12 +318,14 @@ def _settle_workload(api: Kube, job: RFTJob, gate: Gate, phase: Optional[str], m
 
 def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
               children: Optional[list[Obj]] = None, pods: Optional[list[Obj]] = None,
-              kueue: bool = False, dns_ports: Optional[tuple[int, ...]] = None) -> Outcome:
+              kueue: bool = False, dns_ports: Optional[tuple[int, ...]] = None,
+              dns_cidrs: tuple[str, ...] = ()) -> Outcome:
     """Bring one RFTJob's children and status in line with its spec (idempotent).
 
     ``children`` and ``pods``: the job's children and pods as the caller's watch cache holds them
     (listed when None). ``Outcome.current`` holds the children as they are after this pass.
-    ``dns_ports``: where the cluster's DNS pods listen (default :class:`BuildContext`'s).
+    ``dns_ports``: where the cluster's DNS pods listen (default :class:`BuildContext`'s); ``dns_cidrs``:
+    DNS servers that are not pods.
     Transient API errors propagate (the caller retries with backoff); a child the API server refuses
     (e.g. an immutable field changed) is reported in ``Outcome.errors`` and the rest proceeds.
     """
@@ -347,7 +349,7 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     cfg_hash = config_hash(job, BuildContext(trainer_attempt=persisted_restarts))
     gate = _admission(api, job, observed_objs, kueue)
     ctx = BuildContext(trainer_attempt=persisted_restarts, placements=gate.placements,
-                       dns_ports=dns_ports or BuildContext.dns_ports)
+                       dns_ports=dns_ports or BuildContext.dns_ports, dns_cidrs=dns_cidrs)
     first = compute_status(job, observed, cfg_hash, gate.hold)
     trainer_hash = template_hash(job, ctx, cfg_hash)
     plan = make_plan(job.spec.suspend or gate.hold is not None, first.phase, observed, persisted_restarts, trainer_hash,

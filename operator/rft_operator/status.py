@@ -26,7 +26,7 @@ from rft_api.status import (
 )
 
 from . import names
-from .observe import Observed, TrainerObs
+from .observe import PULL_ERROR_GRACE_S, Observed, TrainerObs
 from .policies import checkpoint, failure, inputs, suspend
 from .policies.admission import Hold
 from .policies.phase import PhaseDecision, Signals, is_terminal, next_phase
@@ -55,7 +55,8 @@ def _role_condition(role: str, ready: int, desired: int, allowed: bool, why_remo
     return "False", "NotReady", f"{ready}/{desired} {role} replicas ready"
 
 
-def _trainer_condition(t: Optional[TrainerObs], allowed: bool, restarting: bool, why_removed: str) -> tuple[str, str, str]:
+def _trainer_condition(t: Optional[TrainerObs], allowed: bool, restarting: bool, why_removed: str,
+                       disrupted: tuple[str, ...] = ()) -> tuple[str, str, str]:
     if not allowed:
         return "False", "Removed", f"the trainer Job is removed: {why_removed}"
     if restarting:
@@ -64,6 +65,9 @@ def _trainer_condition(t: Optional[TrainerObs], allowed: bool, restarting: bool,
         return "False", "NotCreated", "the trainer Job does not exist yet"
     if t.complete:
         return "False", "Completed", "the trainer Job completed"
+    if disrupted and (t.failed_condition or t.ready < t.desired):
+        return "False", "Disrupted", (f"trainer pod {disrupted[0]}; its pods are recreated without spending a "
+                                      f"restart (attempt {t.attempt}) and resume from the latest checkpoint")
     if t.failed_condition:
         return "False", "Failed", f"the trainer Job failed: {t.reason} {t.message}".strip()
     if t.ready > 0:
@@ -102,7 +106,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     if is_terminal(prev.phase) and job.status is not None:
         restarts, budget_failure = prev.restarts, None
     else:
-        restarts, budget_failure = failure.next_restarts(t, prev.restarts, spec.restart_limit)
+        restarts, budget_failure = failure.next_restarts(t, prev.restarts, spec.restart_limit,
+                                                         disrupted=bool(observed.trainer_disruptions))
     restarting = restarts > prev.restarts or (t is not None and t.attempt < restarts)
     fail = (budget_failure
             or (None if held else failure.terminal_failure(observed, restarts))
@@ -124,7 +129,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     decision = next_phase(None if job.status is None else prev.phase, _reason_of(prev), prev.message, signals)
     phase = decision.phase
 
-    roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts, hold)
+    roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts, hold,
+                                          observed.trainer_disruptions)
     if inputs_state.wanted:
         values["InputsReady"] = inputs_state.condition
     if spec.output is not None:
@@ -136,7 +142,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     p = observed.progress
     checkpoints = checkpoint.retained(p, spec.checkpoint.keep_last, prev.checkpoints)
     evaluation = _evaluation(p) or prev.evaluation
-    message = _stopped_early(decision.message, phase, evaluation)
+    message = _stopped_early(decision.message, phase, evaluation) + _pulls_note(observed, phase)
     if observed.progress_error:
         message = f"{message}; progress ConfigMap ignored: {observed.progress_error}"
     started = prev.start_time or (now if phase in ("Provisioning", "Running", "Succeeded", "Failed") else None)
@@ -170,7 +176,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
 
 def _roles_and_conditions(spec: RFTJobSpec, phase: str, decision: PhaseDecision, replicas: dict[str, int],
                           ready: dict[str, int], t: Optional[TrainerObs], restarting: bool, restarts: int,
-                          hold: Optional[Hold] = None) -> tuple[RolesStatus, dict[str, tuple[str, str, str]]]:
+                          hold: Optional[Hold] = None, disrupted: tuple[str, ...] = ()
+                          ) -> tuple[RolesStatus, dict[str, tuple[str, str, str]]]:
     """Ready/desired per role and the (status, reason, message) of every condition but Suspended."""
     held = spec.suspend or hold is not None
     deploy_ok = suspend.deployments_allowed(held, phase)
@@ -190,13 +197,24 @@ def _roles_and_conditions(spec: RFTJobSpec, phase: str, decision: PhaseDecision,
                         if replicas["reward"] == 0 and deploy_ok else
                         _role_condition("reward", roles.reward.ready, replicas["reward"], deploy_ok, why)),
         "RolloutReady": _role_condition("rollout", roles.rollout.ready, replicas["rollout"], deploy_ok, why),
-        "TrainerRunning": _trainer_condition(t, trainer_ok, restarting, why),
+        "TrainerRunning": _trainer_condition(t, trainer_ok, restarting, why, disrupted),
         "Succeeded": (("True", decision.reason, decision.message) if phase == "Succeeded"
                       else ("False", "NotSucceeded", f"the job is {phase}")),
         "Failed": (("True", decision.reason, decision.message) if phase in ("Failed", "ValidationFailed")
                    else ("False", "NoFailure", f"restarts {restarts}/{spec.restart_limit}")),
     }
     return roles, values
+
+
+def _pulls_note(observed: Observed, phase: str) -> str:
+    """What the message of a job not yet terminal adds while a container waits on an image pull the
+    kubelet retries (``observe.PULL_ERROR_GRACE_S``): the first such container and its message."""
+    if is_terminal(phase) or not observed.pulls:
+        return ""
+    p = observed.pulls[0]
+    more = f" (and {len(observed.pulls) - 1} more)" if len(observed.pulls) > 1 else ""
+    return (f"; waiting on an image pull: {p.role} pod {p.pod} container {p.container}: {p.reason}: "
+            f"{p.message}{more} (the job fails if it lasts {int(PULL_ERROR_GRACE_S)}s)")
 
 
 def _final_model(job: RFTJob, p: Optional[Progress]) -> Optional[FinalModelRecord]:

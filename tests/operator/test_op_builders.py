@@ -225,8 +225,10 @@ def test_trainer_job(tiny_job) -> None:
     tj = {o["kind"]: o for o in desired_children(job2, BuildContext(trainer_attempt=2))}["Job"]
     assert tj["metadata"]["annotations"][names.ANNOTATION_ATTEMPT] == "2"
     spec = tj["spec"]
-    assert spec["podFailurePolicy"]["rules"][0] == {
-        "action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]}}
+    assert spec["podFailurePolicy"]["rules"] == [
+        # a disrupted pod (evicted, preempted) is recreated without counting; the first matching rule applies
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [2]}}]
     assert spec["backoffLimit"] == 0 and spec["parallelism"] == 3 and spec["completions"] == 3
     assert spec["completionMode"] == "Indexed"
     pod = spec["template"]["spec"]

@@ -59,15 +59,93 @@ def test_terminal_trainer_exit_fails_at_once_without_the_budget() -> None:
     assert failed.reason == "TrainerTerminalError" and "dataset changed under the job" in failed.message
 
 
-def test_a_pod_that_cannot_start_fails_the_job_naming_the_image() -> None:
+def _pulling_pod(reason: str, message: str, started: float = 0.0, role: str = "reward") -> dict:
+    return {"kind": "Pod", "metadata": {"name": f"tiny-arith-{role}-1", "labels": {names.LABEL_ROLE: role},
+                                        "creationTimestamp": at(started - 5).isoformat()},
+            "status": {"startTime": at(started).isoformat().replace("+00:00", "Z"),
+                       "containerStatuses": [{"name": role, "state": {"waiting": {"reason": reason, "message": message}}}]}}
+
+
+def test_a_pod_whose_image_does_not_exist_fails_the_job_at_once_naming_the_image() -> None:
+    """containerd's words for an image that is not there, or whose pull is refused: no retry brings it."""
     job = make_job()
-    pod = {"kind": "Pod", "metadata": {"name": "tiny-arith-reward-1", "labels": {names.LABEL_ROLE: "reward"}},
-           "status": {"containerStatuses": [{"name": "reward", "state": {"waiting": {
-               "reason": "ImagePullBackOff", "message": 'Back-off pulling image "nope:1"'}}}]}}
-    s = compute_status(job, _observed([], [pod]))
-    failed = next(c for c in s.conditions if c.type == "Failed")
-    assert s.phase == "Failed" and s.restarts == 0 and failed.reason == "PodCannotStart"
-    assert "reward pod tiny-arith-reward-1" in failed.message and "nope:1" in failed.message
+    for reason, message in [
+        ("ErrImagePull", 'failed to pull and unpack image "docker.io/library/nope:1": failed to resolve reference '
+                         '"docker.io/library/nope:1": docker.io/library/nope:1: not found'),
+        ("ErrImagePull", 'rpc error: code = NotFound desc = failed to pull and unpack image "r.example/nope:1": '
+                         'manifest unknown'),
+        ("ErrImagePull", 'failed to pull and unpack image "r.example/p/nope:1": failed to resolve reference: '
+                         "pull access denied, repository does not exist or may require authorization: "
+                         "server message: insufficient_scope: authorization failed"),
+        ("ErrImagePull", 'failed to authorize: failed to fetch anonymous token: unexpected status: 401 Unauthorized'),
+        ("InvalidImageName", 'Failed to apply default image tag "nope:1:": couldn\'t parse image reference '
+                             '"nope:1:": invalid reference format'),
+    ]:
+        s = compute_status(job, observe("tiny-arith", [_pulling_pod(reason, message)], at(1)))
+        failed = next(c for c in s.conditions if c.type == "Failed")
+        assert s.phase == "Failed" and s.restarts == 0 and failed.reason == "PodCannotStart", (message, s.message)
+        assert "reward pod tiny-arith-reward-1" in failed.message and message in failed.message
+
+
+def test_a_transient_pull_error_is_waited_for_the_pull_grace_then_fails() -> None:
+    """Issue #55: a registry answering 429 for a minute on day 3 must not end the run. A pull error that
+    names no permanent cause (429, 5xx, a timeout, and ImagePullBackOff's own "Back-off pulling image")
+    fails the job only once the pod's containers have waited PULL_ERROR_GRACE_S; until then the job's
+    message says what it waits on."""
+    job = make_job()
+    grace = observe_mod.PULL_ERROR_GRACE_S
+    assert grace >= 300  # a rate limit of a couple of minutes passes
+    for reason, message in [
+        ("ErrImagePull", 'failed to pull and unpack image "r.example/rft:1": failed to copy: httpReadSeeker: '
+                         "failed open: unexpected status code https://r.example/v2/rft/blobs/sha256:ab: "
+                         "429 Too Many Requests"),
+        ("ErrImagePull", "toomanyrequests: You have reached your pull rate limit."),
+        ("ErrImagePull", 'failed to do request: Head "https://r.example/v2/rft/manifests/1": dial tcp '
+                         "10.1.2.3:443: i/o timeout"),
+        ("ImagePullBackOff", 'Back-off pulling image "r.example/rft:1"'),
+    ]:
+        for waited in (1, 120, grace - 1):
+            s = compute_status(job, observe("tiny-arith", [_pulling_pod(reason, message)], at(waited)))
+            assert s.phase != "Failed", (message, waited, s.message)
+            assert "waiting on an image pull: reward pod tiny-arith-reward-1" in s.message and message in s.message
+        s = compute_status(job, observe("tiny-arith", [_pulling_pod(reason, message)], at(grace + 1)))
+        failed = next(c for c in s.conditions if c.type == "Failed")
+        assert s.phase == "Failed" and s.restarts == 0 and failed.reason == "PodCannotStart", (message, s.message)
+        assert message in failed.message and "waiting on an image pull" not in s.message
+
+
+def test_a_disrupted_trainer_pod_does_not_spend_a_restart() -> None:
+    """A trainer pod evicted or preempted (DisruptionTarget) is ignored by the Job's pod failure policy;
+    with several nodes the other ranks then fail and the Job fails: that failure is recreated, same
+    attempt, without spending a restart, and TrainerRunning says why. Without the condition, it counts."""
+    job = make_job(restartLimit=3)
+    failed_job = _job_obj([("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")])
+    rank0 = {"kind": "Pod", "metadata": {"name": "tiny-arith-trainer-0-abc", "labels": {names.LABEL_ROLE: "trainer"}},
+             "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
+                 "exitCode": 1, "message": "RuntimeError: gloo: connection closed by peer"}}}]}}
+    rank1 = {"kind": "Pod", "metadata": {"name": "tiny-arith-trainer-1-def", "labels": {names.LABEL_ROLE: "trainer"},
+                                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
+             "status": {"phase": "Failed", "conditions": [
+                 {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+                  "message": "Preempted in order to admit critical pod"}]}}
+    obs = _observed([failed_job], [rank0, rank1])
+    assert obs.trainer_disruptions == ("tiny-arith-trainer-1-def: PreemptionByScheduler: "
+                                       "Preempted in order to admit critical pod",)
+    s = compute_status(job, obs)
+    assert s.phase != "Failed" and s.restarts == 0, s.message
+    tr = next(c for c in s.conditions if c.type == "TrainerRunning")
+    assert tr.reason == "Disrupted" and "PreemptionByScheduler" in tr.message and "without spending a restart" in tr.message
+    assert failure.trainer_action(obs.trainer, 0, disrupted=True) is TrainerAction.DELETE_STALE  # same attempt again
+    assert failure.next_restarts(obs.trainer, 0, 3, disrupted=True) == (0, None)
+    # no DisruptionTarget (or its status False): an ordinary failure, counted
+    rank1["status"]["conditions"][0]["status"] = "False"
+    obs = _observed([failed_job], [rank0, rank1])
+    assert obs.trainer_disruptions == () and compute_status(job, obs).restarts == 1
+    assert failure.trainer_action(obs.trainer, 0) is TrainerAction.APPLY
+    # a disruption does not hide a terminal exit, and a budget already spent is not refilled
+    terminal = _job_obj([("Failed", "PodFailurePolicy", "Container trainer for pod x failed with exit code 2")])
+    assert failure.next_restarts(observe_job(terminal), 0, 3, disrupted=True) == (0, None)
+    assert failure.trainer_action(observe_job(terminal), 0, disrupted=True) is TrainerAction.APPLY
 
 
 def test_a_create_error_the_kubelet_retries_is_waited_for_a_permanent_one_fails_at_once() -> None:

@@ -56,6 +56,44 @@ def test_cli(monkeypatch) -> None:
     assert c.dns_ports == (1053, 53)
     with pytest.raises(SystemExit):
         parse_args(["--dns-port", "0"])
+    assert config_from_args(parse_args([])).dns_cidrs == ()  # DNS to pods only
+    c = config_from_args(parse_args(["--dns-cidr", "169.254.20.10", "--dns-cidr", "10.0.0.0/24",
+                                     "--dns-cidr", "169.254.20.10/32", "--dns-cidr", "fd00::53"]))
+    assert c.dns_cidrs == ("169.254.20.10/32", "10.0.0.0/24", "fd00::53/128")
+    for bad in ("10.0.0.1/24", "dns.example", "0.0.0.0/33"):
+        with pytest.raises(SystemExit):
+            parse_args(["--dns-cidr", bad])
+
+
+def test_the_charts_dns_cidrs_reach_the_operator_as_it_parses_them() -> None:
+    """``network.dnsCIDRs`` (none by default) becomes ``--dns-cidr`` flags the operator's parser reads back."""
+    import subprocess
+    from pathlib import Path
+
+    import yaml
+
+    from e2e.cluster import bin_dir
+
+    chart = Path(__file__).resolve().parents[2] / "charts" / "rft-operator"
+
+    def dns_cidrs(*sets: str) -> tuple[str, ...]:
+        args = [str(bin_dir() / "helm"), "template", "rft", str(chart), "-n", "ops"]
+        for s in sets:
+            args += ["--set", s]
+        docs = yaml.safe_load_all(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+        (dep,) = [d for d in docs if d and d["kind"] == "Deployment"]
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        return config_from_args(parse_args(container["args"])).dns_cidrs
+
+    if not (bin_dir() / "helm").exists():
+        pytest.skip("helm is not built (hack/prepare.sh)")
+    assert dns_cidrs() == ()
+    assert dns_cidrs("network.dnsCIDRs={169.254.20.10/32}") == ("169.254.20.10/32",)
+    values = yaml.safe_load((chart / "values.yaml").read_text())
+    assert values["network"]["dnsCIDRs"] == []
+    bad = subprocess.run([str(bin_dir() / "helm"), "template", "rft", str(chart), "--set", "network.dnsCIDRs=x"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "dnsCIDRs" in bad.stderr
 
 
 def test_kopf_settings_keep_bookkeeping_out_of_status() -> None:

@@ -1,7 +1,8 @@
 """The job's NetworkPolicies, attacked on paper: every connection an attacker would try is decided
 against the policies the operator builds (``builders.network``), with NetworkPolicy semantics
 (a pod selected by a policy of a direction is isolated in it; a connection passes when some rule of
-some selecting policy admits it; a bare ``podSelector`` peer means the policy's own namespace).
+some selecting policy admits it; a bare ``podSelector`` peer means the policy's own namespace, an empty
+``namespaceSelector`` peer any pod of any namespace, and neither matches an address outside the cluster).
 
 This checks what the policies say, not that a network enforces them: no policy-enforcing network
 plugin runs in this test tier (docs/security.md). Their exact content is golden-tested in
@@ -41,6 +42,11 @@ def pod(job: str, role: str, namespace: str = "team-a") -> Pod:
     return Pod(namespace, names.labels(job, role))
 
 
+def dns_pod(ip: str = "10.244.0.3", namespace: str = "kube-system") -> Pod:
+    """The cluster's DNS server, a pod (CoreDNS behind the kube-dns Service; OpenShift's in openshift-dns)."""
+    return Pod(namespace, {"k8s-app": "kube-dns"}, ip)
+
+
 def _selects(selector: Obj, labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
 
@@ -51,7 +57,9 @@ def _peer_matches(peer: Obj, policy_ns: str, other: Pod | External) -> bool:
         return ipaddress.ip_address(ip) in ipaddress.ip_network(peer["ipBlock"]["cidr"])
     if isinstance(other, External):
         return False
-    assert "namespaceSelector" not in peer, "every peer of ours stays in the job's namespace"
+    if "namespaceSelector" in peer:  # only DNS's peer: any pod of any namespace
+        assert peer == {"namespaceSelector": {}}, peer
+        return True
     return other.namespace == policy_ns and _selects(peer["podSelector"], other.labels)
 
 
@@ -138,8 +146,8 @@ def test_the_jobs_own_data_paths_are_open(judged) -> None:
     assert allowed(pols, rollout, pod(judged.name, "trainer"), CTX.coordinator_port)
     assert allowed(pols, rollout, pod(judged.name, "reward"), CTX.reward_port)
     assert allowed(pols, pod(judged.name, "trainer"), inf, judged.spec.inference.port)  # weight publication
-    assert allowed(pols, rollout, External("10.96.0.10"), 53, "UDP")  # DNS
-    assert allowed(pols, rollout, External("10.128.0.5"), 5353, "TCP")  # DNS pods on OpenShift
+    assert allowed(pols, rollout, dns_pod(), 53, "UDP")  # DNS
+    assert allowed(pols, rollout, dns_pod("10.128.0.5", "openshift-dns"), 5353, "TCP")  # DNS pods on OpenShift
 
 
 def test_dns_is_admitted_on_the_ports_the_operator_is_given(judged) -> None:
@@ -149,10 +157,38 @@ def test_dns_is_admitted_on_the_ports_the_operator_is_given(judged) -> None:
 
     pols = policies(judged, dataclasses.replace(CTX, dns_ports=(1053,)))
     rollout = pod(judged.name, "rollout")
-    assert allowed(pols, rollout, External("10.96.0.10"), 1053, "UDP")
-    assert allowed(pols, rollout, External("10.96.0.10"), 1053, "TCP")
-    assert not allowed(pols, rollout, External("10.96.0.10"), 53, "UDP")
-    assert not allowed(pols, rollout, External("10.128.0.5"), 5353, "TCP")
+    assert allowed(pols, rollout, dns_pod(), 1053, "UDP")
+    assert allowed(pols, rollout, dns_pod(), 1053, "TCP")
+    assert not allowed(pols, rollout, dns_pod(), 53, "UDP")
+    assert not allowed(pols, rollout, dns_pod("10.128.0.5", "openshift-dns"), 5353, "TCP")
+
+
+def test_dns_goes_to_the_clusters_dns_pods_not_to_the_internet(judged) -> None:
+    """Port 53 is no way out: the DNS rule admits the cluster's DNS pods (any namespace) on the DNS
+    ports, and no address outside the cluster (a resolver on the internet, the cloud's metadata
+    service, a tunnel over DNS to a server of the bundle author's)."""
+    pols = _all(judged)
+    rollout = pod(judged.name, "rollout")
+    for proto in ("UDP", "TCP"):
+        assert allowed(pols, rollout, dns_pod(), 53, proto)
+        for ip in ("8.8.8.8", "1.1.1.1", "203.0.113.5", "169.254.169.254", "169.254.20.10", "2001:db8:1::1"):
+            assert not allowed(pols, rollout, External(ip), 53, proto), (ip, proto)
+            assert not allowed(pols, rollout, External(ip), 5353, proto), (ip, proto)
+
+
+def test_dns_servers_that_are_not_pods_are_admitted_at_the_cidrs_the_operator_is_given(judged) -> None:
+    """NodeLocal DNSCache answers at 169.254.20.10 on each node (the operator's ``--dns-cidr
+    169.254.20.10/32``, chart value ``network.dnsCIDRs``): that address on the DNS ports, nothing else of it,
+    and still no other address outside the cluster."""
+    import dataclasses
+
+    pols = policies(judged, dataclasses.replace(CTX, dns_cidrs=("169.254.20.10/32",)))
+    rollout = pod(judged.name, "rollout")
+    assert allowed(pols, rollout, External("169.254.20.10"), 53, "UDP")
+    assert allowed(pols, rollout, External("169.254.20.10"), 53, "TCP")
+    assert not allowed(pols, rollout, External("169.254.20.10"), 80)
+    assert not allowed(pols, rollout, External("8.8.8.8"), 53, "UDP")
+    assert allowed(pols, rollout, dns_pod(), 53, "UDP")
 
 
 def test_only_the_declared_ports_are_open(judged) -> None:
@@ -171,8 +207,9 @@ def test_rollout_cannot_reach_another_job_the_api_server_or_the_internet(job_a) 
     assert not allowed(pols, rollout, pod("victim", "inference"), other.spec.inference.port)
     assert not allowed(pols, rollout, pod("victim", "trainer"), CTX.coordinator_port)
     for ip, port in (("10.96.0.1", 443), ("169.254.169.254", 80), ("8.8.8.8", 443), ("203.0.113.5", 80),
-                     ("2001:db8:1::1", 8443)):
+                     ("2001:db8:1::1", 8443), ("8.8.8.8", 53), ("203.0.113.5", 5353)):
         assert not allowed(pols, rollout, External(ip), port), (ip, port)
+        assert not allowed(pols, rollout, External(ip), port, "UDP"), (ip, port)
 
 
 def test_rollout_reaches_its_allow_list_on_the_declared_ports_only(job_a) -> None:

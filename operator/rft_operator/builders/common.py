@@ -38,6 +38,9 @@ class BuildContext:
     dns_ports: tuple[int, ...] = (53, 5353)
     """The ports the cluster's DNS pods listen on (the operator's ``--dns-port``): the rollout pods'
     egress policy admits DNS there."""
+    dns_cidrs: tuple[str, ...] = ()
+    """Addresses of DNS servers that are not pods (the operator's ``--dns-cidr``: NodeLocal DNSCache's
+    169.254.20.10/32, a resolver on the node): the rollout pods' DNS egress admits them besides pods."""
 
 
 def owner_reference(job: RFTJob) -> Obj:

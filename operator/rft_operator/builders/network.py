@@ -11,10 +11,14 @@ and where its rollout pods may go.
   port only from the job's rollout pods;
 - ``<job>-rollout``: the rollout pods may connect only to those three, to DNS, and to the
   destinations of ``spec.network.rolloutEgress``; nothing else (the evaluator bundle's code runs
-  there). DNS is admitted by port wherever the cluster runs it (its pods' labels differ between
-  distributions): by default 53, and 5353, where OpenShift's DNS pods listen; the operator's
-  ``--dns-port`` (chart value ``network.dnsPorts``) names others. A policy-enforcing network sees
-  the port of the DNS pod the ``kube-dns`` Service forwards to, not the Service's 53.
+  there). DNS is admitted on its ports to pods in any namespace (``namespaceSelector: {}``: the
+  cluster's DNS servers are pods, whose labels and namespace differ between distributions), never to
+  an address outside the cluster: port 53 is not a way out to the internet. The ports are 53, and
+  5353, where OpenShift's DNS pods listen, by default; the operator's ``--dns-port`` (chart value
+  ``network.dnsPorts``) names others. A policy-enforcing network sees the pod address and port the
+  ``kube-dns`` Service forwards to, not the Service's. DNS that is not a pod (NodeLocal DNSCache at
+  169.254.20.10, a resolver on the node) is admitted only at the operator's ``--dns-cidr`` (chart value
+  ``network.dnsCIDRs``, none by default).
 
 "The job's pods" is a pod selector on the job's labels within the job's namespace: pods of another
 job or another namespace match none of these rules. The operator itself never connects to a job's
@@ -75,6 +79,13 @@ def reward_policy(job: RFTJob, ctx: BuildContext) -> Optional[Obj]:
     return _ingress(job, names.reward(job.name), "reward", ctx.reward_port, ["rollout"])
 
 
+def dns_rule(ctx: BuildContext) -> Obj:
+    """Egress to the cluster's DNS: its ports, to any pod of any namespace and to ``ctx.dns_cidrs``
+    (see the module docstring)."""
+    to: list[Obj] = [{"namespaceSelector": {}}, *({"ipBlock": {"cidr": c}} for c in ctx.dns_cidrs)]
+    return {"to": to, "ports": [_port(p, proto) for p in ctx.dns_ports for proto in ("UDP", "TCP")]}
+
+
 def rollout_policy(job: RFTJob, ctx: BuildContext) -> Obj:
     egress: list[Obj] = [
         {"to": [_pods(job, "inference")], "ports": [_port(job.spec.inference.port)]},
@@ -82,8 +93,7 @@ def rollout_policy(job: RFTJob, ctx: BuildContext) -> Obj:
     ]
     if reward_required(job.spec):
         egress.append({"to": [_pods(job, "reward")], "ports": [_port(ctx.reward_port)]})
-    # DNS, wherever the cluster runs it (see the module docstring)
-    egress.append({"ports": [_port(p, proto) for p in ctx.dns_ports for proto in ("UDP", "TCP")]})
+    egress.append(dns_rule(ctx))
     for rule in job.spec.network.rollout_egress:
         egress.append({"to": [{"ipBlock": {"cidr": rule.cidr}}],
                        "ports": [_port(p.port, p.protocol) for p in rule.ports]})

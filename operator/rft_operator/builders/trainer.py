@@ -2,9 +2,14 @@
 
 - ``backoffLimit: 0``: the operator owns the restart budget (``policies.failure``); each attempt is
   a new Job annotated with ``rft.dev/trainer-attempt`` and the pods get ``RFT_TRAINER_ATTEMPT``.
-- ``podFailurePolicy``: exit status 2 (``TERMINAL_EXIT_CODE``: an invalid config, a checkpoint this
+- ``podFailurePolicy``: a pod with the ``DisruptionTarget`` condition (evicted, preempted, its node
+  drained) is ignored: the Job controller recreates it without counting it against ``backoffLimit``
+  (:data:`IGNORE_DISRUPTION`, the first rule: the first rule that matches a failed pod applies, so a
+  disrupted pod's exit status is never a verdict; a real one comes again from the recreated pod).
+  Exit status 2 (``TERMINAL_EXIT_CODE``: an invalid config, a checkpoint this
   run cannot resume) fails the Job at once with reason ``PodFailurePolicy``, which the failure policy
-  treats as terminal (any other failure is a restart, counted). ``FallbackToLogsOnError`` makes the
+  treats as terminal (any other failure is a restart, counted; with several nodes, the other ranks'
+  failure after a disruption is not: ``policies.failure``). ``FallbackToLogsOnError`` makes the
   last log lines the container's termination message (the reason the operator reports).
 - ``parallelism = completions = trainer.nodes``, ``completionMode: Indexed``; node = the pod's
   ``JOB_COMPLETION_INDEX``. Each pod starts ``trainer.processesPerNode`` processes; together the
@@ -50,6 +55,9 @@ from .fetch import storage_env
 Obj = dict[str, Any]
 ROLE = "trainer"
 TERMINAL_EXIT_CODE = 2
+IGNORE_DISRUPTION: Obj = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+"""The pod failure policy rule that does not count a disrupted pod (evicted, preempted, its node
+drained or tainted) against ``backoffLimit``: the Job controller creates it again."""
 
 
 def _dataset_configmaps(job: RFTJob) -> tuple[list[Obj], list[Obj]]:
@@ -124,6 +132,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
             "parallelism": tr.nodes,
             "completionMode": "Indexed",
             "podFailurePolicy": {"rules": [
+                IGNORE_DISRUPTION,
                 {"action": "FailJob", "onExitCodes": {"containerName": ROLE, "operator": "In",
                                                       "values": [TERMINAL_EXIT_CODE]}},
             ]},

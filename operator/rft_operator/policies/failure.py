@@ -19,13 +19,22 @@ terminating (``observe.observe_job``): a new attempt never shares the checkpoint
 still writing its SIGTERM checkpoint. A Job being deleted is waited for (it is deleted in the
 foreground, so it exists until its pods are gone).
 
+A disruption does not spend the budget: the trainer Job's ``podFailurePolicy`` ignores a pod with the
+``DisruptionTarget`` condition (evicted, preempted, its node drained), and the Job controller recreates
+it. With ``trainer.nodes > 1`` the other ranks then fail on their collective and the Job fails; when
+the trainer's pods, as observed, include one with that condition, the failure is a disruption
+(:func:`disrupted_failure`): the Job is deleted and the same attempt created again, resuming from the
+latest checkpoint, and ``status.restarts`` stays (condition ``TrainerRunning`` says why). A disrupted
+pod already gone from the API when the Job's failure is seen leaves nothing to tell: that failure counts.
+
 Terminal errors fail the job at once, without consuming the budget (:func:`terminal_failure`): the
 trainer exited with the terminal status (``TrainerTerminalError``, with its last log lines), or a
-pod of any role cannot start (``PodCannotStart``: image pull errors, an invalid image name, a
-missing ConfigMap or Secret, a reward server that exits at start because its evaluators cannot be
-built), or a reward pod cannot get the code sandbox's isolation (``SandboxUnavailable``: the node has
-no seccomp profile the pod names, or the server's isolation probe failed). Retrying any of them
-builds the same pod on the same node.
+pod of any role cannot start (``PodCannotStart``: an image that does not exist or whose pull is
+refused, an invalid image name, a missing ConfigMap or Secret, a transient pull or create error that
+outlasted its grace (``observe.PULL_ERROR_GRACE_S``, ``observe.CREATE_ERROR_GRACE_S``), a reward
+server that exits at start because its evaluators cannot be built), or a reward pod cannot get the
+code sandbox's isolation (``SandboxUnavailable``: the node has no seccomp profile the pod names, or
+the server's isolation probe failed). Retrying any of them builds the same pod on the same node.
 
 An edit that changes the trainer Job's spec (immutable once created: its template carries the
 config hash) recreates the Job at a safe point: it is deleted in the foreground (the trainer gets
@@ -60,11 +69,17 @@ class TrainerAction(str, Enum):
     WAIT = "wait"              # the Job is still being deleted (its pods are terminating)
 
 
-def fresh_failure(trainer: Optional[TrainerObs], restarts: int) -> bool:
+def fresh_failure(trainer: Optional[TrainerObs], restarts: int, disrupted: bool = False) -> bool:
     """The Job of the current attempt has failed, its pods are gone, and that failure is neither
-    counted yet nor terminal."""
+    counted yet nor terminal, nor a disruption (``disrupted``: a trainer pod has ``DisruptionTarget``)."""
     return (trainer is not None and trainer.failed_condition and not trainer.terminating
-            and not trainer.terminal_failure and trainer.attempt >= restarts)
+            and not trainer.terminal_failure and trainer.attempt >= restarts and not disrupted)
+
+
+def disrupted_failure(trainer: Optional[TrainerObs], restarts: int, disrupted: bool) -> bool:
+    """The Job of the current attempt failed because one of its pods was disrupted (evicted or
+    preempted): it is recreated, same attempt, without spending a restart."""
+    return disrupted and fresh_failure(trainer, restarts)
 
 
 def terminal_failure(observed: Observed, restarts: int) -> Optional[Failure]:
@@ -87,9 +102,11 @@ def terminal_failure(observed: Observed, restarts: int) -> Optional[Failure]:
     return None
 
 
-def next_restarts(trainer: Optional[TrainerObs], restarts: int, restart_limit: int) -> tuple[int, Optional[Failure]]:
-    """The restart count after this observation, and the failure when the budget is spent."""
-    if not fresh_failure(trainer, restarts):
+def next_restarts(trainer: Optional[TrainerObs], restarts: int, restart_limit: int,
+                  disrupted: bool = False) -> tuple[int, Optional[Failure]]:
+    """The restart count after this observation, and the failure when the budget is spent
+    (``disrupted``: a trainer pod has ``DisruptionTarget``; its Job's failure is not counted)."""
+    if not fresh_failure(trainer, restarts, disrupted):
         return restarts, None
     if restarts < restart_limit:
         return restarts + 1, None
@@ -100,14 +117,16 @@ def next_restarts(trainer: Optional[TrainerObs], restarts: int, restart_limit: i
         f"the trainer failed {restarts + 1} time(s); spec.restartLimit is {restart_limit}{detail}")
 
 
-def trainer_action(trainer: Optional[TrainerObs], persisted_restarts: int, template_hash: str = "") -> TrainerAction:
-    """What to do with the trainer Job, given the restart count already written to status and the
-    template hash of the Job that should run (``""``: not compared)."""
+def trainer_action(trainer: Optional[TrainerObs], persisted_restarts: int, template_hash: str = "",
+                   disrupted: bool = False) -> TrainerAction:
+    """What to do with the trainer Job, given the restart count already written to status, the
+    template hash of the Job that should run (``""``: not compared) and whether a trainer pod was
+    disrupted (a failed Job of the current attempt is then recreated, same attempt)."""
     if trainer is None:
         return TrainerAction.APPLY
     if trainer.terminating:
         return TrainerAction.WAIT
-    if trainer.attempt < persisted_restarts:
+    if trainer.attempt < persisted_restarts or disrupted_failure(trainer, persisted_restarts, disrupted):
         return TrainerAction.DELETE_STALE
     if template_hash and trainer.template_hash != template_hash and not trainer.finished:
         return TrainerAction.DELETE_STALE  # its immutable spec changed: recreate, same attempt
