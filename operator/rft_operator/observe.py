@@ -191,8 +191,9 @@ CREATE_ERROR_GRACE_S = 120.0
 # The same for an image pull: the kubelet retries a pull with a back-off, and a registry may answer 429
 # (rate limit), 5xx or time out for minutes. A pull error is a pod that cannot start when its message
 # names a permanent cause (:data:`PERMANENT_PULL_ERRORS`), or once the pod's containers have waited
-# :data:`PULL_ERROR_GRACE_S` without becoming ready. ``ImagePullBackOff``'s own message ("Back-off
-# pulling image ...") names no cause; the ``ErrImagePull`` between two back-offs carries containerd's.
+# :data:`PULL_ERROR_GRACE_S` without becoming ready. ``ErrImagePull``'s message is containerd's error;
+# ``ImagePullBackOff``'s ("Back-off pulling image ...") names no cause on older kubelets, while newer ones
+# append the last pull's error, so a permanent cause is seen at the first pull or in the back-off.
 RETRIED_PULL_ERRORS = ("ErrImagePull", "ImagePullBackOff")
 PERMANENT_PULL_ERRORS = ("not found", "manifest unknown", "repository does not exist", "unauthorized",
                          "authentication required", "denied", "invalid reference format")

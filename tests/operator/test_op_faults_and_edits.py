@@ -78,6 +78,8 @@ def test_a_pod_whose_image_does_not_exist_fails_the_job_at_once_naming_the_image
                          "pull access denied, repository does not exist or may require authorization: "
                          "server message: insufficient_scope: authorization failed"),
         ("ErrImagePull", 'failed to authorize: failed to fetch anonymous token: unexpected status: 401 Unauthorized'),
+        ("ImagePullBackOff", 'Back-off pulling image "r.example/nope:1": ErrImagePull: failed to pull and unpack '
+                             'image "r.example/nope:1": r.example/nope:1: not found'),  # newer kubelets say why
         ("InvalidImageName", 'Failed to apply default image tag "nope:1:": couldn\'t parse image reference '
                              '"nope:1:": invalid reference format'),
     ]:
