@@ -57,3 +57,19 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # of a step's rewards stay far below 3.4e38).
 DEFAULT_REWARD_RANGE = (-1.0e6, 1.0e6)
 REWARD_LIMIT = 1.0e9
+
+# Environment variables the operator sets in the job's containers (the job token, the engine's API key,
+# credentials, endpoints, caches): a spec's env may not name them, or it would replace them. (Other
+# RFT_* variables, such as RFT_ENGINE_KERNELS, are the user's to set.)
+RESERVED_ENV_NAMES = (
+    "RFT_JOB_TOKEN", "RFT_HF_TOKEN", "RFT_S3_ACCESS_KEY_ID", "RFT_S3_SECRET_ACCESS_KEY", "RFT_TRAINER_ATTEMPT",
+    "RFT_BIND_HOST", "RFT_METRIC_JOB", "RFT_METRIC_NAMESPACE", "RFT_METRIC_ROLE", "VLLM_API_KEY",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "POD_IP", "HOME", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HOME", "XDG_CACHE_HOME",
+)
+RESERVED_ENV_PREFIX = "RFT_EVALUATOR_"  # the evaluators' API keys (rft_api.layout.api_key_env_name)
+# Where the operator mounts its own volumes in the job's pods: a data volume may not be mounted on, in or
+# over one of them.
+RESERVED_MOUNT_PATHS = ("/etc/rft", "/checkpoints", "/var/cache/rft", "/tmp", "/mnt/claims", "/dev/shm")
+# The largest evaluator config accepted: the job's runtime config, which holds it, travels in a ConfigMap
+# (at most 1 MiB with everything else in it).
+MAX_EVALUATOR_CONFIG_BYTES = 256 * 1024

@@ -189,4 +189,6 @@ def evaluator_file_path(index: int, key: str, evaluator_dir: str = EVALUATOR_DIR
 
 def api_key_env_name(index: int) -> str:
     """The env var that carries evaluator ``index``'s API key (its value comes from a Secret)."""
-    return f"RFT_EVALUATOR_{index}_API_KEY"
+    from .constants import RESERVED_ENV_PREFIX
+
+    return f"{RESERVED_ENV_PREFIX}{index}_API_KEY"

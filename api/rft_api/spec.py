@@ -7,16 +7,22 @@ concern and are enforced both as CEL in the CRD and in Python.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
+from fractions import Fraction
 from typing import Annotated, Literal, Optional
 
-from pydantic import ConfigDict, Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
 from .constants import (
     BUILTIN_MODELS,
     DEFAULT_RUNTIME_IMAGE,
     GROUP_RELATIVE_ALGORITHMS,
+    MAX_EVALUATOR_CONFIG_BYTES,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIX,
+    RESERVED_MOUNT_PATHS,
     REWARD_LIMIT,
     VLLM_LORA_RANKS,
     AdvantageEstimatorName,
@@ -34,13 +40,17 @@ from .storage import is_uri, uri_problem
 VLLM_MAX_LORA_RANK = VLLM_LORA_RANKS[-1]
 DEFAULT_REQUESTS = {"cpu": "250m", "memory": "512Mi"}
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+# A Kubernetes object name (a DNS-1123 subdomain: what Secrets, ConfigMaps and claims are named).
+Name = Annotated[str, StringConstraints(min_length=1, max_length=253,
+                                        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
 KeyName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
 Image = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 PathStr = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 Arg = Annotated[str, StringConstraints(max_length=4096)]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
 Quantity = Annotated[str, StringConstraints(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$")]
+PositiveQuantity = Annotated[str, StringConstraints(
+    max_length=64, pattern=r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$")]
 Entrypoint = Annotated[str, StringConstraints(max_length=512, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
 
 
@@ -75,6 +85,18 @@ class EnvVarSource(ApiModel):
     """The value comes from a Secret key; the value never appears in status, logs or the runtime config."""
 
 
+@rules(Rule(
+    cel=f"!(self.name in {list(RESERVED_ENV_NAMES)!r}) && !self.name.startsWith('{RESERVED_ENV_PREFIX}')",
+    message=f"env: the operator sets {', '.join(RESERVED_ENV_NAMES)} and {RESERVED_ENV_PREFIX}* itself (the job "
+            "token, the engine's API key, credentials, endpoints, caches); a job cannot replace them",
+    field=".name",
+    check=lambda e: e.name not in RESERVED_ENV_NAMES and not e.name.startswith(RESERVED_ENV_PREFIX),
+), Rule(
+    cel="!(has(self.value) && has(self.valueFrom))",
+    message="env: set value or valueFrom, not both",
+    field=".valueFrom",
+    check=lambda e: e.value is None or e.value_from is None,
+))
 class EnvVar(ApiModel):
     name: EnvName
     """Environment variable name."""
@@ -84,9 +106,45 @@ class EnvVar(ApiModel):
     """A reference to a Secret key."""
 
 
+GPU_RESOURCE = "nvidia.com/gpu"
 ResourceList = Annotated[dict[str, int | Quantity], Field(max_length=16)]
 
 
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|Ki|Mi|Gi|Ti|Pi|M|G|T|P|E|Ei)?$")
+_SUFFIX = {None: Fraction(1), "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6),
+           "G": Fraction(10**9), "T": Fraction(10**12), "P": Fraction(10**15), "E": Fraction(10**18),
+           "Ki": Fraction(2**10), "Mi": Fraction(2**20), "Gi": Fraction(2**30), "Ti": Fraction(2**40),
+           "Pi": Fraction(2**50), "Ei": Fraction(2**60)}
+
+
+def quantity_value(q: int | str) -> Fraction:
+    """The exact value of a resource quantity (``500m``, ``2Gi``, ``4``) in the forms the API accepts."""
+    m = _QUANTITY.match(str(q))
+    if m is None:
+        raise ValueError(f"not a quantity: {q!r}")
+    return Fraction(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def _limits_below_requests(r: "Resources") -> list[str]:
+    lim, req = r.limits or {}, r.requests or {}
+    return [k for k in req if k in lim and quantity_value(lim[k]) < quantity_value(req[k])]
+
+
+# CEL compares the resources most specs name (a rule over every key of the map is beyond the API server's
+# cost budget); the Python twin, which the operator and ``rft run`` apply, compares every key.
+_COMPARED = ("cpu", "memory", "ephemeral-storage", GPU_RESOURCE)
+_LIMITS_CEL = "!has(self.limits) || !has(self.requests) || (" + " && ".join(
+    f"(!('{k}' in self.requests && '{k}' in self.limits) || "
+    f"!quantity(string(self.limits['{k}'])).isLessThan(quantity(string(self.requests['{k}']))))" for k in _COMPARED) + ")"
+
+
+@rules(Rule(
+    cel=_LIMITS_CEL,
+    message="resources.limits must not be below resources.requests for the same resource (Kubernetes refuses the pod)",
+    field=".limits",
+    check=lambda r: not _limits_below_requests(r),
+    explain=lambda r: f"below the request: {', '.join(_limits_below_requests(r))}",
+))
 class Resources(ApiModel):
     requests: Optional[ResourceList] = None
     """Minimum resources (cpu, memory, nvidia.com/gpu, ...)."""
@@ -94,6 +152,25 @@ class Resources(ApiModel):
     """Maximum resources."""
 
 
+def _mount_clash(path: str) -> bool:
+    p = path.rstrip("/") or "/"
+    return p == "/" or ".." in path.split("/") or any(
+        p == r or p.startswith(r + "/") or r.startswith(p + "/") for r in RESERVED_MOUNT_PATHS)
+
+
+_MOUNT_CEL = ("self.mountPath.startsWith('/') && self.mountPath != '/' && !self.mountPath.contains('/../') && "
+              "!self.mountPath.endsWith('/..') && " + str(list(RESERVED_MOUNT_PATHS)) +
+              ".all(r, self.mountPath != r && !self.mountPath.startsWith(r + '/') && !r.startsWith(self.mountPath + "
+              "(self.mountPath.endsWith('/') ? '' : '/')))")
+
+
+@rules(Rule(
+    cel=_MOUNT_CEL,
+    message=f"volume.mountPath must be an absolute path that is not /, has no '..', and is not on, in or over one of "
+            f"the operator's own mounts ({', '.join(RESERVED_MOUNT_PATHS)})",
+    field=".mountPath",
+    check=lambda v: v.mount_path.startswith("/") and not _mount_clash(v.mount_path),
+))
 class VolumeRef(ApiModel):
     claim_name: Name
     """An existing PersistentVolumeClaim that holds the data; mounted read-only."""
@@ -349,6 +426,15 @@ class EvaluatorConfig(ApiModel):
     """llm_judge: the judge's prompt (with a custom one, scoreMax or the evaluator's rewardRange bounds the score)."""
     score_max: Optional[float] = Field(None, ge=-REWARD_LIMIT, le=REWARD_LIMIT)
     """llm_judge: the highest score; set, scores in [scoreMin, scoreMax] map to rewards in [0, 1]."""
+
+    @model_validator(mode="after")
+    def _size(self) -> "EvaluatorConfig":
+        n = len(json.dumps(self.model_dump(by_alias=True, exclude_none=True), default=str))
+        if n > MAX_EVALUATOR_CONFIG_BYTES:
+            raise ValueError(f"{n} bytes of JSON, more than {MAX_EVALUATOR_CONFIG_BYTES} (the job's config travels in "
+                             "a ConfigMap of at most 1 MiB): put large data in a file of the evaluator's image or on a "
+                             "volume")
+        return self
 
 
 _JUDGE_ENDPOINT = Rule(
@@ -690,7 +776,6 @@ class SchedulerSpec(ApiModel):
     """Linear warmup steps."""
 
 
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def gpu_count(resources: Optional[Resources]) -> int:
@@ -797,7 +882,7 @@ class CheckpointSpec(ApiModel):
     """Checkpoints kept; older ones are deleted after a newer one is complete."""
     existing_claim: Optional[Name] = None
     """Use this PersistentVolumeClaim instead of creating one."""
-    size: Quantity = "10Gi"
+    size: PositiveQuantity = "10Gi"
     """Size of the checkpoint claim the operator creates."""
     storage_class_name: Optional[Name] = None
     """Storage class of the created claim."""

@@ -83,3 +83,24 @@ def test_builtin_engine_extra_args_accepted_and_vllms_passed_as_given():
     m["spec"]["inference"].update(engine="vllm", weightSync="lora", extraArgs=["--enforce-eager", "--swap-space", "4"])
     m["spec"]["model"]["lora"] = {"rank": 8}
     assert parse_manifest(m).spec.inference.extra_args == ["--enforce-eager", "--swap-space", "4"]
+
+
+def test_an_evaluator_config_too_large_for_its_configmap_is_refused_naming_it():
+    """The API server takes any object its CEL can read; the size only Python can measure (the
+    operator marks the job ValidationFailed, ``rft run`` refuses it)."""
+    manifest = base_manifest()
+    manifest["spec"]["evaluator"] = {"builtin": "string_check", "config": {"reference": "x" * 300_000}}
+    with pytest.raises(InvalidSpec) as err:
+        parse_manifest(manifest)
+    assert "spec.evaluator.config" in str(err.value) and "more than 262144" in str(err.value)
+    manifest["spec"]["evaluator"]["config"]["reference"] = "x" * 1000
+    parse_manifest(manifest)
+
+
+def test_quantities_compare_by_value():
+    from rft_api.spec import quantity_value
+
+    assert quantity_value("1500m") == quantity_value("1.5") < quantity_value(2)
+    assert quantity_value("1Gi") > quantity_value("1G") > quantity_value("1M")
+    with pytest.raises(ValueError, match="not a quantity"):
+        quantity_value("ten")

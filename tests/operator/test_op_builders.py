@@ -470,3 +470,18 @@ def test_each_domain_source_is_mounted_where_the_config_says() -> None:
     config = parse(json.loads(children(job)[("ConfigMap", names.config(job.name))]["data"]["config.json"]))
     assert config.paths.datasets.train is None
     assert config.paths.datasets.mix == {"words": f"{DATASET_DIR}/mix-1/words.jsonl", "code": "/data/code.jsonl"}
+
+
+@pytest.mark.parametrize("which", sorted(ALL_JOBS))
+def test_every_variable_the_operator_sets_is_one_a_spec_may_not_replace(which: str) -> None:
+    """The API refuses a spec env naming one of RESERVED_ENV_NAMES (the job token, the engine's key, ...):
+    that list must hold every variable the builders set, or a spec's env could replace it."""
+    from rft_api.constants import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIX
+
+    job = ALL_JOBS[which]()
+    users = {e.name for e in job.spec.trainer.env + job.spec.inference.env}
+    for _, template in pod_templates(children(job).values()):
+        spec = template["spec"]
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            set_here = {e["name"] for e in c.get("env", []) if not e["name"].startswith(RESERVED_ENV_PREFIX)} - users
+            assert set_here <= set(RESERVED_ENV_NAMES), f"{c['name']}: {sorted(set_here - set(RESERVED_ENV_NAMES))}"
