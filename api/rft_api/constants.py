@@ -73,3 +73,18 @@ RESERVED_MOUNT_PATHS = ("/etc/rft", "/checkpoints", "/var/cache/rft", "/tmp", "/
 # The largest evaluator config accepted: the job's runtime config, which holds it, travels in a ConfigMap
 # (at most 1 MiB with everything else in it).
 MAX_EVALUATOR_CONFIG_BYTES = 256 * 1024
+
+# Why a trainer stopped with its terminal status (exit 2), written first in its termination message
+# ("rft trainer: <Reason>: <message>"): the operator fails the job with that reason (else with
+# TrainerTerminalError).
+TRAINER_TERMINAL_REASONS = (
+    "CheckpointLost",        # the progress record lists checkpoints the checkpoint volume no longer holds
+    "CheckpointVolumeFull",  # a checkpoint or a publication ran out of space (or quota) on the volume
+    "NonFiniteTraining",     # trainer.maxNonFiniteSteps steps in a row had a gradient that is not finite
+    "NonFiniteWeights",      # the weights stopped being finite after a step
+    "InvalidDataset",        # a dataset file, row or option cannot be used
+    "ModelLoadFailed",       # the model (or its LoRA target modules) cannot be built
+    "CannotResume",          # a checkpoint this run cannot continue (another algorithm, dataset, ...)
+    "InvalidConfig",         # the runtime config or the trainer's settings cannot be used
+)
+TRAINER_REASON_PREFIX = "rft trainer: "

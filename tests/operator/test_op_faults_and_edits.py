@@ -4,6 +4,8 @@ the trainer's immutable spec recreates it (same attempt), and observedGeneration
 rollout of an edit."""
 from __future__ import annotations
 
+import pytest
+
 from rft_operator import names
 from rft_operator import observe as observe_mod
 from rft_operator.builders import BuildContext, config_hash, desired_children
@@ -57,6 +59,25 @@ def test_terminal_trainer_exit_fails_at_once_without_the_budget() -> None:
     assert s.phase == "Failed" and s.restarts == 0
     failed = next(c for c in s.conditions if c.type == "Failed")
     assert failed.reason == "TrainerTerminalError" and "dataset changed under the job" in failed.message
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("rft trainer: CheckpointLost: /checkpoints holds no checkpoint, yet ...", "CheckpointLost"),
+    ("rft trainer: CheckpointVolumeFull: the checkpoint volume is full", "CheckpointVolumeFull"),
+    ("rft trainer: NonFiniteTraining: 3 steps in a row", "NonFiniteTraining"),
+    ("rft trainer: NoSuchReason: made up", "TrainerTerminalError"),
+    ("Traceback ... rft trainer: spec: bad", "TrainerTerminalError"),
+])
+def test_the_trainers_terminal_reason_becomes_the_jobs(line: str, reason: str) -> None:
+    job = make_job()
+    j = _job_obj([("Failed", "PodFailurePolicy", "Container trainer for pod x failed with exit code 2")])
+    pod = {"kind": "Pod", "metadata": {"name": "tiny-arith-trainer-0-abc", "labels": {names.LABEL_ROLE: "trainer"}},
+           "status": {"containerStatuses": [{"name": "trainer", "state": {"terminated": {
+               "exitCode": 2, "message": f"some log\n{line}\n"}}}]}}
+    s = compute_status(job, _observed([j], [pod]))
+    failed = next(c for c in s.conditions if c.type == "Failed")
+    assert s.phase == "Failed" and s.restarts == 0 and failed.reason == reason and line.split("rft trainer: ")[1][:20] \
+        in failed.message
 
 
 def _pulling_pod(reason: str, message: str, started: float = 0.0, role: str = "reward") -> dict:

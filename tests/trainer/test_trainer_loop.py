@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import threading
 import time
@@ -320,3 +321,41 @@ def test_rewards_out_of_scale_skip_their_steps_and_end_the_run_with_the_checkpoi
     base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).named_parameters())
     assert saved and all(torch.isfinite(t).all() for t in saved.values())
     assert all(torch.equal(t, base[k].detach()) for k, t in saved.items() if k in base) and set(saved) & set(base)
+
+
+def test_a_deleted_checkpoint_volume_is_checkpoint_lost_not_step_zero(tmp_path, tiny_model_dir, serve):
+    """The progress record outlives the checkpoint volume: a trainer that finds the checkpoints it lists
+    gone stops (CheckpointLost, exit 2 in a pod) instead of training again from step 0."""
+    import shutil
+
+    from rft_runtime.trainer.checkpoint import CheckpointLost
+    from rft_runtime.trainer.terminal import terminal_reason
+
+    spec = _spec(tiny_model_dir)
+    _run(tmp_path, serve, spec)
+    shutil.rmtree(tmp_path / "ckpt")
+    with pytest.raises(CheckpointLost, match=r"holds no checkpoint, yet the job's progress record \(step 2\) lists "
+                                             r"checkpoints of steps 1, 2") as err:
+        _run(tmp_path, serve, spec, max_steps=3)
+    assert terminal_reason(err.value) == "CheckpointLost"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_checkpoint_volume_is_terminal_and_named(tmp_path, tiny_model_dir, serve):
+    """A checkpoint volume too small for one checkpoint: the save fails with ENOSPC, which the trainer
+    reports as CheckpointVolumeFull (exit 2) rather than crash and restart into the same full volume."""
+    import subprocess
+
+    from rft_runtime.trainer.terminal import terminal_line, terminal_reason
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(ckpt)], check=True)
+    try:
+        with pytest.raises(Exception) as err:
+            _run(tmp_path, serve, _spec(tiny_model_dir))
+    finally:
+        subprocess.run(["umount", "-l", str(ckpt)], check=True)
+    assert terminal_reason(err.value) == "CheckpointVolumeFull", repr(err.value)
+    assert terminal_line("CheckpointVolumeFull", err.value).startswith(
+        "rft trainer: CheckpointVolumeFull: the checkpoint volume is full (")

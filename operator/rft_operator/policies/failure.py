@@ -28,7 +28,9 @@ latest checkpoint, and ``status.restarts`` stays (condition ``TrainerRunning`` s
 pod already gone from the API when the Job's failure is seen leaves nothing to tell: that failure counts.
 
 Terminal errors fail the job at once, without consuming the budget (:func:`terminal_failure`): the
-trainer exited with the terminal status (``TrainerTerminalError``, with its last log lines), or a
+trainer exited with the terminal status (with the reason it gave, such as ``CheckpointLost``,
+``CheckpointVolumeFull`` or ``NonFiniteTraining``, else ``TrainerTerminalError``; with its last log
+lines), or a
 pod of any role cannot start (``PodCannotStart``: an image that does not exist or whose pull is
 refused, an invalid image name, a missing ConfigMap or Secret, a transient pull or create error that
 outlasted its grace (``observe.PULL_ERROR_GRACE_S``, ``observe.CREATE_ERROR_GRACE_S``), a reward
@@ -43,10 +45,12 @@ SIGTERM and checkpoints its last step) and the same attempt is created again onc
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
+from rft_api.constants import TRAINER_REASON_PREFIX, TRAINER_TERMINAL_REASONS
 from rft_api.progress import Progress
 from rft_api.spec import RFTJobSpec
 
@@ -82,12 +86,22 @@ def disrupted_failure(trainer: Optional[TrainerObs], restarts: int, disrupted: b
     return disrupted and fresh_failure(trainer, restarts)
 
 
+_TRAINER_REASON = re.compile(re.escape(TRAINER_REASON_PREFIX) + r"([A-Z][A-Za-z]+): ")
+
+
+def trainer_reason(message: str) -> str:
+    """The reason the trainer gave for its terminal exit (``rft trainer: <Reason>: ...``, one of
+    :data:`~rft_api.constants.TRAINER_TERMINAL_REASONS`), else ``TrainerTerminalError``."""
+    m = _TRAINER_REASON.search(message)
+    return m.group(1) if m and m.group(1) in TRAINER_TERMINAL_REASONS else "TrainerTerminalError"
+
+
 def terminal_failure(observed: Observed, restarts: int) -> Optional[Failure]:
     """A failure that retrying cannot fix: the trainer's terminal exit, or a pod that cannot start."""
     t = observed.trainer
     if t is not None and t.terminal_failure and not t.terminating and t.attempt >= restarts:
         why = "; ".join(observed.trainer_messages) or f"{t.reason}: {t.message}"
-        return Failure("TrainerTerminalError", f"the trainer stopped with an error that a restart cannot fix: {why}")
+        return Failure(trainer_reason(why), f"the trainer stopped with an error that a restart cannot fix: {why}")
     sandbox = [p for p in observed.pod_problems if p.sandbox]
     if sandbox:
         p = sandbox[0]

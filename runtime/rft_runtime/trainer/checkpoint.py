@@ -54,6 +54,11 @@ class ResumeError(RuntimeError):
     :mod:`.state`; defined here, with no torch to import, for the commands that only catch it)."""
 
 
+class CheckpointLost(ResumeError):
+    """The job's progress record lists checkpoints that the checkpoint volume no longer holds (the claim
+    was deleted or replaced): starting again from step 0 would silently discard the steps they held."""
+
+
 def step_dir_name(step: int) -> str:
     """``step-000010`` for step 10."""
     return f"step-{step:06d}"

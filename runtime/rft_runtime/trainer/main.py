@@ -7,8 +7,10 @@ proper: it resumes from the latest complete checkpoint under ``paths.checkpoints
 (a restarted trainer continues), serves the coordinator, trains ``trainer.maxSteps`` steps, writes
 the final checkpoint and a ``done`` progress record, and exits 0 (also when the checkpoint it
 resumed from already completes the run: an attempt killed after its final checkpoint). It exits 2, the
-terminal status, when its config, dataset, model or checkpoint cannot be used, or when training stopped being finite
-(:mod:`.finite`: the checkpoints stay as they were). SIGTERM/SIGINT stop it after
+terminal status, with a reason the operator fails the job with (:mod:`.terminal`), when its config,
+dataset, model or checkpoint cannot be used, when the checkpoints it should resume from are gone, when
+the checkpoint volume is full, or when training stopped being finite (:mod:`.finite`: the checkpoints
+stay as they were). SIGTERM/SIGINT stop it after
 the current step with a checkpoint of the last completed step (exit status 143 / 130). Every other
 rank follows rank 0 (:func:`.trainer.follow`) and ignores SIGTERM/SIGINT.
 """
@@ -23,10 +25,7 @@ import threading
 
 from rft_api import runtime
 
-from ..data import DatasetError
-from ..model.loading import ModelLoadError
-from .finite import NonFiniteTraining, NonFiniteWeights
-from .state import ResumeError
+from .terminal import TERMINAL_EXIT, terminal_line, terminal_reason
 from .trainer import StopRequested, Trainer
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = runtime.load(args.config)
     except runtime.ConfigError as e:
-        print(f"rft trainer: {e}", file=sys.stderr)
+        print(f"rft trainer: InvalidConfig: {e}", file=sys.stderr)
         return 2
     if args.threads:
         cfg = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"threads": args.threads})})
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.spec.trainer.compile == "always":  # refused before any rank starts (auto only logs)
             wants_compile("always", ctx.device)
     except (ValueError, CompileUnavailable) as e:
-        print(f"rft trainer: {e}", file=sys.stderr)
+        print(f"rft trainer: InvalidConfig: {e}", file=sys.stderr)
         return 2
     if args.local_rank > 0 or not ctx.is_main:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -97,27 +96,30 @@ def _run(cfg: runtime.RuntimeConfig, args: argparse.Namespace, ctx: object) -> i
     trainer = Trainer(cfg, resume=not args.no_resume, max_steps=args.max_steps, should_stop=stop.is_set,
                       dist=ctx)  # type: ignore[arg-type]
     try:
-        try:
-            trainer.setup()
-        except (ResumeError, DatasetError, ModelLoadError) as e:  # a restart would fail the same way
-            print(f"rft trainer: {e}", file=sys.stderr)
-            return 2
-        while not trainer.finished and not stop.is_set():
-            try:
-                row = trainer.step()
-            except StopRequested:
-                break
-            except (NonFiniteTraining, NonFiniteWeights) as e:  # terminal: a restart would train the same way
-                print(f"rft trainer: {e}", file=sys.stderr)
-                return 2
-            log.info("step %d/%d reward %.3f", row["step"], trainer.max_steps, row.get("reward_mean") or 0.0)
-        if trainer.finished:
-            trainer.finish()
-            return 0
-        trainer.stop(checkpoint=True)
-        return 128 + (received[0] if received else signal.SIGTERM)
+        return _train(trainer, stop, received)
+    except Exception as e:  # noqa: BLE001 - a terminal error is told and exits 2; the rest propagates
+        reason = terminal_reason(e)
+        if reason is None:
+            raise
+        print(terminal_line(reason, e), file=sys.stderr)
+        return TERMINAL_EXIT
     finally:
         trainer.close()
+
+
+def _train(trainer: Trainer, stop: threading.Event, received: list[int]) -> int:
+    trainer.setup()
+    while not trainer.finished and not stop.is_set():
+        try:
+            row = trainer.step()
+        except StopRequested:
+            break
+        log.info("step %d/%d reward %.3f", row["step"], trainer.max_steps, row.get("reward_mean") or 0.0)
+    if trainer.finished:
+        trainer.finish()
+        return 0
+    trainer.stop(checkpoint=True)
+    return 128 + (received[0] if received else signal.SIGTERM)
 
 
 if __name__ == "__main__":

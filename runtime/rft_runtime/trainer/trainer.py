@@ -65,7 +65,7 @@ from ..model.loading import load_tokenizer, resolve_model_dir
 from ..rewards.config import evaluator_names
 from . import distributed
 from .batch import TrainSequence, collate, sequences_from_groups
-from .checkpoint import CheckpointManager, step_dir_name
+from .checkpoint import CheckpointLost, CheckpointManager, step_dir_name
 from .compiled import wants_compile
 from .distributed import DistContext
 from .evaluation import Evaluation
@@ -341,12 +341,25 @@ class Trainer:
         assert self.worker is not None
         return self.worker.gather()
 
+    def _check_not_lost(self) -> None:
+        """No checkpoint to resume from: raise :class:`~.checkpoint.CheckpointLost` when the job's progress
+        record (it outlives the checkpoint volume) lists checkpoints, rather than train from step 0."""
+        previous = self.report.progress_sink.read() if self.report.progress_sink is not None else None
+        if previous is not None and previous.checkpoints:
+            steps = ", ".join(str(c.step) for c in previous.checkpoints)
+            raise CheckpointLost(
+                f"{self.cfg.paths.checkpoints} holds no checkpoint, yet the job's progress record (step "
+                f"{previous.step}) lists checkpoints of steps {steps}: the checkpoint volume was deleted or "
+                "replaced. Training from step 0 would silently discard those steps; to start over, delete the "
+                "RFTJob and create it again")
+
     def _restore(self) -> int:
         """Restore the latest checkpoint (if any); returns the next submission number."""
         latest = self.checkpoints.latest()
         if latest is None:
             if self.require_resume:
                 raise ResumeError(f"--resume: no checkpoint under {self.cfg.paths.checkpoints}")
+            self._check_not_lost()
             return 0
         state = check_checkpoint(latest.path, expect_run=self._run_identity())
         self._command("restore", str(latest.path))
