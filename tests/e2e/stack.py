@@ -294,6 +294,13 @@ class JobDriver:
         """kubectl in this namespace, as the cluster admin (a user of the product)."""
         return self.cluster.kubectl("-n", self.namespace, *args, input=input, check=check, timeout=timeout)
 
+    def enforce_pod_security(self, level: str = "restricted") -> None:
+        """Label this namespace so that the API server's Pod Security admission refuses any pod that does
+        not meet ``level`` (a platform's tenant namespaces commonly enforce ``restricted``)."""
+        self.cluster.kubectl("label", "--overwrite", "namespace", self.namespace,
+                             f"pod-security.kubernetes.io/enforce={level}",
+                             "pod-security.kubernetes.io/enforce-version=latest")
+
     def apply_file(self, path: Path) -> str:
         """``kubectl apply -f <path>`` (the example exactly as shipped)."""
         return self.kubectl("apply", "-f", str(path)).stdout

@@ -237,8 +237,11 @@ def _reward_samples_scored(driver: JobDriver, pod: dict) -> float | None:
 def test_code_sandbox_evaluator_in_the_reward_role(driver: JobDriver) -> None:
     """Scenario 3b: ``examples/04-code-sandbox.yaml`` (programming tasks from a ConfigMap, the
     ``code_sandbox`` evaluator) gets a reward role that passes the sandbox's isolation probe (it would
-    not become Ready otherwise), scores every sample there, and the job reaches Succeeded."""
+    not become Ready otherwise), scores every sample there, and the job reaches Succeeded. The namespace
+    enforces Pod Security ``restricted``: every pod of the job, the reward pod with its own seccomp
+    profile included, is admitted (a refused pod would leave its role without one, and the job unfinished)."""
     job = "code-sandbox"
+    driver.enforce_pod_security("restricted")
     reward_logs = driver.keep_logs(job, "reward")  # the operator deletes a finished job's reward pods
     driver.apply_file(EXAMPLES / "04-code-sandbox.yaml")
     spec = driver.job(job)["spec"]
