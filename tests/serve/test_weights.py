@@ -259,3 +259,54 @@ def test_an_archive_over_the_cap_is_refused():
         assert httpx.get(f"{small.url}/get_policy_version").json()["policy_version"] == 0
     finally:
         small.stop()
+
+
+def test_a_compressed_archive_or_one_that_unpacks_over_the_cap_is_refused_before_writing(tmp_path):
+    """The audit's probe: a 204 KB gzip upload that unpacks to 200 MiB. Compressed archives are not
+    read at all, and an uncompressed one is refused when what it would unpack exceeds the cap (checked
+    from its headers before anything is written), whatever its upload size."""
+    import io
+    import subprocess
+    import tarfile
+    import tempfile
+
+    small = start_server(TINY, max_upload_bytes=256 << 10)
+    try:
+        bomb = io.BytesIO()
+        with tarfile.open(fileobj=bomb, mode="w:gz") as tar:
+            info = tarfile.TarInfo("w/zeros.safetensors")
+            info.size = 200 << 20
+            tar.addfile(info, io.BytesIO(bytes(info.size)))
+        assert len(bomb.getvalue()) < 256 << 10
+        leftovers = set(Path(tempfile.gettempdir()).glob("rft-weights-*"))
+        r = httpx.post(f"{small.url}/update_weights_from_archive", content=bomb.getvalue(), timeout=60)
+        assert r.status_code == 400 and "uncompressed" in r.json()["message"], r.text
+        # a GNU sparse member: 10 KiB of archive that unpacks to 200 MiB
+        (tmp_path / "w").mkdir()
+        with open(tmp_path / "w" / "big.safetensors", "wb") as f:
+            f.truncate(200 << 20)
+        sparse = tmp_path / "sparse.tar"
+        subprocess.run(["tar", "--sparse", "-C", str(tmp_path), "-cf", str(sparse), "w"], check=True)
+        assert sparse.stat().st_size < 64 << 10
+        r = httpx.post(f"{small.url}/update_weights_from_archive", content=sparse.read_bytes(), timeout=60)
+        assert r.status_code == 400 and f"unpacks to {200 << 20} bytes, more than the server's cap of " \
+            f"{256 << 10}" in r.json()["message"], r.text
+        assert set(Path(tempfile.gettempdir()).glob("rft-weights-*")) == leftovers
+        assert httpx.get(f"{small.url}/get_policy_version").json()["policy_version"] == 0
+    finally:
+        small.stop()
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", "sub/x.safetensors", ".."])
+def test_a_safetensors_index_cannot_name_a_file_outside_the_weights_directory(tmp_path, shard):
+    import json
+
+    from rft_runtime.serve.errors import WeightLoadError
+    from rft_runtime.serve.weights import read_safetensors_dir
+
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": shard}}))
+    with pytest.raises(WeightLoadError, match="not a file name in the weights directory"):
+        read_safetensors_dir(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text("[1, 2]")
+    with pytest.raises(WeightLoadError, match="not a safetensors index"):
+        read_safetensors_dir(tmp_path)

@@ -70,13 +70,28 @@ def max_upload_bytes_for(model_dir: str) -> int:
     return max(64 << 20, 4 * size)
 
 
-def _extract_weights(archive: Path, dest: Path) -> None:
-    """Unpack a weights archive whose one top entry is a directory into ``dest``."""
-    with tarfile.open(archive, mode="r") as tar:
-        tops = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+MAX_ARCHIVE_MEMBERS = 4096
+"""Entries a weights archive may hold (a sharded model and its config files are a few dozen)."""
+
+
+def _extract_weights(archive: Path, dest: Path, limit: int) -> None:
+    """Unpack a weights archive, an uncompressed tar whose one top entry is a directory, into ``dest``.
+    The unpacked size (what lands on the disk, not the bytes uploaded) is checked against ``limit``
+    and the number of entries against :data:`MAX_ARCHIVE_MEMBERS` before anything is written: a
+    compressed archive could otherwise turn a small upload into a full disk."""
+    with tarfile.open(archive, mode="r:") as tar:  # "r:": no decompression
+        members = []
+        for m in tar:
+            members.append(m)
+            if len(members) > MAX_ARCHIVE_MEMBERS:
+                raise tarfile.TarError(f"more than {MAX_ARCHIVE_MEMBERS} entries")
+        unpacked = sum(m.size for m in members if m.isfile())
+        if unpacked > limit:
+            raise tarfile.TarError(f"it unpacks to {unpacked} bytes, more than the server's cap of {limit}")
+        tops = {m.name.split("/", 1)[0] for m in members}
         if len(tops) != 1:
             raise tarfile.TarError(f"expected one top directory, found {sorted(tops)[:5]}")
-        tar.extractall(dest.parent / ".unpacked", filter="data")
+        tar.extractall(dest.parent / ".unpacked", members=members, filter="data")
     os.rename(dest.parent / ".unpacked" / tops.pop(), dest)
 
 
@@ -377,11 +392,15 @@ class ServeRoutes:
     async def _load(self, path: str, version: int | None) -> web.Response:
         """Load the weights at ``path`` between batches and answer as SGLang's update routes."""
         async with self._update_lock:
-            try:
-                new_version, kind = await self.engine.load_weights(path, version)
-            except (WeightLoadError, EngineError, OSError) as exc:
-                self.metrics.weight_updates.labels(result="error").inc()
-                return self._update_failed(str(exc), status=400 if not isinstance(exc, EngineError) else 500)
+            return await self._load_locked(path, version)
+
+    async def _load_locked(self, path: str, version: int | None) -> web.Response:
+        """:meth:`_load` with the update lock held."""
+        try:
+            new_version, kind = await self.engine.load_weights(path, version)
+        except (WeightLoadError, EngineError, OSError) as exc:
+            self.metrics.weight_updates.labels(result="error").inc()
+            return self._update_failed(str(exc), status=400 if not isinstance(exc, EngineError) else 500)
         self.metrics.weight_updates.labels(result="ok").inc()
         self.metrics.policy_version.set(new_version)
         log.info("serving policy version %d (%s weights)", new_version, kind)
@@ -393,8 +412,9 @@ class ServeRoutes:
         """POST /update_weights_from_archive?policy_version=N, the body a tar archive of a weights
         directory (what ``/update_weights_from_disk`` reads; for a trainer that shares no filesystem
         with this server). The archive is streamed to a temporary directory (at most
-        :func:`max_upload_bytes_for` unless the server sets another cap; a 413 above it), unpacked with Python's ``data`` filter (no
-        absolute paths, links out of it or devices), loaded as from disk, and deleted."""
+        :func:`max_upload_bytes_for` unless the server sets another cap; a 413 above it), unpacked under the
+        update lock (an uncompressed tar; its unpacked size under the same cap, checked first) with Python's
+        ``data`` filter (no absolute paths, links out of it or devices), loaded as from disk, and deleted."""
         raw = request.query.get("policy_version")
         if raw is not None and not raw.isdigit():
             return self._update_failed(f"policy_version must be a non-negative integer, got {raw[:40]!r}")
@@ -411,11 +431,13 @@ class ServeRoutes:
                                                    "bytes", status=413)
                     f.write(chunk)
             dest = Path(tmp) / "weights"
-            try:
-                await asyncio.to_thread(_extract_weights, archive, dest)
-            except (tarfile.TarError, OSError) as exc:
-                return self._update_failed(f"The body is not a usable tar archive of a weights directory: {exc}")
-            return await self._load(str(dest), version)
+            async with self._update_lock:  # one update unpacks at a time: its disk use is bounded once
+                try:
+                    await asyncio.to_thread(_extract_weights, archive, dest, limit)
+                except (tarfile.TarError, OSError) as exc:
+                    return self._update_failed(f"The body is not a usable tar archive of a weights directory "
+                                               f"(uncompressed, one top directory): {exc}")
+                return await self._load_locked(str(dest), version)
 
     def _update_failed(self, message: str, status: int = 400) -> web.Response:
         return json_response({"success": False, "message": message, "policy_version": self.engine.policy_version},
