@@ -37,6 +37,11 @@ LABEL_KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"
 # A checkpoint claim kept when its RFTJob is deleted (checkpoint.retainOnDelete) carries no owner
 # reference; this annotation names the uid of the job it serves.
 ANNOTATION_RETAINED_FOR = "rft.dev/retained-for"
+# On the job's token Secret and on every role's pod template: a digest of the token (never the token),
+# so a token minted anew (its Secret was deleted) changes every template and restarts every role with it.
+ANNOTATION_TOKEN_DIGEST = "rft.dev/token-digest"
+# On an existing claim (checkpoint.existingClaim): the uid of the live job that writes into it.
+ANNOTATION_USED_BY = "rft.dev/used-by"
 # On the pods that share a ReadWriteOnce checkpoint claim: they are scheduled onto one node together.
 LABEL_SHARES_CHECKPOINTS = "rft.dev/shares-checkpoints"
 # Label the job controller puts on the pods of an Indexed Job.

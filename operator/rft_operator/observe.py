@@ -78,6 +78,30 @@ class PodProblem:
 
 
 @dataclass(frozen=True)
+class CrashLoop:
+    """A container of a Deployment role that the kubelet restarts in a loop (``CrashLoopBackOff``)."""
+
+    role: str
+    pod: str
+    container: str
+    restarts: int
+    """The container's ``restartCount``."""
+    looping_s: float
+    """Seconds since the pod's containers stopped being ready (:func:`waiting_since`)."""
+    message: str
+    """The last termination's reason, exit code and message (its last lines)."""
+
+    @property
+    def beyond_grace(self) -> bool:
+        """Looping past :data:`CRASHLOOP_RESTART_LIMIT` restarts or :data:`CRASHLOOP_GRACE_S` seconds."""
+        return self.restarts >= CRASHLOOP_RESTART_LIMIT or self.looping_s >= CRASHLOOP_GRACE_S
+
+    def describe(self) -> str:
+        return (f"{self.role} pod {self.pod} container {self.container} is in CrashLoopBackOff "
+                f"({self.restarts} restarts): {self.message}")
+
+
+@dataclass(frozen=True)
 class Observed:
     """A job's children as last seen, plus the time of the observation."""
 
@@ -102,6 +126,13 @@ class Observed:
     trainer_disruptions: tuple[str, ...] = ()
     """Trainer pods with a ``DisruptionTarget`` condition (evicted, preempted, their node drained or
     tainted), each as ``pod: reason: message``."""
+    crashloops: tuple[CrashLoop, ...] = ()
+    """Containers of the Deployment roles (inference, reward, rollout) waiting in ``CrashLoopBackOff``
+    (:func:`crash_looping`), ordered by role and pod."""
+    token_missing: bool = False
+    """A pod cannot start because the job's token Secret ``<job>-token`` is missing: the reconcile
+    mints a new token and every role restarts with it (``reconcile.ensure_token``), it is no
+    ``PodCannotStart``."""
 
     @property
     def any_children(self) -> bool:
@@ -203,6 +234,18 @@ refused (``401 Unauthorized``, ``authentication required``, ``pull access denied
 PULL_ERROR_GRACE_S = 600.0
 """How long a pod's containers may wait on a transient pull error (a registry answering 429 or 503)
 before the job fails as PodCannotStart: longer than a rate limit's window of a minute or two."""
+CRASHLOOP_ROLES = ("inference", "reward", "rollout")
+"""The roles whose crash-looping containers the operator watches: their Deployments restart a crashing
+container for ever, while the trainer waits for episodes that never come (a trainer's crash fails its
+Job and spends a restart instead)."""
+CRASHLOOP_RESTART_LIMIT = 5
+"""Restarts (``restartCount``) of a container waiting in ``CrashLoopBackOff`` at which the job fails
+as ``RoleCrashLooping``: with the kubelet's back-off (10 s doubling) five restarts take about five
+minutes, time for a dependency that was briefly down (inference loading its model) to come back."""
+CRASHLOOP_GRACE_S = 600.0
+"""Seconds a container may crash-loop (its pod's containers not ready, waiting in ``CrashLoopBackOff``)
+before the job fails as ``RoleCrashLooping``, whatever its restart count (a long-running container
+that crashes after minutes reaches few restarts)."""
 # ``rft reward`` exits with this code when its evaluators cannot be built: a bad evaluator config, or
 # the code sandbox's isolation probe failed (runtime/rft_runtime/rewards/server.py). A restart builds
 # the same evaluators on the same node, so it cannot help.
@@ -322,6 +365,47 @@ def pulling(obj: Obj, now: dt.datetime) -> list[PodProblem]:
     return out
 
 
+def _last_termination(cs: Obj) -> str:
+    """``reason (exit N): message`` of a container's last termination (its message's last lines)."""
+    term = (cs.get("lastState") or {}).get("terminated") or {}
+    if not term:
+        return "(no termination recorded)"
+    msg = (term.get("message") or "").strip()[-512:]
+    head = f"{term.get('reason') or 'Terminated'} (exit {term.get('exitCode')})"
+    return f"{head}: {msg}" if msg else head
+
+
+def crash_looping(obj: Obj, now: dt.datetime) -> list[CrashLoop]:
+    """A pod's containers of a :data:`CRASHLOOP_ROLES` role waiting in ``CrashLoopBackOff``."""
+    meta = obj["metadata"]
+    role = (meta.get("labels") or {}).get(names.LABEL_ROLE, "")
+    if role not in CRASHLOOP_ROLES or meta.get("deletionTimestamp"):
+        return []
+    since = waiting_since(obj)
+    looping = (now - since).total_seconds() if since is not None else 0.0
+    out = []
+    for cs in (obj.get("status") or {}).get("containerStatuses") or []:
+        if ((cs.get("state") or {}).get("waiting") or {}).get("reason") == "CrashLoopBackOff":
+            out.append(CrashLoop(role, meta["name"], cs.get("name", ""), int(cs.get("restartCount") or 0),
+                                 looping, _last_termination(cs)))
+    return out
+
+
+def token_missing(obj: Obj, job_name: str) -> bool:
+    """A container of the pod waits in ``CreateContainerConfigError`` because the job's token Secret
+    does not exist (the kubelet's message names it)."""
+    secret = f'"{names.token(job_name)}"'
+    status = obj.get("status") or {}
+    return any(_names_missing_token(cs, secret)
+               for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []))
+
+
+def _names_missing_token(cs: Obj, secret: str) -> bool:
+    waiting = (cs.get("state") or {}).get("waiting") or {}
+    msg = waiting.get("message") or ""
+    return waiting.get("reason") == "CreateContainerConfigError" and secret in msg and "not found" in msg
+
+
 def disruption(obj: Obj) -> Optional[str]:
     """``pod: reason: message`` of a pod's ``DisruptionTarget`` condition (status True), else None: the
     pod is being evicted, preempted or deleted by the taint manager, or the kubelet evicted it."""
@@ -352,12 +436,18 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
     fetch, fetch_said = None, []
     pulls: list[PodProblem] = []
     disrupted: list[str] = []
+    loops: list[CrashLoop] = []
+    no_token = False
     for obj in objects:
         kind, name = obj.get("kind", ""), obj["metadata"]["name"]
         role = (obj["metadata"].get("labels") or {}).get(names.LABEL_ROLE, "")
         if kind == "Pod":  # not a child (the controllers own pods), only what they tell
             p, m = observe_pod(obj, now)
+            if token_missing(obj, job_name):  # not a pod problem: the reconcile mints a new token
+                no_token = True
+                p = [x for x in p if x.reason != "CreateContainerConfigError"]
             problems += p
+            loops += crash_looping(obj, now)
             pulls += pulling(obj, now)
             if role == "trainer":
                 messages += m
@@ -379,7 +469,8 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
                     children=frozenset(children), pod_problems=tuple(sorted(problems, key=lambda p: (p.role, p.pod))),
                     trainer_messages=tuple(sorted(messages)), fetch=fetch,
                     fetch_messages=tuple(m for _, m in sorted(fetch_said)),
-                    pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(sorted(disrupted)))
+                    pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(sorted(disrupted)),
+                    crashloops=tuple(sorted(loops, key=lambda c: (c.role, c.pod, c.container))), token_missing=no_token)
 
 
 def _ended_with(pod: Obj) -> list[tuple[str, str]]:

@@ -64,6 +64,12 @@ class Outcome:
     """The job's token Secret when this pass learnt of it (read or created), without its data: the
     caller's cache keeps it so later passes neither read nor create it again."""
     token_created: bool = False
+    refused: str = ""
+    """A child the API server refused as too large (:func:`too_large`): the spec can never run, and the
+    job ends ValidationFailed with reason ``ConfigTooLarge``."""
+    token_recreated: bool = False
+    """The token Secret was missing while the job had workloads: a new token was minted, and the new
+    digest on every pod template restarts every role with it."""
 
 
 def parse_status(raw: Optional[Obj]) -> Optional[RFTJobStatus]:
@@ -163,13 +169,32 @@ def _apply_all(api: Kube, desired: list[Obj], current: dict[tuple[str, str], Obj
     for obj in desired:
         if applied_hash(current.get(key_of(obj))) == applied_hash(obj):
             continue
+        if outcome.refused and obj["kind"] in WORKLOAD_KINDS:
+            continue  # its pods would read a config that is not there
         try:
             current[key_of(obj)] = api.apply(obj)
             outcome.applied.append(key_of(obj))
         except KubeError as e:
-            if e.transient:
+            if e.transient and not too_large(e):
                 raise
             outcome.errors.append(f"{obj['kind']}/{obj['metadata']['name']}: {e}")
+            if too_large(e):
+                outcome.refused = outcome.refused or (
+                    f"the API server refuses {obj['kind']} {obj['metadata']['name']} as too large ({e}): the rendered "
+                    "config (the evaluator config, the chat template, the data sources) must fit a ConfigMap's 1 MiB; "
+                    "shrink it (e.g. put large evaluator data on a volume) and create the job again")
+
+
+TOO_LARGE_FRAGMENTS = ("too long: must have at most", "request entity too large", "request is too large",
+                       "exceeds the maximum")
+"""What the API server (or etcd behind it) says of an object over its size limit: a ConfigMap's data over
+1 MiB (422 ``Too long: must have at most 1048576 bytes``), a request body over 3 MiB (413), etcd's
+``request is too large``. A retry sends the same object: the job cannot run."""
+
+
+def too_large(e: KubeError) -> bool:
+    """The API server refused an object as too large (:data:`TOO_LARGE_FRAGMENTS`, or status 413)."""
+    return e.status == 413 or any(f in f"{e.reason} {e.message}".lower() for f in TOO_LARGE_FRAGMENTS)
 
 
 def _delete_unwanted(api: Kube, namespace: str, observed: list[Obj], keep: set[tuple[str, str]],
@@ -193,16 +218,22 @@ TOKEN_BYTES = 32
 
 def _without_data(obj: Obj) -> Obj:
     meta = obj.get("metadata") or {}
-    keep = ("name", "namespace", "uid", "resourceVersion", "labels", "ownerReferences", "creationTimestamp")
+    keep = ("name", "namespace", "uid", "resourceVersion", "labels", "annotations", "ownerReferences",
+            "creationTimestamp")
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {k: meta[k] for k in keep if k in meta}}
 
 
-def ensure_token(api: Kube, job: RFTJob, current: dict[tuple[str, str], Obj], outcome: Outcome) -> bool:
+def ensure_token(api: Kube, job: RFTJob, current: dict[tuple[str, str], Obj], outcome: Outcome,
+                 missing: bool = False) -> bool:
     """Make sure Secret ``<job>-token`` exists and is this job's; create it (once, with a fresh random
-    token) when it does not. Known from the caller's cache: no request. Returns whether the job has
-    its token (else ``outcome.errors`` says why). The token's value is never logged nor put in an
-    error: errors carry the API server's status and reason only."""
+    token) when it does not. Known from the caller's cache: no request, unless ``missing`` (a pod
+    reported the Secret not found: it is read again). Returns whether the job has its token (else
+    ``outcome.errors`` says why). The token's value is never logged nor put in an error: errors carry
+    the API server's status and reason only. An operator restart reads the existing Secret and never
+    mints another token while it exists."""
     key = ("Secret", names.token(job.name))
+    if missing:
+        current.pop(key, None)
     if key in current:
         return True
     try:
@@ -230,6 +261,54 @@ def ensure_token(api: Kube, job: RFTJob, current: dict[tuple[str, str], Obj], ou
         return False
     current[key] = outcome.token = _without_data(found)
     return True
+
+
+def token_digest(current: dict[tuple[str, str], Obj], job: RFTJob) -> str:
+    """The ``rft.dev/token-digest`` of the job's token Secret as known ("" when none)."""
+    secret = current.get(("Secret", names.token(job.name))) or {}
+    return ((secret.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_TOKEN_DIGEST, "")
+
+
+def _token_step(api: Kube, job: RFTJob, observed: Observed, observed_objs: list[Obj], current: dict[tuple[str, str], Obj],
+                outcome: Outcome) -> bool:
+    """:func:`ensure_token`, noting a token minted anew while the job had workloads (its Secret was
+    deleted): the Event that says every role restarts with the new token."""
+    ok = ensure_token(api, job, current, outcome, missing=observed.token_missing)
+    if outcome.token_created and any(o["kind"] in WORKLOAD_KINDS for o in observed_objs):
+        outcome.token_recreated = True
+    return ok
+
+
+def key_of_claim(job: RFTJob) -> tuple[str, str]:
+    return "PersistentVolumeClaim", names.checkpoints(job.name)
+
+
+def claim_adopted(job: RFTJob) -> JobEvent:
+    """The Event of a retained claim adopted by a job of the same name (it stays retained)."""
+    return JobEvent("Normal", "ClaimAdopted",
+                    f"PersistentVolumeClaim {names.checkpoints(job.name)}, retained by an earlier RFTJob of this "
+                    "name (checkpoint.retainOnDelete), is adopted and stays retained: deleting this job keeps it")
+
+
+TOKEN_RECREATED = JobEvent("Warning", "TokenRecreated",
+                           "the job's token Secret was missing while its roles ran: a new token was minted and "
+                           "every role restarts with it (the trainer resumes from its latest checkpoint), so all "
+                           "pods keep sharing one token")
+
+
+def claim_retained(api: Kube, job: RFTJob, observed_objs: list[Obj], children: Optional[list[Obj]]) -> tuple[bool, bool]:
+    """Whether the job's checkpoint claim, as it exists, is retained (``rft.dev/retained-for``), and
+    whether it is retained for another uid (a job of the same name that was deleted: this pass adopts
+    it). Read from the observed children, else from the caller's cache, else one GET."""
+    if job.spec.checkpoint.existing_claim:
+        return False, False
+    key = ("PersistentVolumeClaim", names.checkpoints(job.name))
+    claim = next((o for o in observed_objs if key_of(o) == key), None)
+    if claim is None:
+        claim = next((o for o in children if key_of(o) == key), None) if children is not None else \
+            api.get(key[0], job.namespace, key[1])
+    uid = ((claim or {}).get("metadata", {}).get("annotations") or {}).get(names.ANNOTATION_RETAINED_FOR)
+    return uid is not None, uid is not None and uid != job.metadata.get("uid")
 
 
 def template_hash(job: RFTJob, ctx: BuildContext, cfg_hash: str) -> str:
@@ -348,9 +427,15 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     persisted_restarts = job.status.restarts if job.status else 0
     cfg_hash = config_hash(job, BuildContext(trainer_attempt=persisted_restarts))
     gate = _admission(api, job, observed_objs, kueue)
-    ctx = BuildContext(trainer_attempt=persisted_restarts, placements=gate.placements,
-                       dns_ports=dns_ports or BuildContext.dns_ports, dns_cidrs=dns_cidrs)
     first = compute_status(job, observed, cfg_hash, gate.hold)
+    current = outcome.current
+    token_ok = True
+    if first.phase != "ValidationFailed":  # plan.stateful; before the workloads: their pods read the token
+        token_ok = _token_step(api, job, observed, observed_objs, current, outcome)
+    retained, adopted = claim_retained(api, job, observed_objs, children)
+    ctx = BuildContext(trainer_attempt=persisted_restarts, placements=gate.placements,
+                       dns_ports=dns_ports or BuildContext.dns_ports, dns_cidrs=dns_cidrs,
+                       token_digest=token_digest(current, job), retained_claim=retained)
     trainer_hash = template_hash(job, ctx, cfg_hash)
     plan = make_plan(job.spec.suspend or gate.hold is not None, first.phase, observed, persisted_restarts, trainer_hash,
                      inputs.state(job.spec, observed))
@@ -359,10 +444,6 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
                                fetch_job=plan.fetch) if plan.stateful else []
     if gate.workload is not None and plan.stateful and not gate.requeue:
         desired.insert(0, gate.workload)
-    current = outcome.current
-    token_ok = True
-    if plan.stateful:  # before the workloads: their pods read the token from it
-        token_ok = ensure_token(api, job, current, outcome)
     if not token_ok:  # no new workload whose pods would read a token that is not the job's
         desired = [o for o in desired if o["kind"] not in WORKLOAD_KINDS]
     _apply_all(api, desired, current, outcome)
@@ -381,10 +462,15 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     _settle_workload(api, job, gate, final.phase, final.message, current, pod_objs, now, outcome)
     if outcome.errors:
         final = final.model_copy(update={"message": f"{final.message}; not applied: {'; '.join(outcome.errors)}"[:4096]})
+    if outcome.refused:
+        final = validation_failed_status(job_obj.get("status"), outcome.refused, meta.get("generation"),
+                                         format_time(now), reason="ConfigTooLarge")
     outcome.phase = final.phase
     _write_status(api, job_obj, final, outcome, restart_cause(observed))
     if outcome.status_written:  # once per distinct error, not once per resync
         outcome.events += [JobEvent("Warning", "ApplyFailed", err) for err in outcome.errors]
+    outcome.events += [TOKEN_RECREATED] if outcome.token_recreated else []
+    outcome.events += [claim_adopted(job)] if adopted and key_of_claim(job) in outcome.applied else []
     _emit(api, job_obj, outcome, format_time(now))
     if plan.trainer == TrainerStep.DELETE or (job.status is not None and (
             final.phase != job.status.phase or final.restarts != job.status.restarts)):

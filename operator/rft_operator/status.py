@@ -26,7 +26,7 @@ from rft_api.status import (
 )
 
 from . import names
-from .observe import PULL_ERROR_GRACE_S, Observed, TrainerObs
+from .observe import CRASHLOOP_GRACE_S, CRASHLOOP_RESTART_LIMIT, PULL_ERROR_GRACE_S, Observed, TrainerObs
 from .policies import checkpoint, failure, inputs, suspend
 from .policies.admission import Hold
 from .policies.phase import PhaseDecision, Signals, is_terminal, next_phase
@@ -111,6 +111,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     restarting = restarts > prev.restarts or (t is not None and t.attempt < restarts)
     fail = (budget_failure
             or (None if held else failure.terminal_failure(observed, restarts))
+            or (None if held else failure.crashloop_failure(observed))
             or (None if held else failure.deadline_failure(
                 spec, suspend.clock_start(prev.start_time, suspended), observed.now))
             or failure.evaluator_failure(spec, observed.progress)
@@ -131,6 +132,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
 
     roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts, hold,
                                           observed.trainer_disruptions)
+    _crashloop_conditions(values, observed, phase)
     if inputs_state.wanted:
         values["InputsReady"] = inputs_state.condition
     if spec.output is not None:
@@ -142,7 +144,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     p = observed.progress
     checkpoints = checkpoint.retained(p, spec.checkpoint.keep_last, prev.checkpoints)
     evaluation = _evaluation(p) or prev.evaluation
-    message = _stopped_early(decision.message, phase, evaluation) + _pulls_note(observed, phase)
+    message = _stopped_early(decision.message, phase, evaluation) + _pulls_note(observed, phase) \
+        + _crashloop_note(observed, phase)
     if observed.progress_error:
         message = f"{message}; progress ConfigMap ignored: {observed.progress_error}"
     started = prev.start_time or (now if phase in ("Provisioning", "Running", "Succeeded", "Failed") else None)
@@ -206,6 +209,20 @@ def _roles_and_conditions(spec: RFTJobSpec, phase: str, decision: PhaseDecision,
     return roles, values
 
 
+ROLE_CONDITIONS = {"inference": "InferenceReady", "reward": "RewardReady", "rollout": "RolloutReady"}
+
+
+def _crashloop_conditions(values: dict[str, tuple[str, str, str]], observed: Observed, phase: str) -> None:
+    """Each Deployment role with a crash-looping container: its condition False, reason
+    ``CrashLoopBackOff``, naming the pod, the container and its last termination (in place)."""
+    if is_terminal(phase):
+        return
+    for loop in reversed(observed.crashloops):  # the first of a role wins
+        ctype = ROLE_CONDITIONS.get(loop.role)
+        if ctype in values and values[ctype][1] != "Removed":
+            values[ctype] = ("False", "CrashLoopBackOff", loop.describe())
+
+
 def _pulls_note(observed: Observed, phase: str) -> str:
     """What the message of a job not yet terminal adds while a container waits on an image pull the
     kubelet retries (``observe.PULL_ERROR_GRACE_S``): the first such container and its message."""
@@ -215,6 +232,14 @@ def _pulls_note(observed: Observed, phase: str) -> str:
     more = f" (and {len(observed.pulls) - 1} more)" if len(observed.pulls) > 1 else ""
     return (f"; waiting on an image pull: {p.role} pod {p.pod} container {p.container}: {p.reason}: "
             f"{p.message}{more} (the job fails if it lasts {int(PULL_ERROR_GRACE_S)}s)")
+
+
+def _crashloop_note(observed: Observed, phase: str) -> str:
+    """What the message of a job not yet terminal adds while a role's container crash-loops."""
+    if is_terminal(phase) or not observed.crashloops:
+        return ""
+    return (f"; {observed.crashloops[0].describe()} (the job fails at {CRASHLOOP_RESTART_LIMIT} restarts or "
+            f"{int(CRASHLOOP_GRACE_S)}s of crash-looping)")
 
 
 def _final_model(job: RFTJob, p: Optional[Progress]) -> Optional[FinalModelRecord]:
@@ -284,17 +309,19 @@ def _suspended_condition(spec_suspend: bool, prev: RFTJobStatus, hold: Optional[
 
 
 def validation_failed_status(previous: Optional[dict[str, Any]], message: str, generation: Optional[int],
-                             observed_now: str) -> RFTJobStatus:
-    """The terminal status of a job whose spec does not validate (its previous status is kept if terminal)."""
+                             observed_now: str, reason: str = "InvalidSpec") -> RFTJobStatus:
+    """The terminal status of a job whose spec does not validate (its previous status is kept if terminal);
+    ``reason``: ``InvalidSpec``, or ``ConfigTooLarge`` when the API server refused a child the spec
+    renders as too large (``reconcile.too_large``)."""
     try:
         prev = RFTJobStatus.model_validate(previous) if previous else RFTJobStatus()
     except Exception:  # a previous status we cannot read is replaced
         prev = RFTJobStatus()
     if previous and is_terminal(prev.phase):
         return prev
-    values = {ct: ("False", "InvalidSpec", "the spec does not validate") for ct in CONDITION_TYPES
+    values = {ct: ("False", reason, "the spec does not validate") for ct in CONDITION_TYPES
               if ct not in OPTIONAL_CONDITION_TYPES}
-    values["Failed"] = ("True", "InvalidSpec", message)
+    values["Failed"] = ("True", reason, message)
     values["Suspended"] = ("False", "NotSuspended", "the spec does not validate")
     conds = [set_condition(prev.conditions, ct, *values[ct], generation, observed_now) for ct in values]
     return RFTJobStatus(phase="ValidationFailed", message=message[:MAX_CONDITION_MESSAGE],

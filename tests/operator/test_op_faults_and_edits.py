@@ -210,7 +210,7 @@ def test_a_create_error_the_kubelet_retries_is_waited_for_a_permanent_one_fails_
         assert s.phase != "Failed", (message, s.message)
         s = status_at(pod(reason, message, started=-3600, not_ready_at=grace), 2 * grace + 1)
         assert s.phase == "Failed", (message, s.message)
-    for reason, message in [("CreateContainerConfigError", 'secret "tiny-arith-token" not found'),
+    for reason, message in [("CreateContainerConfigError", 'secret "hf-credentials" not found'),  # not the token: #55
                             ("CreateContainerConfigError", "couldn't find key token in Secret t-1/tiny-arith-token"),
                             ("CreateContainerConfigError", "container has runAsNonRoot and image will run as root"),
                             ("CreateContainerError", "open /var/lib/x: no such file or directory")]:

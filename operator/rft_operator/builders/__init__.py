@@ -12,7 +12,9 @@ hashes (see :func:`stamp`):
 - ``rft.dev/template-hash`` on the trainer Job: the hash of its (immutable) spec, so the reconcile
   knows when the Job must be recreated rather than applied;
 - ``rft.dev/applied-hash`` on every child: the hash of the child as built, so an unchanged child is
-  not applied again (the reconcile compares it with the observed child's).
+  not applied again (the reconcile compares it with the observed child's);
+- ``rft.dev/token-digest`` on every role's pod template (``ctx.token_digest``): a new token restarts
+  every role (``secret``).
 """
 from __future__ import annotations
 
@@ -122,6 +124,9 @@ def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = Tru
     placements = dict(ctx.placements)
     if placements:
         out = [workload.place(o, placements) for o in out]
+    if ctx.token_digest:
+        for o in out:
+            _annotate(o["spec"]["template"].setdefault("metadata", {}), names.ANNOTATION_TOKEN_DIGEST, ctx.token_digest)
     return with_default_resources(job, out)
 
 

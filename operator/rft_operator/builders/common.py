@@ -39,6 +39,13 @@ class BuildContext:
     """The ports the cluster's DNS pods listen on (the operator's ``--dns-port``): the rollout pods'
     egress policy admits DNS there."""
     dns_cidrs: tuple[str, ...] = ()
+    token_digest: str = ""
+    """``rft.dev/token-digest`` of the job's token Secret (``secret.token_digest``), put on every role's
+    pod template: a new token restarts every role, so all pods of the job share one token. Empty for a
+    Secret created before the digest existed (no annotation then)."""
+    retained_claim: bool = False
+    """The checkpoint claim as observed is retained (``rft.dev/retained-for``): it stays so (no owner
+    reference), whatever the job's own ``checkpoint.retainOnDelete`` (``storage.checkpoint_claim``)."""
     """Addresses of DNS servers that are not pods (the operator's ``--dns-cidr``: NodeLocal DNSCache's
     169.254.20.10/32, a resolver on the node): the rollout pods' DNS egress admits them besides pods."""
 

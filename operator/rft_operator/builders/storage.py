@@ -2,7 +2,10 @@
 
 Both are kept while the job is suspended and are owner-referenced, so deleting the job deletes them,
 except a claim with ``checkpoint.retainOnDelete``: it has no owner reference (annotation
-``rft.dev/retained-for`` names the job's uid instead) and outlives the job.
+``rft.dev/retained-for`` names the job's uid instead) and outlives the job. A claim once retained stays
+retained: a job that adopts it (same name, after the first job was deleted) never adds an owner
+reference to it, whatever its own ``retainOnDelete`` (``BuildContext.retained_claim``), so deleting the
+second job never deletes the first run's model.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ def checkpoint_claim(job: RFTJob, ctx: BuildContext) -> Optional[Obj]:
     if cp.storage_class_name:
         spec["storageClassName"] = cp.storage_class_name
     meta = metadata(job, names.checkpoints(job.name), "checkpoints")
-    if cp.retain_on_delete:
+    if cp.retain_on_delete or ctx.retained_claim:
         del meta["ownerReferences"]
         meta["annotations"] = {names.ANNOTATION_RETAINED_FOR: job.metadata.get("uid", "")}
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}

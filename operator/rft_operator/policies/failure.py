@@ -38,6 +38,12 @@ server that exits at start because its evaluators cannot be built), or a reward 
 code sandbox's isolation (``SandboxUnavailable``: the node has no seccomp profile the pod names, or
 the server's isolation probe failed). Retrying any of them builds the same pod on the same node.
 
+A Deployment role (inference, reward, rollout) whose container crash-loops fails the job as
+``RoleCrashLooping`` (:func:`crashloop_failure`) once it is past ``observe.CRASHLOOP_RESTART_LIMIT``
+restarts or has looped ``observe.CRASHLOOP_GRACE_S`` seconds; until then its role's condition says
+``CrashLoopBackOff`` with the pod, the container and its last termination message, so the trainer
+waiting for episodes is explained at once, not after its own timeout.
+
 An edit that changes the trainer Job's spec (immutable once created: its template carries the
 config hash) recreates the Job at a safe point: it is deleted in the foreground (the trainer gets
 SIGTERM and checkpoints its last step) and the same attempt is created again once it is gone.
@@ -54,7 +60,7 @@ from rft_api.constants import TRAINER_REASON_PREFIX, TRAINER_TERMINAL_REASONS
 from rft_api.progress import Progress
 from rft_api.spec import RFTJobSpec
 
-from ..observe import Observed, TrainerObs
+from ..observe import CRASHLOOP_GRACE_S, CRASHLOOP_RESTART_LIMIT, Observed, TrainerObs
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,16 @@ def terminal_failure(observed: Observed, restarts: int) -> Optional[Failure]:
         return Failure("PodCannotStart", f"{p.role} pod {p.pod} container {p.container}: {p.reason}: "
                                          f"{p.message}{more}")
     return None
+
+
+def crashloop_failure(observed: Observed) -> Optional[Failure]:
+    """A Deployment role's container crash-looping past its grace (``observe.CrashLoop.beyond_grace``)."""
+    looping = [c for c in observed.crashloops if c.beyond_grace]
+    if not looping:
+        return None
+    more = f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""
+    return Failure("RoleCrashLooping", f"{looping[0].describe()}{more}; the job fails after "
+                                       f"{CRASHLOOP_RESTART_LIMIT} restarts or {int(CRASHLOOP_GRACE_S)}s of crash-looping")
 
 
 def next_restarts(trainer: Optional[TrainerObs], restarts: int, restart_limit: int,

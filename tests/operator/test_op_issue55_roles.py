@@ -1,0 +1,74 @@
+"""#55, seen through pure observation and policies: a Deployment role's container crash-looping is
+told at once in its role's condition and fails the job (RoleCrashLooping) past its grace; a pod that
+cannot start because the job's token Secret is missing is not PodCannotStart (the reconcile mints a
+new token and restarts every role)."""
+from __future__ import annotations
+
+import pytest
+
+from rft_operator import names
+from rft_operator import observe as observe_mod
+from rft_operator.observe import observe
+from rft_operator.status import compute_status
+from tests.operator.support import at, make_job
+
+
+def _rollout_deployment() -> dict:
+    return {"kind": "Deployment", "metadata": {"name": "tiny-arith-rollout", "generation": 1,
+                                               "labels": {names.LABEL_ROLE: "rollout"}},
+            "spec": {"replicas": 1}, "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1}}
+
+
+def _looping_pod(restarts: int, not_ready_since: str = "2025-01-01T12:00:00Z") -> dict:
+    return {"kind": "Pod", "metadata": {"name": "tiny-arith-rollout-abc", "labels": {names.LABEL_ROLE: "rollout"}},
+            "status": {"conditions": [{"type": "ContainersReady", "status": "False",
+                                       "lastTransitionTime": not_ready_since}],
+                       "containerStatuses": [{
+                           "name": "rollout", "restartCount": restarts,
+                           "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+                           "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                                        "message": "Traceback ...\nKeyError: 'prompt'\n"}}}]}}
+
+
+def _cond(status, ctype):
+    return next(c for c in status.conditions if c.type == ctype)
+
+
+def test_a_crash_looping_rollout_pod_is_told_at_once_in_its_condition() -> None:
+    job = make_job()
+    s = compute_status(job, observe("tiny-arith", [_rollout_deployment(), _looping_pod(2)], at(60)))
+    c = _cond(s, "RolloutReady")
+    assert s.phase != "Failed"
+    assert c.status == "False" and c.reason == "CrashLoopBackOff"
+    assert "tiny-arith-rollout-abc" in c.message and "container rollout" in c.message
+    assert "KeyError: 'prompt'" in c.message and "2 restarts" in c.message
+    assert "CrashLoopBackOff" in s.message
+
+
+@pytest.mark.parametrize("restarts, seconds", [(observe_mod.CRASHLOOP_RESTART_LIMIT, 60),
+                                               (1, observe_mod.CRASHLOOP_GRACE_S)])
+def test_a_role_crash_looping_past_its_grace_fails_the_job(restarts: int, seconds: float) -> None:
+    job = make_job()
+    s = compute_status(job, observe("tiny-arith", [_rollout_deployment(), _looping_pod(restarts)], at(seconds)))
+    failed = _cond(s, "Failed")
+    assert s.phase == "Failed" and failed.reason == "RoleCrashLooping"
+    assert "tiny-arith-rollout-abc" in failed.message and "KeyError: 'prompt'" in failed.message
+
+
+def test_a_crash_looping_trainer_pod_is_not_a_role_crash_loop() -> None:
+    pod = _looping_pod(9)
+    pod["metadata"]["labels"][names.LABEL_ROLE] = "trainer"
+    assert observe("tiny-arith", [pod], at(0)).crashloops == ()
+
+
+def test_a_missing_token_secret_is_not_a_pod_that_cannot_start() -> None:
+    pod = {"kind": "Pod", "metadata": {"name": "tiny-arith-rollout-abc", "labels": {names.LABEL_ROLE: "rollout"}},
+           "status": {"containerStatuses": [{"name": "rollout", "state": {"waiting": {
+               "reason": "CreateContainerConfigError", "message": 'secret "tiny-arith-token" not found'}}}]}}
+    obs = observe("tiny-arith", [_rollout_deployment(), pod], at(0))
+    assert obs.token_missing and obs.pod_problems == ()
+    assert compute_status(make_job(), obs).phase != "Failed"
+    other = {**pod, "status": {"containerStatuses": [{"name": "rollout", "state": {"waiting": {
+        "reason": "CreateContainerConfigError", "message": 'secret "someone-else" not found'}}}]}}
+    obs = observe("tiny-arith", [other], at(0))
+    assert not obs.token_missing and obs.pod_problems[0].reason == "CreateContainerConfigError"
