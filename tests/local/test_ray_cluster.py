@@ -293,3 +293,25 @@ def test_a_bad_piece_size_is_refused_naming_it_before_ray_starts(tmp_path, manif
     assert code == 2, text[-3000:]
     assert "rft run: $RFT_STAGE_PIECE_BYTES must be a positive whole number of bytes, not '64M'" in text, text[-3000:]
     assert "Traceback" not in text and "attached" not in text, text[-3000:]
+
+
+def test_a_ray_cluster_without_authentication_is_refused(tmp_path, manifest, rft, monkeypatch):
+    """A head started with RAY_AUTH_MODE=disabled: ``rft run --address`` attaches, asks the cluster's own
+    workers how their nodes authenticate, and stops before any role starts, naming the remedy
+    (``--allow-unauthenticated-ray`` or a cluster with token authentication)."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    temp_dir = tempfile.mkdtemp(prefix="rft-ray-", dir="/tmp")
+    p, address = _start_head(tmp_path / "ray-head.log", temp_dir, num_cpus=2)
+    try:
+        log = tmp_path / "run.log"
+        code = rft.run(["run", str(manifest()), "--out", str(tmp_path / "out"), "--no-progress", "--address", address],
+                       log, timeout=300)
+        text = log.read_text()
+        assert code == 2, text[-3000:]
+        assert f"rft run: the Ray cluster at {address} runs without authentication (RAY_AUTH_MODE=disabled on its " \
+               "nodes)" in text and "--allow-unauthenticated-ray" in text, text[-3000:]
+        assert "Traceback" not in text and not (tmp_path / "out" / "metrics.jsonl").exists(), text[-3000:]
+    finally:
+        _stop(p)
+        shutil.rmtree(temp_dir, ignore_errors=True)

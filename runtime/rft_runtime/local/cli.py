@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-pin-cores", action="store_true",
                    help="let the system place every role's process (default: with rollout.maxStaleness above 0 "
                         "and a core to spare, the trainer keeps to cores of its own and the other roles to the rest)")
+    p.add_argument("--allow-unauthenticated-ray", action="store_true",
+                   help="with --address: attach to a Ray cluster whose nodes run without Ray's token authentication "
+                        "(refused by default: whoever reaches its ports could run code next to the roles)")
     args = p.parse_args(argv)
     if args.address == "local":  # Ray's own spelling of "start one here"
         args.address = None
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_local(RunOptions(args.manifest, args.out, args.resume, args.address, args.max_steps,
                                       progress_bar=not args.no_progress, threads=args.threads,
-                                      engine_process=args.engine_process, pin_cores=not args.no_pin_cores))
+                                      engine_process=args.engine_process, pin_cores=not args.no_pin_cores,
+                                      allow_unauthenticated_ray=args.allow_unauthenticated_ray))
     except InvalidSpec as e:
         print(f"rft run: {args.manifest}: invalid RFTJob", file=sys.stderr)
         for problem in e.problems:

@@ -56,6 +56,8 @@ class RunOptions:
     pin_cores: bool = True
     """On one machine with training and generation overlapping, the trainer's processes keep to cores of
     their own (:mod:`.cores`; False: the system places every process)."""
+    allow_unauthenticated_ray: bool = False
+    """Attach to a Ray cluster whose nodes run without Ray's token authentication (refused otherwise)."""
 
 
 @dataclass
@@ -147,7 +149,41 @@ def _attach_ray(address: str, kwargs: dict[str, Any]) -> None:
             time.sleep(attempt)
 
 
-def _init_ray(address: str | None, token: str) -> None:
+def _cluster_auth_mode() -> str:
+    """Ray's authentication mode as the attached cluster's own worker processes have it (they take it
+    from their node's configuration, not from this driver)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def mode() -> str:
+        from ray._private.authentication.authentication_utils import get_authentication_mode_name
+        from ray._raylet import get_authentication_mode
+
+        return get_authentication_mode_name(get_authentication_mode())
+
+    return str(ray.get(mode.remote(), timeout=120))
+
+
+def _check_cluster_auth(address: str, allow_unauthenticated: bool) -> None:
+    """Refuse a Ray cluster that runs without token authentication: whoever reaches its ports could run
+    code in the roles' processes, which hold the run's token and the job's data."""
+    mode = _cluster_auth_mode()
+    if mode == "token":
+        return
+    if allow_unauthenticated:
+        log.warning("the Ray cluster at %s runs without authentication (RAY_AUTH_MODE=%s on its nodes); "
+                    "going on as --allow-unauthenticated-ray asks", address, mode)
+        return
+    import ray
+
+    ray.shutdown()
+    raise LocalRunError(f"the Ray cluster at {address} runs without authentication (RAY_AUTH_MODE={mode} on its "
+                        "nodes): anyone who reaches its ports can run code next to the job's roles. Start its nodes "
+                        "with RAY_AUTH_MODE=token (and give this shell the token: RAY_AUTH_TOKEN_PATH), or pass "
+                        "--allow-unauthenticated-ray on a network only you reach")
+
+
+def _init_ray(address: str | None, token: str, allow_unauthenticated: bool = False) -> None:
     """Start (or attach to) Ray; every actor gets the run's token in ``$RFT_JOB_TOKEN``."""
     import ray
 
@@ -161,6 +197,7 @@ def _init_ray(address: str | None, token: str) -> None:
                               "runtime_env": {"env_vars": env}, "configure_logging": False}
     if address:
         _attach_ray(address, kwargs)
+        _check_cluster_auth(address, allow_unauthenticated)
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         print(f"attached to the Ray cluster at {address}: {len(nodes)} node(s), "
               f"{int(ray.cluster_resources().get('CPU', 0))} CPUs", flush=True)
@@ -225,7 +262,7 @@ def run_local(opts: RunOptions) -> RunResult:
             raise LocalRunError(str(e)) from None
     # A fresh data-plane token per run: the roles' servers require it, their clients send it (as on a
     # cluster, where the operator's Secret <job>-token carries it). It is never written to the output.
-    _init_ray(opts.address, secrets.token_urlsafe(32))
+    _init_ray(opts.address, secrets.token_urlsafe(32), opts.allow_unauthenticated_ray)
     local = not opts.address
     shipment = None
     if not local:  # a Ray cluster: files travel through the object store, not by path (.staging)
