@@ -171,6 +171,7 @@ pid = os.fork()
 if pid == 0:
     os._exit(7)
 out["fork"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+out["oom_score_adj"] = int(open("/proc/self/oom_score_adj").read())
 print(json.dumps(out))
 """
 
@@ -179,7 +180,8 @@ print(json.dumps(out))
 REFUSED = {"unshare_user_net": EPERM, "unshare_ns": EPERM, "unshare_raw_user": EPERM, "clone_newuser": EPERM,
            "clone3": ENOSYS, "x32": EPERM, "netlink_netfilter": EPERM, "packet_raw": EPERM,
            "packet_bad_type": EPERM, "mount": EPERM, "bpf": EPERM, "keyctl": EPERM, "personality_no_aslr": EPERM}
-WORKS = {"netlink_route": 0, "inet": 0, "thread": True, "subprocess": "1\n", "fork": 7}
+# oom_score_adj: the run is the kernel's first choice when the pod runs out of memory, not the server
+WORKS = {"netlink_route": 0, "inet": 0, "thread": True, "subprocess": "1\n", "fork": 7, "oom_score_adj": 1000}
 ADD = Item(ground_truth=["assert add(2, 3) == 5", "assert add(-1, 1) == 0"])
 
 

@@ -602,6 +602,20 @@ def write_id_maps(pid: int, cfg: dict) -> None:
         fh.write(gid_map)
 
 
+OOM_SCORE_ADJ = 1000
+
+
+def first_to_die() -> None:
+    """Make this run (L and everything it starts inherit it) the kernel's first choice when the pod or
+    node runs out of memory: a run over budget is killed, never the reward server that started it.
+    Raising one's own score needs no privilege; where /proc refuses the write the run goes on."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     rep = Reporter(cfg["report_fd"])
@@ -610,6 +624,7 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001
         rep.fail("launcher", exc)
     cfg["outside_root"] = os.geteuid() == 0
+    first_to_die()
     up_r, up_w = os.pipe()
     down_r, down_w = os.pipe()
     me = os.getpid()
