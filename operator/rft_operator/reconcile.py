@@ -31,7 +31,7 @@ from .events import JobEvent, event_object, transition_events
 from .kube import Kube, KubeError, child_kinds
 from .observe import Observed, observe
 from .plan import TrainerStep, make_plan
-from .policies import admission, inputs
+from .policies import admission, claim, inputs
 from .policies.admission import Hold
 from .policies.suspend import WORKLOAD_KINDS
 from .status import compute_status, status_dict, validation_failed_status
@@ -371,6 +371,38 @@ def _admission(api: Kube, job: RFTJob, observed_objs: list[Obj], kueue: bool) ->
     return gate
 
 
+def claim_hold(api: Kube, job: RFTJob) -> Optional[Hold]:
+    """Mark the job's ``checkpoint.existingClaim`` as used by it, or hold the job while another live
+    job uses it; release the mark once the job is terminal (``policies.claim``). A patch that races
+    another job's (409) holds the job until the next pass reads the winner."""
+    name = job.spec.checkpoint.existing_claim
+    if not name:
+        return None
+    pvc = api.get("PersistentVolumeClaim", job.namespace, name)
+    if pvc is None:
+        return None  # the pods say the claim is missing
+    mine, held_by = claim.mark(job.name, job.metadata.get("uid", "")), claim.holder(pvc)
+    terminal = job.status is not None and job.status.phase in TERMINAL_PHASES
+    if terminal or (held_by is not None and claim.mark(*held_by) == mine):
+        if terminal and held_by is not None and claim.mark(*held_by) == mine:
+            _patch_claim(api, job, pvc, None)
+        return None
+    if held_by is not None and claim.live(api.get("RFTJob", job.namespace, held_by[0]), held_by[1]):
+        return claim.in_use(name, held_by[0])
+    return None if _patch_claim(api, job, pvc, mine) else claim.in_use(name, "another job (marked just now)")
+
+
+def _patch_claim(api: Kube, job: RFTJob, pvc: Obj, value: Optional[str]) -> bool:
+    """Set or remove the claim's mark; False when another writer changed the claim first (409)."""
+    try:
+        api.patch("PersistentVolumeClaim", job.namespace, pvc["metadata"]["name"], claim.mark_patch(pvc, value))
+        return True
+    except KubeError as e:
+        if e.conflict:
+            return False
+        raise
+
+
 def _settle_workload(api: Kube, job: RFTJob, gate: Gate, phase: Optional[str], message: str,
                      current: dict[tuple[str, str], Obj], pod_objs: list[Obj], now: dt.datetime,
                      outcome: Outcome) -> None:
@@ -427,6 +459,8 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     persisted_restarts = job.status.restarts if job.status else 0
     cfg_hash = config_hash(job, BuildContext(trainer_attempt=persisted_restarts))
     gate = _admission(api, job, observed_objs, kueue)
+    if gate.hold is None:
+        gate.hold = claim_hold(api, job)
     first = compute_status(job, observed, cfg_hash, gate.hold)
     current = outcome.current
     token_ok = True

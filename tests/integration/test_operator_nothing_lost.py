@@ -132,3 +132,25 @@ def test_a_crash_looping_rollout_pod_is_told_at_once(api, operator, namespace) -
     obj = wait_phase(api, namespace, JOB, "Failed")
     f = next(c for c in obj["status"]["conditions"] if c["type"] == "Failed")
     assert f["reason"] == "RoleCrashLooping" and pod["metadata"]["name"] in f["message"]
+
+
+def test_two_jobs_naming_one_existing_claim_take_turns(api, operator, namespace) -> None:
+    api.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared", "namespace": namespace},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
+    first = create_job(api, namespace, job_manifest("first", checkpoint={"existingClaim": "shared"}))
+    wait_for("the claim marked by the first job", lambda: (api.get("PersistentVolumeClaim", namespace, "shared")
+                                                           ["metadata"].get("annotations") or {})
+             .get(names.ANNOTATION_USED_BY) == f"first/{first['metadata']['uid']}")
+    second = create_job(api, namespace, job_manifest("second", checkpoint={"existingClaim": "shared"}))
+    held = wait_phase(api, namespace, "second", "Suspended")
+    s = next(c for c in held["status"]["conditions"] if c["type"] == "Suspended")
+    assert s["reason"] == "ClaimInUse" and "RFTJob first" in s["message"] and "shared" in s["message"], s
+    assert api.get("Job", namespace, names.trainer("second")) is None  # no pod of the second job writes into it
+    assert wait_phase(api, namespace, "first", "Provisioning")
+
+    api.delete("RFTJob", namespace, "first")
+    wait_for("the claim marked by the second job", lambda: (api.get("PersistentVolumeClaim", namespace, "shared")
+                                                            ["metadata"].get("annotations") or {})
+             .get(names.ANNOTATION_USED_BY) == f"second/{second['metadata']['uid']}", timeout=90)
+    wait_for("the second job's trainer Job", lambda: api.get("Job", namespace, names.trainer("second")))
+    assert get_job(api, namespace, "second")["status"]["phase"] != "Failed"

@@ -72,3 +72,20 @@ def test_a_missing_token_secret_is_not_a_pod_that_cannot_start() -> None:
         "reason": "CreateContainerConfigError", "message": 'secret "someone-else" not found'}}}]}}
     obs = observe("tiny-arith", [other], at(0))
     assert not obs.token_missing and obs.pod_problems[0].reason == "CreateContainerConfigError"
+
+
+def test_an_existing_claim_is_held_only_by_a_live_job() -> None:
+    from rft_operator.policies import claim
+
+    pvc = {"metadata": {"name": "shared", "resourceVersion": "7",
+                        "annotations": {names.ANNOTATION_USED_BY: claim.mark("first", "u1")}}}
+    assert claim.holder(pvc) == ("first", "u1") and claim.holder({"metadata": {}}) is None
+    running = {"metadata": {"name": "first", "uid": "u1"}, "status": {"phase": "Running"}}
+    assert claim.live(running, "u1")
+    assert not claim.live(running, "u2")  # a new job of the same name is not the holder
+    assert not claim.live({**running, "status": {"phase": "Succeeded"}}, "u1")
+    assert not claim.live(None, "u1")
+    assert not claim.live({"metadata": {"name": "first", "uid": "u1", "deletionTimestamp": "x"}}, "u1")
+    assert claim.mark_patch(pvc, None) == {"metadata": {"resourceVersion": "7",
+                                                        "annotations": {names.ANNOTATION_USED_BY: None}}}
+    assert "RFTJob first" in claim.in_use("shared", "first").message
