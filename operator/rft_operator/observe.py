@@ -102,6 +102,28 @@ class CrashLoop:
 
 
 @dataclass(frozen=True)
+class ClaimObs:
+    """The job's own checkpoint claim (``<job>-checkpoints``) while it is not bound."""
+
+    name: str
+    pending_s: float
+    """Seconds since the claim was created."""
+    why: str = ""
+    """Why binding is due and has not happened: the scheduler's message of a pod that waits on the
+    unbound claim, or that a node was selected for it (``WaitForFirstConsumer``); empty while the claim
+    merely waits for its first consumer (a pod not yet scheduled for other reasons)."""
+
+    @property
+    def beyond_grace(self) -> bool:
+        """Binding was due and the claim stayed unbound :data:`CLAIM_BIND_GRACE_S` seconds."""
+        return bool(self.why) and self.pending_s >= CLAIM_BIND_GRACE_S
+
+    def describe(self) -> str:
+        return (f"checkpoint claim {self.name} is not bound after {int(self.pending_s)}s: {self.why} (kubectl describe "
+                f"pvc {self.name} shows the provisioner's ProvisioningFailed events)")
+
+
+@dataclass(frozen=True)
 class Observed:
     """A job's children as last seen, plus the time of the observation."""
 
@@ -129,6 +151,8 @@ class Observed:
     crashloops: tuple[CrashLoop, ...] = ()
     """Containers of the Deployment roles (inference, reward, rollout) waiting in ``CrashLoopBackOff``
     (:func:`crash_looping`), ordered by role and pod."""
+    claim: Optional[ClaimObs] = None
+    """The job's checkpoint claim when it exists and is not bound (:func:`observe_claim`)."""
     token_missing: bool = False
     """A pod cannot start because the job's token Secret ``<job>-token`` is missing: the reconcile
     mints a new token and every role restarts with it (``reconcile.ensure_token``), it is no
@@ -234,6 +258,16 @@ refused (``401 Unauthorized``, ``authentication required``, ``pull access denied
 PULL_ERROR_GRACE_S = 600.0
 """How long a pod's containers may wait on a transient pull error (a registry answering 429 or 503)
 before the job fails as PodCannotStart: longer than a rate limit's window of a minute or two."""
+CLAIM_BIND_GRACE_S = 600.0
+"""Seconds the job's checkpoint claim may stay unbound once binding is due (a pod waits on it, or a node
+was selected for it) before the job fails as ``ClaimNotBound``: a provisioner creates a volume in
+seconds to a minute or two; a StorageClass that does not exist, a cluster without a default one, or a
+provisioner that keeps failing never binds it. A claim waiting for its first consumer while the pods wait
+for capacity is not counted."""
+UNBOUND_CLAIM = "unbound immediate persistentvolumeclaims"
+"""What the scheduler's ``PodScheduled`` message says of a pod whose claim (Immediate binding) is unbound."""
+SELECTED_NODE = "volume.kubernetes.io/selected-node"
+"""The annotation the scheduler puts on a ``WaitForFirstConsumer`` claim once it picked a node for it."""
 CRASHLOOP_ROLES = ("inference", "reward", "rollout")
 """The roles whose crash-looping containers the operator watches: their Deployments restart a crashing
 container for ever, while the trainer waits for episodes that never come (a trainer's crash fails its
@@ -391,6 +425,23 @@ def crash_looping(obj: Obj, now: dt.datetime) -> list[CrashLoop]:
     return out
 
 
+def unbound_claim(pod: Obj) -> str:
+    """The scheduler's message of a pod that cannot be scheduled because its claim is unbound, else ""."""
+    c = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    msg = (c or {}).get("message") or ""
+    return msg[:512] if c and c.get("status") == "False" and UNBOUND_CLAIM in msg.lower() else ""
+
+
+def observe_claim(obj: Optional[Obj], waiting: str, now: dt.datetime) -> Optional[ClaimObs]:
+    """The checkpoint claim when it exists and is not bound; ``waiting``: a pod's :func:`unbound_claim`."""
+    if obj is None or (obj.get("status") or {}).get("phase") == "Bound" or obj["metadata"].get("deletionTimestamp"):
+        return None
+    created = _parse_time(obj["metadata"].get("creationTimestamp"))
+    node = (obj["metadata"].get("annotations") or {}).get(SELECTED_NODE)
+    why = waiting or (f"the scheduler selected node {node} for it" if node else "")
+    return ClaimObs(obj["metadata"]["name"], (now - created).total_seconds() if created else 0.0, why)
+
+
 def token_missing(obj: Obj, job_name: str) -> bool:
     """A container of the pod waits in ``CreateContainerConfigError`` because the job's token Secret
     does not exist (the kubelet's message names it)."""
@@ -438,6 +489,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
     disrupted: list[str] = []
     loops: list[CrashLoop] = []
     no_token = False
+    claim_obj, unbound = None, ""
     for obj in objects:
         kind, name = obj.get("kind", ""), obj["metadata"]["name"]
         role = (obj["metadata"].get("labels") or {}).get(names.LABEL_ROLE, "")
@@ -448,6 +500,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
                 p = [x for x in p if x.reason != "CreateContainerConfigError"]
             problems += p
             loops += crash_looping(obj, now)
+            unbound = unbound or unbound_claim(obj)
             pulls += pulling(obj, now)
             if role == "trainer":
                 messages += m
@@ -464,13 +517,16 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
             fetch = observe_job(obj)
         elif kind == "ConfigMap" and name == names.progress(job_name):
             progress_obj = obj
+        elif kind == "PersistentVolumeClaim" and name == names.checkpoints(job_name):
+            claim_obj = obj
     progress, error = observe_progress(progress_obj)
     return Observed(now=now, workloads=workloads, trainer=trainer, progress=progress, progress_error=error,
                     children=frozenset(children), pod_problems=tuple(sorted(problems, key=lambda p: (p.role, p.pod))),
                     trainer_messages=tuple(sorted(messages)), fetch=fetch,
                     fetch_messages=tuple(m for _, m in sorted(fetch_said)),
                     pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(sorted(disrupted)),
-                    crashloops=tuple(sorted(loops, key=lambda c: (c.role, c.pod, c.container))), token_missing=no_token)
+                    crashloops=tuple(sorted(loops, key=lambda c: (c.role, c.pod, c.container))), token_missing=no_token,
+                    claim=observe_claim(claim_obj, unbound, now))
 
 
 def _ended_with(pod: Obj) -> list[tuple[str, str]]:

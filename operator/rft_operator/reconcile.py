@@ -30,7 +30,7 @@ from .builders.workload import Placement, workload_for
 from .events import JobEvent, event_object, transition_events
 from .kube import Kube, KubeError, child_kinds
 from .observe import Observed, observe
-from .plan import TrainerStep, make_plan
+from .plan import Plan, TrainerStep, make_plan
 from .policies import admission, claim, inputs
 from .policies.admission import Hold
 from .policies.suspend import WORKLOAD_KINDS
@@ -427,6 +427,23 @@ def _settle_workload(api: Kube, job: RFTJob, gate: Gate, phase: Optional[str], m
                                         admission.release_patch(wl, format_time(now)), subresource="status")
 
 
+def _keep(job: RFTJob, desired: list[Obj], observed_objs: list[Obj], token_ok: bool, plan: Plan, gate: Gate
+          ) -> set[tuple[str, str]]:
+    """The children this pass keeps: the desired ones, the token Secret, the workloads while the token
+    is not the job's, everything but workloads when the plan is not stateful, the trainer Job the
+    plan keeps, the observed Workload (a requeued one goes only once the pods are gone)."""
+    keep = {key_of(o) for o in desired} | {("Secret", names.token(job.name))}
+    if not token_ok:
+        keep |= {key_of(o) for o in observed_objs if o["kind"] in WORKLOAD_KINDS}
+    if not plan.stateful:
+        keep |= {key_of(o) for o in observed_objs if o["kind"] not in WORKLOAD_KINDS}
+    if plan.trainer == TrainerStep.KEEP:
+        keep.add(("Job", names.trainer(job.name)))
+    if gate.observed is not None:
+        keep.add(key_of(gate.observed))
+    return keep
+
+
 def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
               children: Optional[list[Obj]] = None, pods: Optional[list[Obj]] = None,
               kueue: bool = False, dns_ports: Optional[tuple[int, ...]] = None,
@@ -481,16 +498,8 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     if not token_ok:  # no new workload whose pods would read a token that is not the job's
         desired = [o for o in desired if o["kind"] not in WORKLOAD_KINDS]
     _apply_all(api, desired, current, outcome)
-    keep = {key_of(o) for o in desired} | {("Secret", names.token(job.name))}
-    if not token_ok:
-        keep |= {key_of(o) for o in observed_objs if o["kind"] in WORKLOAD_KINDS}
-    if not plan.stateful:
-        keep |= {key_of(o) for o in observed_objs if o["kind"] not in WORKLOAD_KINDS}
-    if plan.trainer == TrainerStep.KEEP:
-        keep.add(("Job", names.trainer(job.name)))
-    if gate.observed is not None:
-        keep.add(key_of(gate.observed))  # a requeued Workload goes only once the pods are gone (below)
-    _delete_unwanted(api, job.namespace, observed_objs, keep, current, outcome)
+    _delete_unwanted(api, job.namespace, observed_objs, _keep(job, desired, observed_objs, token_ok, plan, gate),
+                     current, outcome)
 
     final = compute_status(job, observe(job.name, [*current.values(), *pod_objs], now), cfg_hash, gate.hold)
     _settle_workload(api, job, gate, final.phase, final.message, current, pod_objs, now, outcome)
@@ -503,8 +512,8 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     _write_status(api, job_obj, final, outcome, restart_cause(observed))
     if outcome.status_written:  # once per distinct error, not once per resync
         outcome.events += [JobEvent("Warning", "ApplyFailed", err) for err in outcome.errors]
-    outcome.events += [TOKEN_RECREATED] if outcome.token_recreated else []
-    outcome.events += [claim_adopted(job)] if adopted and key_of_claim(job) in outcome.applied else []
+    outcome.events += ([TOKEN_RECREATED] if outcome.token_recreated else []) + \
+        ([claim_adopted(job)] if adopted and key_of_claim(job) in outcome.applied else [])
     _emit(api, job_obj, outcome, format_time(now))
     if plan.trainer == TrainerStep.DELETE or (job.status is not None and (
             final.phase != job.status.phase or final.restarts != job.status.restarts)):

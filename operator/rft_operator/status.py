@@ -26,7 +26,14 @@ from rft_api.status import (
 )
 
 from . import names
-from .observe import CRASHLOOP_GRACE_S, CRASHLOOP_RESTART_LIMIT, PULL_ERROR_GRACE_S, Observed, TrainerObs
+from .observe import (
+    CLAIM_BIND_GRACE_S,
+    CRASHLOOP_GRACE_S,
+    CRASHLOOP_RESTART_LIMIT,
+    PULL_ERROR_GRACE_S,
+    Observed,
+    TrainerObs,
+)
 from .policies import checkpoint, failure, inputs, suspend
 from .policies.admission import Hold
 from .policies.phase import PhaseDecision, Signals, is_terminal, next_phase
@@ -112,6 +119,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     fail = (budget_failure
             or (None if held else failure.terminal_failure(observed, restarts))
             or (None if held else failure.crashloop_failure(observed))
+            or (None if held else failure.claim_failure(observed))
             or (None if held else failure.deadline_failure(
                 spec, suspend.clock_start(prev.start_time, suspended), observed.now))
             or failure.evaluator_failure(spec, observed.progress)
@@ -145,7 +153,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     checkpoints = checkpoint.retained(p, spec.checkpoint.keep_last, prev.checkpoints)
     evaluation = _evaluation(p) or prev.evaluation
     message = _stopped_early(decision.message, phase, evaluation) + _pulls_note(observed, phase) \
-        + _crashloop_note(observed, phase)
+        + _crashloop_note(observed, phase) + _claim_note(observed, phase)
     if observed.progress_error:
         message = f"{message}; progress ConfigMap ignored: {observed.progress_error}"
     started = prev.start_time or (now if phase in ("Provisioning", "Running", "Succeeded", "Failed") else None)
@@ -240,6 +248,13 @@ def _crashloop_note(observed: Observed, phase: str) -> str:
         return ""
     return (f"; {observed.crashloops[0].describe()} (the job fails at {CRASHLOOP_RESTART_LIMIT} restarts or "
             f"{int(CRASHLOOP_GRACE_S)}s of crash-looping)")
+
+
+def _claim_note(observed: Observed, phase: str) -> str:
+    """What the message of a job not yet terminal adds while its checkpoint claim is overdue to bind."""
+    if is_terminal(phase) or observed.claim is None or not observed.claim.why:
+        return ""
+    return f"; {observed.claim.describe()} (the job fails at {int(CLAIM_BIND_GRACE_S)}s)"
 
 
 def _final_model(job: RFTJob, p: Optional[Progress]) -> Optional[FinalModelRecord]:

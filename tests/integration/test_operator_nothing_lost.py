@@ -154,3 +154,15 @@ def test_two_jobs_naming_one_existing_claim_take_turns(api, operator, namespace)
              .get(names.ANNOTATION_USED_BY) == f"second/{second['metadata']['uid']}", timeout=90)
     wait_for("the second job's trainer Job", lambda: api.get("Job", namespace, names.trainer("second")))
     assert get_job(api, namespace, "second")["status"]["phase"] != "Failed"
+
+
+def test_an_unbound_checkpoint_claim_is_named_in_the_jobs_message(api, operator, namespace) -> None:
+    create_job(api, namespace, job_manifest(JOB, checkpoint={"storageClassName": "no-such-class"}))
+    (pod,) = wait_for("the trainer pod", lambda: pods_of(api, namespace, JOB, "trainer"))
+    why = "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/1 nodes"
+    api.patch("Pod", namespace, pod["metadata"]["name"], {"status": {"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why,
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, subresource="status")
+    st = wait_for("the claim named", lambda: (s := get_job(api, namespace, JOB).get("status") or {})
+                  and names.checkpoints(JOB) in s.get("message", "") and s)
+    assert "unbound immediate PersistentVolumeClaims" in st["message"] and st["phase"] != "Failed", st["message"]

@@ -89,3 +89,38 @@ def test_an_existing_claim_is_held_only_by_a_live_job() -> None:
     assert claim.mark_patch(pvc, None) == {"metadata": {"resourceVersion": "7",
                                                         "annotations": {names.ANNOTATION_USED_BY: None}}}
     assert "RFTJob first" in claim.in_use("shared", "first").message
+
+
+def _claim(annotations: dict | None = None) -> dict:
+    return {"kind": "PersistentVolumeClaim",
+            "metadata": {"name": names.checkpoints("tiny-arith"), "creationTimestamp": "2025-01-01T12:00:00Z",
+                         "annotations": annotations or {}, "labels": {names.LABEL_ROLE: "checkpoints"}},
+            "status": {"phase": "Pending"}}
+
+
+def _unschedulable_trainer() -> dict:
+    return {"kind": "Pod", "metadata": {"name": "tiny-arith-trainer-0-x", "labels": {names.LABEL_ROLE: "trainer"}},
+            "status": {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims."}]}}
+
+
+def test_an_unbound_claim_is_named_then_fails_the_job_past_its_grace() -> None:
+    job = make_job()
+    s = compute_status(job, observe("tiny-arith", [_claim(), _unschedulable_trainer()], at(60)))
+    assert s.phase != "Failed" and names.checkpoints("tiny-arith") in s.message and "unbound immediate" in s.message
+    s = compute_status(job, observe("tiny-arith", [_claim(), _unschedulable_trainer()],
+                                    at(observe_mod.CLAIM_BIND_GRACE_S)))
+    failed = _cond(s, "Failed")
+    assert s.phase == "Failed" and failed.reason == "ClaimNotBound" and names.checkpoints("tiny-arith") in failed.message
+    # WaitForFirstConsumer: a node was selected and the provisioner still failed
+    s = compute_status(job, observe("tiny-arith", [_claim({observe_mod.SELECTED_NODE: "n1"})],
+                                    at(observe_mod.CLAIM_BIND_GRACE_S)))
+    assert s.phase == "Failed" and _cond(s, "Failed").reason == "ClaimNotBound"
+
+
+def test_a_claim_waiting_for_its_first_consumer_is_not_a_failure() -> None:
+    s = compute_status(make_job(), observe("tiny-arith", [_claim()], at(10 * observe_mod.CLAIM_BIND_GRACE_S)))
+    assert s.phase != "Failed" and "not bound" not in s.message
+    bound = {**_claim(), "status": {"phase": "Bound"}}
+    assert observe("tiny-arith", [bound, _unschedulable_trainer()], at(10 * observe_mod.CLAIM_BIND_GRACE_S)).claim is None

@@ -44,6 +44,11 @@ restarts or has looped ``observe.CRASHLOOP_GRACE_S`` seconds; until then its rol
 ``CrashLoopBackOff`` with the pod, the container and its last termination message, so the trainer
 waiting for episodes is explained at once, not after its own timeout.
 
+The job's own checkpoint claim unbound ``observe.CLAIM_BIND_GRACE_S`` seconds after its creation while
+binding was due (a pod waits on the unbound claim, or the scheduler selected a node for it) fails the
+job as ``ClaimNotBound`` (:func:`claim_failure`): a missing StorageClass, no default one, a provisioner
+that keeps failing; the job's message names the claim meanwhile.
+
 An edit that changes the trainer Job's spec (immutable once created: its template carries the
 config hash) recreates the Job at a safe point: it is deleted in the foreground (the trainer gets
 SIGTERM and checkpoints its last step) and the same attempt is created again once it is gone.
@@ -60,7 +65,7 @@ from rft_api.constants import TRAINER_REASON_PREFIX, TRAINER_TERMINAL_REASONS
 from rft_api.progress import Progress
 from rft_api.spec import RFTJobSpec
 
-from ..observe import CRASHLOOP_GRACE_S, CRASHLOOP_RESTART_LIMIT, Observed, TrainerObs
+from ..observe import CLAIM_BIND_GRACE_S, CRASHLOOP_GRACE_S, CRASHLOOP_RESTART_LIMIT, Observed, TrainerObs
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,15 @@ def crashloop_failure(observed: Observed) -> Optional[Failure]:
     more = f" (and {len(looping) - 1} more)" if len(looping) > 1 else ""
     return Failure("RoleCrashLooping", f"{looping[0].describe()}{more}; the job fails after "
                                        f"{CRASHLOOP_RESTART_LIMIT} restarts or {int(CRASHLOOP_GRACE_S)}s of crash-looping")
+
+
+def claim_failure(observed: Observed) -> Optional[Failure]:
+    """The job's checkpoint claim unbound past its grace once binding was due (``observe.ClaimObs``)."""
+    c = observed.claim
+    if c is None or not c.beyond_grace:
+        return None
+    return Failure("ClaimNotBound", f"{c.describe()}; the job fails once binding is overdue by "
+                                    f"{int(CLAIM_BIND_GRACE_S)}s")
 
 
 def next_restarts(trainer: Optional[TrainerObs], restarts: int, restart_limit: int,
