@@ -22,6 +22,7 @@ class StubKube:
         self.objects: dict[tuple[str, str], Obj] = {}
         self.refuse = refuse or {}
         self.created: list[tuple[str, str]] = []
+        self.patches: list[tuple[str, str, Obj]] = []
 
     def get(self, kind: str, namespace: Optional[str], name: str) -> Optional[Obj]:
         return copy.deepcopy(self.objects.get((kind, name)))
@@ -49,7 +50,8 @@ class StubKube:
         self.status = status
         return {"kind": kind, "metadata": {"name": name, "namespace": namespace}, "status": status}
 
-    def patch(self, *args: Any, **kwargs: Any) -> Obj:
+    def patch(self, kind: str, namespace: Optional[str], name: str, patch: Obj, subresource: Optional[str] = None) -> Obj:
+        self.patches.append((kind, name, patch))
         return {}
 
 
@@ -91,3 +93,42 @@ def test_the_token_is_minted_once_and_its_digest_is_on_every_role_template() -> 
     reconcile(api, _job_obj(), now=at(1), children=[], pods=[])  # type: ignore[arg-type]
     assert api.created.count(("Secret", names.token("tiny-arith"))) == 1
     assert api.objects[("Secret", names.token("tiny-arith"))]["data"]["token"] == token
+
+
+def test_a_token_secret_missing_at_a_restart_is_minted_anew_for_every_role() -> None:
+    api = StubKube()
+    reconcile(api, _job_obj(), now=at(0), children=[], pods=[])  # type: ignore[arg-type]
+    key = ("Secret", names.token("tiny-arith"))
+    old = api.objects.pop(key)["metadata"]["annotations"][names.ANNOTATION_TOKEN_DIGEST]  # deleted by hand
+    children = [copy.deepcopy(o) for k, o in api.objects.items() if k[0] != "Secret"]
+    out = reconcile(api, _job_obj(), now=at(1), children=children, pods=[])  # type: ignore[arg-type]
+    new = api.objects[key]["metadata"]["annotations"][names.ANNOTATION_TOKEN_DIGEST]
+    assert new != old and out.token_recreated
+    assert any(e.reason == "TokenRecreated" for e in out.events)
+    deployments = [o for (k, _), o in api.objects.items() if k == "Deployment"]
+    assert deployments and all(o["spec"]["template"]["metadata"]["annotations"][names.ANNOTATION_TOKEN_DIGEST] == new
+                               for o in deployments)  # each rolls with the new token
+    assert ("Job", names.trainer("tiny-arith")) in out.deleted  # recreated, same attempt, with the new token
+
+
+def test_a_job_that_ends_releases_its_existing_claim_and_a_live_holder_holds_the_next() -> None:
+    doc = _job_obj()
+    doc["spec"]["checkpoint"] = {"existingClaim": "shared"}
+    api = StubKube()
+    api.objects[("PersistentVolumeClaim", "shared")] = {"metadata": {"name": "shared", "resourceVersion": "3"}}
+    reconcile(api, copy.deepcopy(doc), now=at(0), children=[], pods=[])  # type: ignore[arg-type]
+    mine = f"tiny-arith/{FIXED_UID}"
+    assert ("PersistentVolumeClaim", "shared", {"metadata": {"resourceVersion": "3", "annotations": {
+        names.ANNOTATION_USED_BY: mine}}}) in api.patches
+    api.objects[("PersistentVolumeClaim", "shared")]["metadata"]["annotations"] = {names.ANNOTATION_USED_BY: mine}
+    ended = {**copy.deepcopy(doc), "status": {"phase": "Succeeded"}}
+    reconcile(api, ended, now=at(1), children=[], pods=[])  # type: ignore[arg-type]
+    assert api.patches[-1][2]["metadata"]["annotations"] == {names.ANNOTATION_USED_BY: None}
+
+    other = copy.deepcopy(doc)
+    other["metadata"].update(name="other", uid="u-2")
+    api.objects[("RFTJob", "tiny-arith")] = {"metadata": {"name": "tiny-arith", "uid": FIXED_UID},
+                                             "status": {"phase": "Running"}}
+    out = reconcile(api, other, now=at(2), children=[], pods=[])  # type: ignore[arg-type]
+    assert out.phase == "Suspended" and "RFTJob tiny-arith" in api.status["message"]
+    assert not [k for k in out.applied if k[0] in ("Deployment", "Job")]
