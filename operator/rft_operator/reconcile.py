@@ -9,7 +9,11 @@ The children (and the pods of the job's workloads) are given by the caller from 
 (``Controller``); without them they are listed. A desired child whose ``rft.dev/applied-hash``
 equals the observed child's is not applied again, so reconciling an unchanged job makes no request.
 The checkpoint claim is never deleted by a reconcile (only the garbage collector deletes it, with
-the job).
+the job); a retained one stays retained when a job of the same name adopts it (:func:`claim_retained`).
+A ``checkpoint.existingClaim`` is marked as used by one live job at a time (:func:`claim_hold`,
+``policies.claim``). The token Secret is minted once; missing while the job has workloads, it is
+minted anew and its digest on every pod template restarts every role (:func:`ensure_token`). A child
+the API server refuses as too large ends the job ValidationFailed (:func:`too_large`).
 """
 from __future__ import annotations
 
