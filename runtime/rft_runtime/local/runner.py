@@ -156,10 +156,9 @@ def _cluster_auth_mode() -> str:
 
     @ray.remote(num_cpus=0)
     def mode() -> str:
-        from ray._private.authentication.authentication_utils import get_authentication_mode_name
-        from ray._raylet import get_authentication_mode
+        from ray._private.authentication.authentication_utils import is_token_auth_enabled
 
-        return get_authentication_mode_name(get_authentication_mode())
+        return "token" if is_token_auth_enabled() else "disabled"
 
     return str(ray.get(mode.remote(), timeout=120))
 
