@@ -88,3 +88,7 @@ TRAINER_TERMINAL_REASONS = (
     "InvalidConfig",         # the runtime config or the trainer's settings cannot be used
 )
 TRAINER_REASON_PREFIX = "rft trainer: "
+
+# A Failed job is retried (resumed from its latest checkpoint, without being deleted) when this annotation
+# holds a number above status.retry.count (kubectl rft resume sets it), or when its spec is edited.
+RETRY_ANNOTATION = "rft.dev/retry"

@@ -112,6 +112,17 @@ class ErrorCounts(ApiModel):
     token ids outside the vocabulary, lengths beyond the limits)."""
 
 
+class RetryRecord(ApiModel):
+    count: int = Field(0, ge=0)
+    """How many times the job was retried after failing (a spec edit, or the rft.dev/retry annotation that kubectl rft resume sets)."""
+    restarts_at_retry: int = Field(0, ge=0)
+    """status.restarts when it was last retried: the restart budget (spec.restartLimit) counts from there."""
+    failure: Text = ""
+    """The failure it was last retried from (reason: message)."""
+    time: Optional[Time] = None
+    """When it was last retried."""
+
+
 class RFTJobStatus(ApiModel):
     phase: Phase = "Pending"
     """Pending, Provisioning, Running, Succeeded, Failed, Suspended or ValidationFailed."""
@@ -152,7 +163,9 @@ class RFTJobStatus(ApiModel):
     errors: ErrorCounts = Field(default_factory=ErrorCounts)
     """Counters of evaluator errors and coordinator drops."""
     restarts: int = Field(0, ge=0)
-    """Trainer restarts so far (bounded by spec.restartLimit)."""
+    """Trainer restarts so far (bounded by spec.restartLimit, counted from the last retry)."""
+    retry: Optional[RetryRecord] = None
+    """Set once a Failed job was retried: it resumed from its latest checkpoint instead of staying Failed."""
     start_time: Optional[Time] = None
     """When the job first started running."""
     completion_time: Optional[Time] = None

@@ -8,6 +8,7 @@ for the rollout of an edit).
 """
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Optional
 
 from rft_api.constants import CONDITION_TYPES, OPTIONAL_CONDITION_TYPES
@@ -34,10 +35,10 @@ from .observe import (
     Observed,
     TrainerObs,
 )
-from .policies import checkpoint, failure, inputs, suspend
+from .policies import checkpoint, failure, inputs, retry, suspend
 from .policies.admission import Hold
 from .policies.phase import PhaseDecision, Signals, is_terminal, next_phase
-from .timeutil import format_time
+from .timeutil import format_time, parse_time
 from .topology import desired_replicas
 
 MAX_CONDITION_MESSAGE = 4096
@@ -90,6 +91,14 @@ def _removal_reason(spec_suspend: bool, phase: str, hold: Optional[Hold] = None)
     return f"the job is {phase}"
 
 
+def _deadline_start(prev: RFTJobStatus, suspended: Condition) -> Optional[dt.datetime]:
+    """Where ``activeDeadlineSeconds`` counts from: the start, the last resume, or the last retry."""
+    start = suspend.clock_start(prev.start_time, suspended)
+    if prev.retry is not None and prev.retry.time and start is not None:
+        return max(start, parse_time(prev.retry.time))
+    return start
+
+
 def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold: Optional[Hold] = None) -> RFTJobStatus:
     """The status to write for ``job`` (whose ``status`` is the previous one) after ``observed``;
     ``config_hash`` is that of the job's rendered config (``status.observedGeneration`` advances to
@@ -101,6 +110,9 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
         return prev  # terminal, and about a spec this one replaced: nothing here is observed any more
     generation = job.metadata.get("generation")
     now = format_time(observed.now)
+    again = retry.requested(job)
+    if again is not None:  # a Failed job retried in place: it resumes from its latest checkpoint
+        prev = retry.reopen(prev, *again, now)
     t = observed.trainer
 
     # suspend policy first: the Suspended condition (the deadline clock restarts on resume)
@@ -113,16 +125,17 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     if is_terminal(prev.phase) and job.status is not None:
         restarts, budget_failure = prev.restarts, None
     else:
-        restarts, budget_failure = failure.next_restarts(t, prev.restarts, spec.restart_limit,
-                                                         disrupted=bool(observed.trainer_disruptions))
+        restarts, budget_failure = failure.next_restarts(
+            t, prev.restarts, spec.restart_limit, disrupted=bool(observed.trainer_disruptions),
+            counted_from=prev.retry.restarts_at_retry if prev.retry is not None else 0)
     restarting = restarts > prev.restarts or (t is not None and t.attempt < restarts)
     fail = (budget_failure
             or (None if held else failure.terminal_failure(observed, restarts))
             or (None if held else failure.crashloop_failure(observed))
             or (None if held else failure.claim_failure(observed))
             or (None if held else failure.deadline_failure(
-                spec, suspend.clock_start(prev.start_time, suspended), observed.now))
-            or failure.evaluator_failure(spec, observed.progress)
+                spec, _deadline_start(prev, suspended), observed.now))
+            or failure.evaluator_failure(spec, observed.progress, attempt=restarts)
             or inputs_state.failure)
 
     # phase machine
@@ -156,6 +169,8 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
         + _crashloop_note(observed, phase) + _claim_note(observed, phase)
     if observed.progress_error:
         message = f"{message}; progress ConfigMap ignored: {observed.progress_error}"
+    if again is not None and not is_terminal(phase):
+        message = f"{prev.message}; {message}"
     started = prev.start_time or (now if phase in ("Provisioning", "Running", "Succeeded", "Failed") else None)
     completed = prev.completion_time or (now if phase in ("Succeeded", "Failed") else None)
 
@@ -180,6 +195,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
         final_model=_final_model(job, p) or prev.final_model,
         output=_output(p) or prev.output,
         restarts=restarts,
+        retry=prev.retry,
         start_time=started,
         completion_time=completed,
     )

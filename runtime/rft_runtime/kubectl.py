@@ -8,7 +8,9 @@
                                       reward, trainer); -f follows one pod
     kubectl rft suspend JOB           spec.suspend: true (role pods removed, checkpoint kept; warns when Argo CD
                                       manages the job: its Git holds spec.suspend)
-    kubectl rft resume JOB            spec.suspend: false (the trainer resumes from its checkpoint)
+    kubectl rft resume JOB            spec.suspend: false (the trainer resumes from its checkpoint); a Failed
+                                      job is retried in place: annotation rft.dev/retry, it resumes from its
+                                      latest checkpoint
     kubectl rft curve JOB -o F.png    the reward curve from the job's progress record
     kubectl rft samples JOB           the newest sampled completions the trainer kept (prompts,
                                       completions, rewards, the evaluator's reasons); --step N an
@@ -18,7 +20,8 @@
 
 Credentials and the default namespace come from the kubeconfig (``$KUBECONFIG`` or
 ``~/.kube/config``, its current context), as for kubectl; ``-n`` and ``--kubeconfig`` override them.
-It reads the RFTJob, its progress ConfigMap and its pods, and writes only ``spec.suspend``, except
+It reads the RFTJob, its progress ConfigMap and its pods, and writes only ``spec.suspend`` and the
+``rft.dev/retry`` annotation, except
 ``export``: it starts a short-lived pod (``<job>-export-<random>``, the job's runtime image, the claim
 mounted read-only, non-root, no capabilities, RuntimeDefault seccomp), streams the model directory
 out of it as a tar archive through ``kubectl exec`` (the kubectl that runs the plugin), unpacks it
@@ -40,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, cast
 
-from rft_api.constants import API_VERSION, DEFAULT_RUNTIME_IMAGE, KIND
+from rft_api.constants import API_VERSION, DEFAULT_RUNTIME_IMAGE, KIND, RETRY_ANNOTATION
 from rft_api.progress import PROGRESS_KEY, SAMPLES_KEY, Progress, ProgressError, parse_text
 
 GROUP, VERSION = API_VERSION.split("/")
@@ -179,6 +182,17 @@ class Client:
         except Exception as e:
             raise self._api_error(e, f"{KIND} {name}") from None
         return job
+
+    def retry(self, name: str, job: dict[str, Any]) -> int:
+        """Asks the operator to retry the Failed ``job`` in place (annotation :data:`RETRY_ANNOTATION` one
+        above ``status.retry.count``); returns that number."""
+        count = int(((job.get("status") or {}).get("retry") or {}).get("count") or 0) + 1
+        try:
+            self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
+                                                       {"metadata": {"annotations": {RETRY_ANNOTATION: str(count)}}})
+        except Exception as e:
+            raise self._api_error(e, f"{KIND} {name}") from None
+        return count
 
     def pods(self, name: str, role: str) -> list[Any]:
         sel = f"app.kubernetes.io/instance={name},rft.dev/role={role}"
@@ -333,7 +347,21 @@ def argo_marks(job: dict[str, Any]) -> list[str]:
     return sorted(k for part in ("annotations", "labels") for k in (meta.get(part) or {}) if k.startswith(ARGO_PREFIX))
 
 
+def _retry(c: Client, a: argparse.Namespace, job: dict[str, Any]) -> int:
+    """``resume`` of a Failed job: retried in place from its latest checkpoint."""
+    n = c.retry(a.job, job)
+    failed = next((x for x in (job.get("status") or {}).get("conditions") or []
+                   if x.get("type") == "Failed" and x.get("status") == "True"), {})
+    print(f"{KIND.lower()} {c.namespace}/{a.job} retried ({RETRY_ANNOTATION}={n}): it resumes from its latest "
+          f"checkpoint; it had failed with {failed.get('reason', 'an error')}: {failed.get('message', '')}"[:600])
+    return 0
+
+
 def _suspend(c: Client, a: argparse.Namespace) -> int:
+    if a.command == "resume":
+        current = c.job(a.job)
+        if (current.get("status") or {}).get("phase") == "Failed":
+            return _retry(c, a, current)
     job = c.set_suspend(a.job, a.command == "suspend")
     marks = argo_marks(job)
     if marks:

@@ -148,3 +148,31 @@ def test_status_shows_the_evaluation() -> None:
     out = format_status(job, p)
     assert "eval score  0.350 at step 10   baseline 0.100   best 0.350 at step 10   ▁" in out
     assert "best        /checkpoints/step-000010" in out
+
+
+def test_resume_retries_a_failed_job_in_place(cluster, api, operator, namespace) -> None:
+    """A job failed by a trainer error that a restart cannot fix: ``kubectl rft resume`` retries it
+    without deleting it. The operator starts a new trainer attempt (the failed Job goes), the job leaves
+    Failed, status.retry records the failure, and the checkpoint claim is the same object."""
+    from tests.operator.cluster_support import pods_of, set_pod_phase
+
+    create_job(api, namespace, job_manifest("broken", restartLimit=2))
+    make_role_ready(api, namespace, "broken", "trainer")
+    (pod,) = wait_for("the trainer pod", lambda: pods_of(api, namespace, "broken", "trainer"))
+    set_pod_phase(api, pod, "Failed", exit_code=2)
+    wait_phase(api, namespace, "broken", "Failed", timeout=60)
+    claim_uid = api.get("PersistentVolumeClaim", namespace, names.checkpoints("broken"))["metadata"]["uid"]
+
+    r = kubectl_rft(cluster, namespace, "resume", "broken")
+    assert "retried (rft.dev/retry=1): it resumes from its latest checkpoint" in r.stdout, r.stdout
+    assert get_job(api, namespace, "broken")["metadata"]["annotations"]["rft.dev/retry"] == "1"
+    st = wait_for("the job to leave Failed", lambda: (s := get_job(api, namespace, "broken").get("status") or {})
+                  .get("phase") not in (None, "Failed") and s)
+    assert st["retry"]["count"] == 1 and st["restarts"] == 1 and st["retry"]["restartsAtRetry"] == 1, st
+    assert st["retry"]["failure"].startswith("TrainerTerminalError: "), st["retry"]
+    wait_for("a trainer Job of attempt 1", lambda: (j := api.get("Job", namespace, names.trainer("broken"))) is not None
+             and j["metadata"]["annotations"].get(names.ANNOTATION_ATTEMPT) == "1", timeout=60)
+    assert api.get("PersistentVolumeClaim", namespace, names.checkpoints("broken"))["metadata"]["uid"] == claim_uid
+    # resuming a job that is not Failed still means spec.suspend: false
+    kubectl_rft(cluster, namespace, "resume", "broken")
+    assert get_job(api, namespace, "broken")["metadata"]["annotations"]["rft.dev/retry"] == "1"

@@ -147,18 +147,21 @@ def claim_failure(observed: Observed) -> Optional[Failure]:
 
 
 def next_restarts(trainer: Optional[TrainerObs], restarts: int, restart_limit: int,
-                  disrupted: bool = False) -> tuple[int, Optional[Failure]]:
+                  disrupted: bool = False, counted_from: int = 0) -> tuple[int, Optional[Failure]]:
     """The restart count after this observation, and the failure when the budget is spent
-    (``disrupted``: a trainer pod has ``DisruptionTarget``; its Job's failure is not counted)."""
+    (``disrupted``: a trainer pod has ``DisruptionTarget``; its Job's failure is not counted;
+    ``counted_from``: the restart count at the job's last retry, ``policies.retry``, where the budget
+    starts again)."""
     if not fresh_failure(trainer, restarts, disrupted):
         return restarts, None
-    if restarts < restart_limit:
+    if restarts - counted_from < restart_limit:
         return restarts + 1, None
     assert trainer is not None
     detail = f": {trainer.reason}: {trainer.message}" if trainer.reason or trainer.message else ""
+    since = " since the job was retried" if counted_from else ""
     return restarts, Failure(
         "RestartLimitExceeded",
-        f"the trainer failed {restarts + 1} time(s); spec.restartLimit is {restart_limit}{detail}")
+        f"the trainer failed {restarts - counted_from + 1} time(s){since}; spec.restartLimit is {restart_limit}{detail}")
 
 
 def trainer_action(trainer: Optional[TrainerObs], persisted_restarts: int, template_hash: str = "",
@@ -194,13 +197,15 @@ def min_samples_for_evaluator_verdict(spec: RFTJobSpec) -> int:
     return spec.rollout.prompts_per_step * spec.rollout.samples_per_prompt
 
 
-def evaluator_failure(spec: RFTJobSpec, progress: Optional[Progress]) -> Optional[Failure]:
-    """Every sample scored so far (at least one step's worth) ended in an evaluator timeout or error.
+def evaluator_failure(spec: RFTJobSpec, progress: Optional[Progress], attempt: int = 0) -> Optional[Failure]:
+    """Every sample scored so far (at least one step's worth) ended in an evaluator timeout or error,
+    as the record of trainer attempt ``attempt`` or a later one says (an earlier attempt's record is
+    not the verdict on a retried job's fixed evaluator).
 
     Parse errors do not count: an untrained policy often produces no parsable answer, which is a
     reward of 0, not a broken evaluator.
     """
-    if progress is None:
+    if progress is None or progress.attempt < attempt:
         return None
     n = progress.samples_scored
     errs = progress.errors.timeouts + progress.errors.runtime_errors
