@@ -102,6 +102,23 @@ class CrashLoop:
 
 
 @dataclass(frozen=True)
+class Pending:
+    """A pod of the job the scheduler cannot place, or a role's Deployment whose pods cannot be created
+    (a ResourceQuota, a LimitRange, an admission webhook): what the job's status tells while it waits."""
+
+    role: str
+    what: str
+    """The pod, or the Deployment."""
+    reason: str
+    """``Unschedulable``, ``QuotaExceeded`` or ``FailedCreate``."""
+    message: str
+    """The scheduler's or the controller's words."""
+
+    def describe(self) -> str:
+        return f"{self.role} {self.what} is {self.reason}: {self.message}"
+
+
+@dataclass(frozen=True)
 class ClaimObs:
     """The job's own checkpoint claim (``<job>-checkpoints``) while it is not bound."""
 
@@ -153,6 +170,9 @@ class Observed:
     (:func:`crash_looping`), ordered by role and pod."""
     claim: Optional[ClaimObs] = None
     """The job's checkpoint claim when it exists and is not bound (:func:`observe_claim`)."""
+    pending: tuple[Pending, ...] = ()
+    """Pods unscheduled for :data:`UNSCHEDULABLE_AFTER_S` or longer and Deployments whose pods cannot be
+    created (:func:`unschedulable`, :func:`failed_create`), ordered by role."""
     token_missing: bool = False
     """A pod cannot start because the job's token Secret ``<job>-token`` is missing: the reconcile
     mints a new token and every role restarts with it (``reconcile.ensure_token``), it is no
@@ -442,6 +462,37 @@ def observe_claim(obj: Optional[Obj], waiting: str, now: dt.datetime) -> Optiona
     return ClaimObs(obj["metadata"]["name"], (now - created).total_seconds() if created else 0.0, why)
 
 
+UNSCHEDULABLE_AFTER_S = 20.0
+"""Seconds a pod may wait unscheduled before the job's status says so: the scheduler retries, and a
+short wait (a node scaling up, a preemption in progress) is normal."""
+
+
+def unschedulable(pod: Obj, now: dt.datetime) -> Optional[Pending]:
+    """A pod of the job the scheduler has not placed for :data:`UNSCHEDULABLE_AFTER_S`, with its message
+    (a pod waiting on the unbound checkpoint claim is left to :func:`observe_claim`)."""
+    c = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    if c is None or c.get("status") != "False" or c.get("reason") != "Unschedulable" or pod["metadata"].get("deletionTimestamp"):
+        return None
+    msg = (c.get("message") or "").strip()
+    since = _parse_time(c.get("lastTransitionTime"))
+    if UNBOUND_CLAIM in msg.lower() or (since is not None and (now - since).total_seconds() < UNSCHEDULABLE_AFTER_S):
+        return None
+    role = (pod["metadata"].get("labels") or {}).get(names.LABEL_ROLE, "")
+    return Pending(role, f"pod {pod['metadata']['name']}", "Unschedulable", msg[:512] or "(no message)")
+
+
+def failed_create(deployment: Obj) -> Optional[Pending]:
+    """A Deployment whose ReplicaSet cannot create pods (its ``ReplicaFailure`` condition): ``QuotaExceeded``
+    when a ResourceQuota refused them, else ``FailedCreate``."""
+    c = _cond(deployment, "ReplicaFailure")
+    if c is None:
+        return None
+    msg = (c.get("message") or "").strip()
+    reason = "QuotaExceeded" if "exceeded quota" in msg.lower() else "FailedCreate"
+    role = (deployment["metadata"].get("labels") or {}).get(names.LABEL_ROLE, "")
+    return Pending(role, f"Deployment {deployment['metadata']['name']}", reason, msg[:512] or "(no message)")
+
+
 def token_missing(obj: Obj, job_name: str) -> bool:
     """A container of the pod waits in ``CreateContainerConfigError`` because the job's token Secret
     does not exist (the kubelet's message names it)."""
@@ -488,6 +539,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
     pulls: list[PodProblem] = []
     disrupted: list[str] = []
     loops: list[CrashLoop] = []
+    pending: list[Pending] = []
     no_token = False
     claim_obj, unbound = None, ""
     for obj in objects:
@@ -500,6 +552,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
                 p = [x for x in p if x.reason != "CreateContainerConfigError"]
             problems += p
             loops += crash_looping(obj, now)
+            pending += [x for x in (unschedulable(obj, now),) if x]
             unbound = unbound or unbound_claim(obj)
             pulls += pulling(obj, now)
             if role == "trainer":
@@ -511,6 +564,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
         children.add((kind, name))
         if kind == "Deployment":
             workloads[role] = observe_deployment(obj)
+            pending += [x for x in (failed_create(obj),) if x]
         elif kind == "Job" and name == names.trainer(job_name):
             trainer = observe_job(obj)
         elif kind == "Job" and name.startswith(names.fetch_prefix(job_name)):
@@ -526,6 +580,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
                     fetch_messages=tuple(m for _, m in sorted(fetch_said)),
                     pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(sorted(disrupted)),
                     crashloops=tuple(sorted(loops, key=lambda c: (c.role, c.pod, c.container))), token_missing=no_token,
+                    pending=tuple(sorted(pending, key=lambda x: (x.role, x.what))),
                     claim=observe_claim(claim_obj, unbound, now))
 
 

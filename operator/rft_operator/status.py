@@ -154,6 +154,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts, hold,
                                           observed.trainer_disruptions)
     _crashloop_conditions(values, observed, phase)
+    _pending_conditions(values, observed, phase)
     if inputs_state.wanted:
         values["InputsReady"] = inputs_state.condition
     if spec.output is not None:
@@ -166,7 +167,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     checkpoints = checkpoint.retained(p, spec.checkpoint.keep_last, prev.checkpoints)
     evaluation = _evaluation(p) or prev.evaluation
     message = _stopped_early(decision.message, phase, evaluation) + _pulls_note(observed, phase) \
-        + _crashloop_note(observed, phase) + _claim_note(observed, phase)
+        + _crashloop_note(observed, phase) + _claim_note(observed, phase) + _pending_note(observed, phase)
     if observed.progress_error:
         message = f"{message}; progress ConfigMap ignored: {observed.progress_error}"
     if again is not None and not is_terminal(phase):
@@ -245,6 +246,28 @@ def _crashloop_conditions(values: dict[str, tuple[str, str, str]], observed: Obs
         ctype = ROLE_CONDITIONS.get(loop.role)
         if ctype in values and values[ctype][1] != "Removed":
             values[ctype] = ("False", "CrashLoopBackOff", loop.describe())
+
+
+SCHEDULING_CONDITIONS = {**ROLE_CONDITIONS, "trainer": "TrainerRunning"}
+
+
+def _pending_conditions(values: dict[str, tuple[str, str, str]], observed: Observed, phase: str) -> None:
+    """Each role with a pod the scheduler cannot place or pods its Deployment cannot create: its condition
+    False with reason ``Unschedulable``, ``QuotaExceeded`` or ``FailedCreate`` and their words (in place)."""
+    if is_terminal(phase):
+        return
+    for p in reversed(observed.pending):  # the first of a role wins
+        ctype = SCHEDULING_CONDITIONS.get(p.role)
+        if ctype in values and values[ctype][1] != "Removed":
+            values[ctype] = ("False", p.reason, p.describe())
+
+
+def _pending_note(observed: Observed, phase: str) -> str:
+    """What the message of a job not yet terminal adds while a pod cannot be placed or created."""
+    if is_terminal(phase) or not observed.pending:
+        return ""
+    more = f" (and {len(observed.pending) - 1} more)" if len(observed.pending) > 1 else ""
+    return f"; {observed.pending[0].describe()}{more}"
 
 
 def _pulls_note(observed: Observed, phase: str) -> str:
