@@ -92,3 +92,9 @@ TRAINER_REASON_PREFIX = "rft trainer: "
 # A Failed job is retried (resumed from its latest checkpoint, without being deleted) when this annotation
 # holds a number above status.retry.count (kubectl rft resume sets it), or when its spec is edited.
 RETRY_ANNOTATION = "rft.dev/retry"
+
+# Label and annotation prefixes the operator owns on the job's pods (its selectors, roles, hashes, Kueue's
+# and the Job controller's keys): a role's pod overrides may not set keys under them.
+RESERVED_LABEL_PREFIXES = ("app.kubernetes.io/", "rft.dev/", "kueue.x-k8s.io/", "batch.kubernetes.io/")
+# Builtin evaluators that always score in the reward role (never in the rollout pods that run user code).
+REMOTE_EVALUATORS = ("code_sandbox", "llm_judge")

@@ -12,7 +12,7 @@ import re
 from fractions import Fraction
 from typing import Annotated, Literal, Optional
 
-from pydantic import ConfigDict, Field, StringConstraints, model_validator
+from pydantic import ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from .constants import (
@@ -20,8 +20,10 @@ from .constants import (
     DEFAULT_RUNTIME_IMAGE,
     GROUP_RELATIVE_ALGORITHMS,
     MAX_EVALUATOR_CONFIG_BYTES,
+    REMOTE_EVALUATORS,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIX,
+    RESERVED_LABEL_PREFIXES,
     RESERVED_MOUNT_PATHS,
     REWARD_LIMIT,
     VLLM_LORA_RANKS,
@@ -178,6 +180,154 @@ class VolumeRef(ApiModel):
     """Where the claim is mounted in every pod that needs it."""
     sub_path: Optional[PathStr] = None
     """Sub-directory of the claim to mount."""
+
+
+# ---------------------------------------------------------------- pod overrides (placement and sizing)
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# A label or annotation key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters.
+_QUALIFIED_KEY = re.compile(rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$")
+LabelValue = Annotated[str, StringConstraints(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+TolerationKey = Annotated[str, StringConstraints(
+    min_length=1, max_length=317, pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")]
+MAX_PASS_THROUGH_KEYS = 16
+
+
+class PassThrough(ApiModel):
+    """An object of the Kubernetes pod API, passed through as written (the API server checks it when it creates the pod)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"maxProperties": MAX_PASS_THROUGH_KEYS})
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "PassThrough":
+        if len(self.model_extra or {}) > MAX_PASS_THROUGH_KEYS:
+            raise ValueError(f"at most {MAX_PASS_THROUGH_KEYS} keys")
+        return self
+
+
+def _bad_keys(keys, max_prefix: int = 253) -> list[str]:
+    return [k for k in keys if not _QUALIFIED_KEY.match(k) or len(k.rpartition("/")[0]) > max_prefix]
+
+
+def _reserved_keys(keys) -> list[str]:
+    return [k for k in keys or () if k.startswith(RESERVED_LABEL_PREFIXES)]
+
+
+def _reserved_rule(field: str) -> Rule:
+    return Rule(
+        cel=f"!has(self.{field}) || !self.{field}.exists(k, "
+            + " || ".join(f"k.startsWith('{p}')" for p in RESERVED_LABEL_PREFIXES) + ")",
+        message=f"pod.{field}: keys under {', '.join(RESERVED_LABEL_PREFIXES)} belong to the operator (its selectors, "
+                "roles, hashes and Kueue's keys)",
+        field=f".{field}",
+        check=lambda o: not _reserved_keys(getattr(o, field)),
+        explain=lambda o: f"reserved: {', '.join(_reserved_keys(getattr(o, field)))}",
+    )
+
+
+@rules(Rule(
+    cel="self.operator != 'Exists' || !has(self.value) || self.value == ''",
+    message="toleration.value must be empty with operator Exists",
+    field=".value",
+    check=lambda t: t.operator != "Exists" or not t.value,
+), Rule(
+    cel="has(self.key) || self.operator == 'Exists'",
+    message="a toleration without key must have operator Exists (it then tolerates every taint)",
+    field=".operator",
+    check=lambda t: t.key is not None or t.operator == "Exists",
+), Rule(
+    cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+    message="toleration.tolerationSeconds needs effect NoExecute",
+    field=".tolerationSeconds",
+    check=lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+))
+class Toleration(ApiModel):
+    """A Kubernetes toleration (the pod API's, typed)."""
+
+    key: Optional[TolerationKey] = None
+    """The taint key tolerated (`nvidia.com/gpu`); unset with operator Exists: every taint."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Equal: the taint's value must be `value`; Exists: any value."""
+    value: Optional[LabelValue] = None
+    """The taint value (operator Equal)."""
+    effect: Optional[Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"]] = None
+    """The taint effect tolerated; empty or unset: every effect."""
+    toleration_seconds: Optional[int] = Field(None, ge=0, le=31_536_000)
+    """With effect NoExecute: how long the pod stays on a node after the taint appears (unset: forever)."""
+
+
+class Affinity(ApiModel):
+    """The pod API's affinity, each part passed through as written (the API server checks it when it
+    creates the pod). The operator's own terms are added, never replaced: on a ReadWriteOnce checkpoint
+    claim, the pods that mount it get a required pod affinity that puts them on one node."""
+
+    node_affinity: Optional[PassThrough] = None
+    """A Kubernetes NodeAffinity (requiredDuringSchedulingIgnoredDuringExecution, preferredDuringSchedulingIgnoredDuringExecution)."""
+    pod_affinity: Optional[PassThrough] = None
+    """A Kubernetes PodAffinity."""
+    pod_anti_affinity: Optional[PassThrough] = None
+    """A Kubernetes PodAntiAffinity."""
+
+
+@rules(_reserved_rule("labels"), _reserved_rule("annotations"))
+class PodOverrides(ApiModel):
+    """Where a role's pods run and what the cluster needs to run them, merged over what the operator
+    builds: maps are merged (the operator's keys are refused), lists appended, scalars set. What the
+    operator owns (the command, the security context, the config and checkpoint volumes, the job token,
+    the ServiceAccount) is not a field here."""
+
+    node_selector: Optional[dict[str, LabelValue]] = Field(None, max_length=32)
+    """Node labels the pods require (`nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3`); a Kueue admission's flavor labels are added to them."""
+    tolerations: Optional[list[Toleration]] = Field(None, max_length=32)
+    """Taints the pods tolerate (GPU nodes are often tainted `nvidia.com/gpu`), after those of a Kueue admission."""
+    affinity: Optional[Affinity] = None
+    """Node affinity, pod affinity and anti-affinity (passed through; the operator's co-location term is added)."""
+    topology_spread_constraints: Optional[list[PassThrough]] = Field(None, max_length=8)
+    """Kubernetes TopologySpreadConstraints, passed through (their labelSelector may use the role's labels: app.kubernetes.io/instance = the job's name, rft.dev/role = the role)."""
+    priority_class_name: Optional[Name] = None
+    """A PriorityClass of the pods (preemption order on a full cluster)."""
+    runtime_class_name: Optional[Name] = None
+    """A RuntimeClass for the pods (a sandboxed runtime such as gVisor or Kata for the reward role, or the `nvidia` runtime)."""
+    image_pull_secrets: Optional[list[Name]] = Field(None, max_length=16)
+    """Secrets (of type kubernetes.io/dockerconfigjson, in the job's namespace) to pull the role's images with."""
+    labels: Optional[dict[str, LabelValue]] = Field(None, max_length=32)
+    """Extra labels of the pods; keys under app.kubernetes.io/, rft.dev/, kueue.x-k8s.io/ and batch.kubernetes.io/ are the operator's."""
+    annotations: Optional[dict[str, Annotated[str, StringConstraints(max_length=4096)]]] = Field(None, max_length=32)
+    """Extra annotations of the pods; keys under the same prefixes as labels are the operator's."""
+    shm_size_limit: Optional[PositiveQuantity] = None
+    """Size limit of a memory-backed /dev/shm (counted in the container's memory): set on the one the role already mounts (the trainer with several processes, vLLM), else added."""
+    termination_grace_period_seconds: Optional[int] = Field(None, ge=0, le=86_400)
+    """Seconds a pod has to stop after SIGTERM (default 30)."""
+
+    @field_validator("node_selector", "labels", "annotations")
+    @classmethod
+    def _keys(cls, value: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
+        bad = _bad_keys(value or {})
+        if bad:
+            raise ValueError(f"not a label key ([prefix/]name: a DNS subdomain, then at most 63 letters, digits, "
+                             f"'-', '_' or '.'): {', '.join(bad)}")
+        return value
+
+
+class WorkerPodOverrides(PodOverrides):
+    """Pod overrides of a role whose sizing has no other place in the spec (rollout, reward)."""
+
+    resources: Optional[Resources] = None
+    """Resources of the role's container (what it leaves out, spec.defaultResources)."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=64)
+    """Extra environment of the role's container."""
+
+
+class RewardSpec(ApiModel):
+    """The reward role (a Deployment behind the `<job>-reward` Service), which exists only when scoring
+    leaves the rollout pods: evaluator.remote, a code_sandbox or an llm_judge evaluator. Its own section,
+    not a part of `evaluator`: `evaluator` says how a sample is scored wherever that happens (the same
+    evaluators run in the rollout pods when there is no reward role), while this sizes and places the pods
+    that score when there is one."""
+
+    replicas: int = Field(1, ge=1, le=64)
+    """Reward pods behind the Service (requests are spread over the ready ones)."""
+    pod: Optional[WorkerPodOverrides] = None
+    """Placement, resources and extras of the reward pods."""
 
 
 # ---------------------------------------------------------------- model
@@ -606,6 +756,8 @@ class RolloutSpec(ApiModel):
     """A leased task whose episodes do not arrive in time is re-issued."""
     request_timeout_seconds: float = Field(120.0, gt=0, le=86400)
     """Deadline for one inference request, retries included."""
+    pod: Optional[WorkerPodOverrides] = None
+    """Placement, resources and extras of the rollout pods (docs/how-to/placement.md)."""
 
     def policy_versions_served(self) -> int:
         """How many policy versions inference keeps at once: the current one and the ``maxStaleness``
@@ -709,6 +861,8 @@ class InferenceSpec(ApiModel):
     """Context length served (prompt plus completion); default the model's own maximum (max_position_embeddings). A value above the model's maximum is refused by the engine at start."""
     port: int = Field(8000, ge=1024, le=65535)
     """Container port."""
+    pod: Optional[PodOverrides] = None
+    """Placement and extras of the inference pods (their resources and env are the fields above; docs/how-to/placement.md)."""
 
 
 # ---------------------------------------------------------------- trainer
@@ -864,6 +1018,8 @@ class TrainerSpec(ApiModel):
     """Trainer image; defaults to the runtime image."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment for the trainer."""
+    pod: Optional[PodOverrides] = None
+    """Placement and extras of the trainer pods (their resources and env are the fields above), also those of the Job that fetches hf:// and s3:// inputs (docs/how-to/placement.md)."""
 
     def processes(self) -> int:
         """Trainer processes per pod: ``processesPerNode``, else the pod's GPUs, else 1."""
@@ -1018,6 +1174,16 @@ class TrackingSpec(ApiModel):
     """Also log the run to MLflow: one run per job (kept across trainer restarts) with the spec as parameters and every step's metrics (the reward curve included). A tracker that cannot be reached never stops training: its failures are counted (tracking_errors) and warned once. TensorBoard event files and metrics.jsonl are always written on the checkpoint volume."""
 
 
+def _has_reward_role(s: "RFTJobSpec") -> bool:
+    return s.evaluator.remote or any(e.builtin in REMOTE_EVALUATORS for e in s.evaluator.entries())
+
+
+_REMOTE_CEL = str(list(REMOTE_EVALUATORS))
+_REWARD_ROLE_CEL = (f"!has(self.reward) || self.evaluator.remote || (has(self.evaluator.builtin) && "
+                    f"self.evaluator.builtin in {_REMOTE_CEL}) || (has(self.evaluator.evaluators) && "
+                    f"self.evaluator.evaluators.exists(e, has(e.builtin) && e.builtin in {_REMOTE_CEL}))")
+
+
 # ---------------------------------------------------------------- storage and output
 Endpoint = Annotated[str, StringConstraints(min_length=8, max_length=2048, pattern=r"^https?://[^\s/?#@]+(/[^\s?#]*)?$")]
 
@@ -1131,6 +1297,12 @@ class OutputSpec(ApiModel):
     field=".checkpoint.mergeFinalAdapter",
     check=lambda s: not s.checkpoint.merge_final_adapter or s.model.lora is not None,
 ), Rule(
+    cel=_REWARD_ROLE_CEL,
+    message="spec.reward configures the reward role, which a job has only with evaluator.remote, a code_sandbox or "
+            "an llm_judge evaluator (without them scoring happens in the rollout pods: see rollout.pod)",
+    field=".reward",
+    check=lambda s: s.reward is None or _has_reward_role(s),
+), Rule(
     cel="self.trainer.nodes <= 1 || self.checkpoint.accessMode != 'ReadWriteOnce'",
     message="checkpoint.accessMode ReadWriteOnce cannot serve trainer.nodes > 1 (a ReadWriteOnce volume is "
             "mounted by one node): use ReadWriteMany (or Auto)",
@@ -1155,6 +1327,8 @@ class RFTJobSpec(ApiModel):
     """Sampling."""
     inference: InferenceSpec = Field(default_factory=InferenceSpec)
     """The inference engine."""
+    reward: Optional[RewardSpec] = None
+    """Replicas and pods of the reward role (only for a job that has one: evaluator.remote, a code_sandbox or an llm_judge evaluator)."""
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)
     """The learner."""
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
@@ -1178,6 +1352,6 @@ class RFTJobSpec(ApiModel):
     runtime_image: Image = DEFAULT_RUNTIME_IMAGE
     """Image for the roles that do not name their own."""
     default_resources: Resources = Field(default_factory=lambda: Resources(requests=dict(DEFAULT_REQUESTS)))
-    """Completes the resources of every container of the job's pods: each request here that a container names neither as a request nor as a limit (Kubernetes takes a missing request from its limit), and each limit here it does not name. Rollout and reward pods and init containers have no resources of their own; inference and trainer keep theirs. Every pod then has requests, so a namespace with a ResourceQuota admits it."""
+    """Completes the resources of every container of the job's pods: each request here that a container names neither as a request nor as a limit (Kubernetes takes a missing request from its limit), and each limit here it does not name. Init containers have no resources of their own; inference and trainer keep theirs, rollout and reward pods theirs from rollout.pod and reward.pod. Every pod then has requests, so a namespace with a ResourceQuota admits it."""
     service_account_name: Optional[Name] = None
     """Extra ServiceAccount for rollout and reward pods (they get none with API access by default)."""

@@ -485,3 +485,159 @@ def test_every_variable_the_operator_sets_is_one_a_spec_may_not_replace(which: s
         for c in spec.get("initContainers", []) + spec["containers"]:
             set_here = {e["name"] for e in c.get("env", []) if not e["name"].startswith(RESERVED_ENV_PREFIX)} - users
             assert set_here <= set(RESERVED_ENV_NAMES), f"{c['name']}: {sorted(set_here - set(RESERVED_ENV_NAMES))}"
+
+
+# ------------------------------------------------------------------------------------ pod overrides
+def _overrides(tag: str, *, worker: bool = False) -> dict:
+    """Every pod override of a role, its values naming ``tag`` (the role) so a test sees where each went."""
+    out: dict[str, Any] = {
+        "nodeSelector": {"pool": tag},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": [tag]}]}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"rft.dev/role": tag}}}],
+        "priorityClassName": f"{tag}-priority", "runtimeClassName": f"{tag}-runtime",
+        "imagePullSecrets": [f"{tag}-registry"], "labels": {"team": tag}, "annotations": {"example.com/owner": tag},
+        "shmSizeLimit": "2Gi", "terminationGracePeriodSeconds": 90,
+    }
+    if worker:
+        out["resources"] = {"requests": {"cpu": "3", "memory": "3Gi"}, "limits": {"memory": "5Gi"}}
+        out["env"] = [{"name": "EXTRA", "value": tag}]
+    return out
+
+
+def _overridden_job(**extra_reward: Any):
+    doc = manifest(evaluator={"builtin": "math", "remote": True})
+    doc["spec"]["trainer"]["pod"] = _overrides("trainer")
+    doc["spec"]["inference"]["pod"] = _overrides("inference")
+    doc["spec"]["rollout"]["pod"] = _overrides("rollout", worker=True)
+    doc["spec"]["reward"] = {"replicas": 3, "pod": _overrides("reward", worker=True), **extra_reward}
+    return make_job(doc)
+
+
+def _workloads(job) -> dict[str, dict]:
+    return {o["metadata"]["labels"][names.LABEL_ROLE]: o for o in desired_children(job, BuildContext(), fetch_job=True)
+            if o["kind"] in ("Deployment", "Job")}
+
+
+ROLES_WITH_OVERRIDES = ("inference", "reward", "rollout", "trainer")
+
+
+@pytest.mark.parametrize("role", ROLES_WITH_OVERRIDES)
+def test_every_role_gets_its_pod_overrides(role: str) -> None:
+    workload = _workloads(_overridden_job())[role]
+    template = workload["spec"]["template"]
+    pod, container = template["spec"], template["spec"]["containers"][0]
+    assert pod["nodeSelector"] == {"pool": role}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 1
+    assert pod["topologySpreadConstraints"][0]["labelSelector"] == {"matchLabels": {"rft.dev/role": role}}
+    assert pod["priorityClassName"] == f"{role}-priority" and pod["runtimeClassName"] == f"{role}-runtime"
+    assert pod["imagePullSecrets"] == [{"name": f"{role}-registry"}]
+    assert pod["terminationGracePeriodSeconds"] == 90
+    assert template["metadata"]["labels"]["team"] == role
+    assert template["metadata"]["annotations"]["example.com/owner"] == role
+    shm = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    assert len(shm) == 1
+    (volume,) = [v for v in pod["volumes"] if v["name"] == shm[0]]
+    assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
+    if role in ("rollout", "reward"):
+        assert container["resources"] == {"limits": {"memory": "5Gi"}, "requests": {"cpu": "3", "memory": "3Gi"}}
+        assert container["env"][-1] == {"name": "EXTRA", "value": role}
+
+
+def test_reward_replicas_and_the_fetch_job_placed_as_the_trainer() -> None:
+    doc = manifest(evaluator={"builtin": "math", "remote": True}, model={"base": "hf://org/model"})
+    doc["spec"]["trainer"]["pod"] = _overrides("trainer")
+    doc["spec"]["reward"] = {"replicas": 3}
+    loads = _workloads(make_job(doc))
+    assert loads["reward"]["spec"]["replicas"] == 3
+    fetch = loads["fetch"]["spec"]["template"]["spec"]
+    assert fetch["nodeSelector"] == {"pool": "trainer"} and fetch["priorityClassName"] == "trainer-priority"
+    assert fetch["tolerations"] == loads["trainer"]["spec"]["template"]["spec"]["tolerations"]
+    # its shared memory is the trainer's alone
+    assert not any(m["mountPath"] == "/dev/shm" for m in fetch["containers"][0]["volumeMounts"])
+
+
+@pytest.mark.parametrize("role", ROLES_WITH_OVERRIDES)
+def test_pod_overrides_leave_what_the_operator_owns(role: str) -> None:
+    """The command, the security contexts, the ServiceAccount, the operator's volumes, env, labels and
+    affinity term are the same with every override set: overrides only add."""
+    plain = _workloads(make_job(manifest(evaluator={"builtin": "math", "remote": True})))[role]["spec"]["template"]
+    over = _workloads(_overridden_job())[role]["spec"]["template"]
+    p, o = plain["spec"], over["spec"]
+    for key in ("securityContext", "serviceAccountName", "automountServiceAccountToken", "restartPolicy", "subdomain"):
+        assert o.get(key) == p.get(key), key
+    (pc,), (oc,) = p["containers"], o["containers"]
+    for key in ("command", "image", "securityContext", "ports", "readinessProbe"):
+        assert oc.get(key) == pc.get(key), key
+    assert oc["env"][:len(pc["env"])] == pc["env"]
+    assert oc["volumeMounts"][:len(pc["volumeMounts"])] == pc["volumeMounts"]
+    by_name = {v["name"]: v for v in o["volumes"]}
+    for v in p["volumes"]:
+        assert by_name[v["name"]] == v or v.get("emptyDir", {}).get("medium") == "Memory", v["name"]
+    assert plain["metadata"]["labels"].items() <= over["metadata"]["labels"].items()
+    for term in (p.get("affinity") or {}).get("podAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", []):
+        assert term in o["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+
+
+def test_the_co_location_term_joins_the_users_pod_affinity() -> None:
+    """On a ReadWriteOnce claim the operator's required pod affinity is added to the user's own terms."""
+    doc = manifest()
+    mine = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "kubernetes.io/hostname"}
+    doc["spec"]["trainer"]["pod"] = {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [mine]}}}
+    terms = _workloads(make_job(doc))["trainer"]["spec"]["template"]["spec"]["affinity"]["podAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0] == mine and len(terms) == 2
+    assert terms[1]["labelSelector"]["matchLabels"][names.LABEL_SHARES_CHECKPOINTS] == "tiny-arith"
+
+
+def test_with_pod_overrides_is_the_identity_without_overrides() -> None:
+    """A job without overrides renders exactly as before (the golden files hold it too); an empty
+    override set changes nothing either."""
+    import copy
+
+    from rft_api.spec import PodOverrides, WorkerPodOverrides
+    from rft_operator.builders.common import with_pod_overrides
+
+    for w in _workloads(make_job(evaluator={"builtin": "math", "remote": True})).values():
+        before = copy.deepcopy(w)
+        assert with_pod_overrides(w, None) == before
+        assert with_pod_overrides(copy.deepcopy(w), PodOverrides()) == before
+        assert with_pod_overrides(copy.deepcopy(w), WorkerPodOverrides()) == before
+
+
+def test_deep_merge_merges_maps_appends_lists_sets_scalars() -> None:
+    from rft_operator.builders.common import deep_merge
+
+    base = {"a": {"x": 1, "l": [1]}, "s": "old", "keep": True}
+    assert deep_merge(base, {"a": {"y": 2, "l": [2]}, "s": "new"}) == {
+        "a": {"x": 1, "y": 2, "l": [1, 2]}, "s": "new", "keep": True}
+    assert base == {"a": {"x": 1, "l": [1]}, "s": "old", "keep": True}
+
+
+def test_shared_memory_is_sized_where_the_role_has_one() -> None:
+    """The trainer of several processes and vLLM already mount a memory-backed /dev/shm: shmSizeLimit
+    sizes it (no second one); a trainer of one process gets one."""
+    doc = manifest()
+    doc["spec"]["trainer"]["processesPerNode"] = 2
+    doc["spec"]["trainer"]["pod"] = {"shmSizeLimit": "1Gi"}
+    pod = _workloads(make_job(doc))["trainer"]["spec"]["template"]["spec"]
+    assert [v for v in pod["volumes"] if "emptyDir" in v and v["emptyDir"].get("medium")] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]
+    assert sum(m["mountPath"] == "/dev/shm" for m in pod["containers"][0]["volumeMounts"]) == 1
+
+
+def test_a_kueue_admission_adds_to_the_users_placement() -> None:
+    from rft_operator.builders.workload import Placement
+
+    doc = manifest()
+    doc["spec"]["trainer"]["pod"] = _overrides("trainer")
+    flavor = Placement(node_selector=(("flavor", "h100"),),
+                       tolerations=((("key", "spot"), ("operator", "Exists")),))
+    out = desired_children(make_job(doc), BuildContext(placements=(("trainer", flavor),)))
+    pod = next(o for o in out if o["kind"] == "Job")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "trainer", "flavor": "h100"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu" and pod["tolerations"][1] == {"key": "spot", "operator": "Exists"}

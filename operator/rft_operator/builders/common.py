@@ -1,4 +1,5 @@
-"""Shared pieces of the child builders: metadata with owner references, pod security, volumes, env.
+"""Shared pieces of the child builders: metadata with owner references, pod security, volumes, env,
+and each role's pod overrides (``spec.<role>.pod``, merged by :func:`with_pod_overrides`).
 
 Pod paths and their resolution come from :mod:`rft_api.layout`.
 
@@ -13,7 +14,7 @@ from rft_api import layout
 from rft_api.constants import API_VERSION, KIND
 from rft_api.job import RFTJob
 from rft_api.layout import CACHE_DIR, CHECKPOINT_DIR, CONFIG_DIR, JOB_TOKEN_ENV, JOB_TOKEN_SECRET_KEY, TMP_DIR
-from rft_api.spec import EnvVar, Resources, VolumeRef
+from rft_api.spec import EnvVar, PodOverrides, Resources, VolumeRef, WorkerPodOverrides
 
 from .. import names
 
@@ -271,3 +272,80 @@ def deployment(job: RFTJob, name: str, role: str, replicas: int, pod: Obj) -> Ob
 
 def service_url(job: RFTJob, service_name: str, port: int) -> str:
     return f"http://{service_name}.{job.namespace}.svc:{port}"
+
+
+# ------------------------------------------------------------------------------------ pod overrides
+SHM_PATH = "/dev/shm"
+
+
+def deep_merge(base: Obj, extra: Obj) -> Obj:
+    """``base`` with ``extra`` merged in (a new object): maps merged key by key, lists appended, other
+    values of ``extra`` set."""
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        elif isinstance(v, list) and isinstance(out.get(k), list):
+            out[k] = [*out[k], *v]
+        else:
+            out[k] = v
+    return out
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    return value.model_dump(by_alias=True, exclude_none=True, mode="json") if hasattr(value, "model_dump") else value
+
+
+def _pod_fields(o: PodOverrides) -> Obj:
+    """The pod spec fields of ``o`` as the pod API spells them (only those set)."""
+    out: Obj = {
+        "nodeSelector": o.node_selector, "tolerations": _dump(o.tolerations),
+        "affinity": _dump(o.affinity) or None, "topologySpreadConstraints": _dump(o.topology_spread_constraints),
+        "priorityClassName": o.priority_class_name, "runtimeClassName": o.runtime_class_name,
+        "imagePullSecrets": [{"name": n} for n in o.image_pull_secrets or ()] or None,
+        "terminationGracePeriodSeconds": o.termination_grace_period_seconds,
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _shared_memory(pod: Obj, container: Obj, size: str) -> None:
+    """Size the memory-backed ``/dev/shm`` the container mounts, or add one of that size."""
+    mounted = next((m["name"] for m in container.get("volumeMounts", []) if m.get("mountPath") == SHM_PATH), None)
+    volume = next((v for v in pod["volumes"] if mounted is not None and v["name"] == mounted), None)
+    if volume is None:
+        volume = {"name": "dshm", "emptyDir": {"medium": "Memory"}}
+        pod["volumes"].append(volume)
+        container.setdefault("volumeMounts", []).append({"name": "dshm", "mountPath": SHM_PATH})
+    volume["emptyDir"] = {**volume["emptyDir"], "sizeLimit": size}
+
+
+def _container_fields(pod: Obj, o: PodOverrides) -> None:
+    """The role's container (the first): the shared memory of ``o``, and a worker role's resources and env."""
+    container = pod["containers"][0]
+    if o.shm_size_limit is not None:
+        _shared_memory(pod, container, o.shm_size_limit)
+    if isinstance(o, WorkerPodOverrides):
+        if o.resources is not None:
+            container["resources"] = resources(o.resources)
+        if o.env:
+            container["env"] = [*container.get("env", []), *user_env(o.env)]
+
+
+def with_pod_overrides(workload: Obj, o: Optional[PodOverrides]) -> Obj:
+    """``workload`` (a Deployment or Job, in place) with a role's pod overrides merged over its pod
+    template: maps merged (the operator's label and annotation keys win; validation refuses them
+    anyway), lists appended, scalars set (``rft_api.spec.PodOverrides``). Without overrides it is
+    returned as it was."""
+    if o is None:
+        return workload
+    template = workload["spec"]["template"]
+    meta = template.setdefault("metadata", {})
+    for key, extra in (("labels", o.labels), ("annotations", o.annotations)):
+        if extra:
+            meta[key] = {**extra, **(meta.get(key) or {})}
+    pod = template["spec"]
+    template["spec"] = deep_merge(pod, _pod_fields(o))
+    _container_fields(template["spec"], o)
+    return workload

@@ -13,6 +13,8 @@ one fetched; ``rft fetch`` skips a complete copy).
   summary or error (never a credential: those reach it by secretKeyRef env only).
 - Resources: the trainer's CPU and memory (it validates every dataset row, as the trainer does), no
   GPU; what they leave out, ``spec.defaultResources``.
+- Placement: the trainer's pod overrides (``trainer.pod``: node selector, tolerations, affinity,
+  priority, pull secrets, ...) but its ``shmSizeLimit``: the claim is first used where the trainer runs.
 - Credentials: ``spec.storage``'s secretKeyRefs as ``RFT_S3_ACCESS_KEY_ID``, ``RFT_S3_SECRET_ACCESS_KEY``
   and ``RFT_HF_TOKEN``; the hub endpoint as ``HF_ENDPOINT``; downloads allowed (``HF_HUB_OFFLINE=0``).
 """
@@ -43,6 +45,7 @@ from .common import (
     scratch_mounts,
     scratch_volumes,
     secret_env,
+    with_pod_overrides,
 )
 
 Obj = dict[str, Any]
@@ -107,6 +110,9 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Optional[Obj]:
         ]},
             "template": {"metadata": {"labels": names.labels(job.name, ROLE)}, "spec": pod},
     }
+    # placed as the trainer (its nodes, taints, registry credentials, priority; not its shared memory)
+    placed = job.spec.trainer.pod and job.spec.trainer.pod.model_copy(update={"shm_size_limit": None})
+    spec = with_pod_overrides({"spec": spec}, placed)["spec"]
     what = {"inputs": [i.uri for i in inputs], "spec": spec}
     digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata(job, names.fetch_prefix(job.name) + digest, ROLE),

@@ -59,6 +59,7 @@ from .common import (
     service,
     token_env,
     user_env,
+    with_pod_overrides,
 )
 
 Obj = dict[str, Any]
@@ -160,7 +161,7 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     if res:
         container["resources"] = res
     pod = pod_spec([container], volumes, init_containers=_init_containers(job, mounts), automount_token=False)
-    return deployment(job, names.inference(job.name), ROLE, inf.replicas, pod)
+    return with_pod_overrides(deployment(job, names.inference(job.name), ROLE, inf.replicas, pod), inf.pod)
 
 
 def service_for(job: RFTJob, ctx: BuildContext) -> Obj:

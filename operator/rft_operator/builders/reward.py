@@ -3,7 +3,8 @@
 Created only when ``topology.reward_required`` (``evaluator.remote``, a ``code_sandbox`` or an
 ``llm_judge`` evaluator). When it exists, all scoring happens here: the pods get the evaluator files and
 the evaluators' API keys (as ``valueFrom.secretKeyRef`` env vars, never values), and run the bundle
-image when the evaluator is a bundle. No ServiceAccount token is mounted.
+image when the evaluator is a bundle. No ServiceAccount token is mounted. ``spec.reward`` sets its
+replicas (one by default) and its pod overrides (``common.with_pod_overrides``).
 """
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from typing import Any
 
 from rft_api.job import RFTJob
 from rft_api.layout import CONFIG_PATH
+from rft_api.spec import RewardSpec
 
 from .. import names
-from ..topology import REWARD_REPLICAS
 from . import evaluator
 from .common import (
     BIND_HOST,
@@ -28,6 +29,7 @@ from .common import (
     scratch_mounts,
     scratch_volumes,
     service,
+    with_pod_overrides,
 )
 
 Obj = dict[str, Any]
@@ -64,7 +66,8 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     sa = job.spec.service_account_name
     pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols],
                    service_account=sa, automount_token=None if sa else False)
-    return deployment(job, names.reward(job.name), ROLE, REWARD_REPLICAS, pod)
+    rw = job.spec.reward or RewardSpec()
+    return with_pod_overrides(deployment(job, names.reward(job.name), ROLE, rw.replicas, pod), rw.pod)
 
 
 def service_for(job: RFTJob, ctx: BuildContext) -> Obj:

@@ -28,6 +28,7 @@ from .common import (
     pod_spec,
     scratch_mounts,
     scratch_volumes,
+    with_pod_overrides,
 )
 
 Obj = dict[str, Any]
@@ -53,4 +54,5 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     sa = job.spec.service_account_name
     pod = pod_spec([container], [config_volume(job), *scratch_volumes(), *ev_vols, *model_vols, *uri_vols],
                    service_account=sa, automount_token=None if sa else False)
-    return deployment(job, names.rollout(job.name), ROLE, job.spec.rollout.replicas, pod)
+    ro = job.spec.rollout
+    return with_pod_overrides(deployment(job, names.rollout(job.name), ROLE, ro.replicas, pod), ro.pod)

@@ -49,6 +49,7 @@ from .common import (
     scratch_volumes,
     service,
     user_env,
+    with_pod_overrides,
 )
 from .fetch import storage_env
 
@@ -123,7 +124,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
                    service_account=names.trainer(job.name), automount_token=True, restart_policy="Never",
                    extra={"subdomain": names.trainer(job.name)})
     annotations = {names.ANNOTATION_ATTEMPT: attempt}
-    return {
+    return with_pod_overrides({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": metadata(job, names.trainer(job.name), ROLE, annotations),
         "spec": {
@@ -139,7 +140,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
             "template": {"metadata": {"labels": names.labels(job.name, ROLE), "annotations": annotations},
                          "spec": pod},
         },
-    }
+    }, tr.pod)
 
 
 def service_for(job: RFTJob, ctx: BuildContext) -> Obj:
