@@ -1,10 +1,12 @@
-"""The labels every role's Prometheus metrics carry: ``job``, ``namespace`` and ``role``.
+"""The labels every role's Prometheus metrics carry: ``rft_job``, ``rft_namespace`` and ``rft_role``.
 
 The operator gives every pod it builds ``RFT_METRIC_JOB`` (the RFTJob's name, from the pod's
 ``app.kubernetes.io/instance`` label), ``RFT_METRIC_NAMESPACE`` and ``RFT_METRIC_ROLE`` (its
 ``rft.dev/role`` label) through the downward API. A role builds its registry with
 :func:`job_registry`; every sample it exposes then carries those three labels, so one dashboard
-query reads the same series whatever scrapes it (a PodMonitor keeps them with ``honorLabels``).
+query reads the same series whatever scrapes it. They are prefixed so that they never collide with the
+target labels Prometheus adds itself (``job``, ``namespace``, ``pod``): a scrape config needs no
+``honorLabels``, and a platform's own relabelling keeps working.
 The operator itself gets them from its chart (role ``operator``). Outside a pod (``rft run``, tests)
 the job and namespace default to ``local`` and the role to the one the caller names.
 """
@@ -19,15 +21,15 @@ from prometheus_client.metrics_core import Metric
 
 __all__ = ["LABELS", "JobLabeledRegistry", "job_labels", "job_registry"]
 
-LABELS = ("job", "namespace", "role")
-ENV = {"job": "RFT_METRIC_JOB", "namespace": "RFT_METRIC_NAMESPACE", "role": "RFT_METRIC_ROLE"}
+LABELS = ("rft_job", "rft_namespace", "rft_role")
+ENV = {"rft_job": "RFT_METRIC_JOB", "rft_namespace": "RFT_METRIC_NAMESPACE", "rft_role": "RFT_METRIC_ROLE"}
 
 
 def job_labels(role: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``{"job", "namespace", "role"}`` of this process (from the pod's environment)."""
+    """``{"rft_job", "rft_namespace", "rft_role"}`` of this process (from the pod's environment)."""
     env = os.environ if environ is None else environ
-    return {"job": env.get(ENV["job"]) or "local", "namespace": env.get(ENV["namespace"]) or "local",
-            "role": env.get(ENV["role"]) or role}
+    return {"rft_job": env.get(ENV["rft_job"]) or "local", "rft_namespace": env.get(ENV["rft_namespace"]) or "local",
+            "rft_role": env.get(ENV["rft_role"]) or role}
 
 
 class JobLabeledRegistry(CollectorRegistry):

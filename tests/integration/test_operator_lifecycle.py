@@ -133,8 +133,8 @@ def test_job_lifecycle_children_status_and_progress(cluster, api, operator, name
     assert {"Provisioning", "Running", "Succeeded"} <= set(reasons)
 
     text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).text
-    assert 'rft_operator_reconciles_total{job="local",namespace="local",result="ok",role="operator"}' in text
-    wait_for("jobs gauge", lambda: 'phase="Succeeded",role="operator"} 1.0' in httpx.get(
+    assert 'rft_operator_reconciles_total{result="ok",rft_job="local",rft_namespace="local",rft_role="operator"}' in text
+    wait_for("jobs gauge", lambda: 'phase="Succeeded",rft_job="local",rft_namespace="local",rft_role="operator"} 1.0' in httpx.get(
         f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).text)
 
 

@@ -60,7 +60,7 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
         assert not maps_torch(rollout.pid) and not maps_torch(serve.pid) and maps_torch(trainer.pid)
         assert "loaded (torch not imported)" in (tmp_path / "rollout.log").read_text()
         metrics = httpx.get(f"http://127.0.0.1:{p_coord}/metrics").text  # the trainer's Prometheus endpoint
-        assert metrics_text.samples(metrics, "rft_trainer_reward_mean", role="trainer")
+        assert metrics_text.samples(metrics, "rft_trainer_reward_mean", rft_role="trainer")
         assert metrics_text.samples(metrics, "rft_trainer_step_phase_seconds", phase="update")
         assert trainer.wait(600) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
         if remote:
@@ -73,7 +73,7 @@ def test_roles_as_processes(tmp_path, tiny_model, manifest, rft, remote):
             assert "rollout stopped by a signal" in (tmp_path / "rollout.log").read_text()
             scored = httpx.get(reward_url + "/metrics").text
             # every sample went through the reward role
-            assert metrics_text.value(scored, "rft_reward_samples_total", role="reward") >= 6 * 8 * 8
+            assert metrics_text.value(scored, "rft_reward_samples_total", rft_role="reward") >= 6 * 8 * 8
     finally:
         for p in procs:
             if p.poll() is None:

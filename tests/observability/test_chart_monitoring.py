@@ -35,14 +35,14 @@ def test_dashboard_configmap_is_labelled_for_grafanas_sidecar() -> None:
     assert not [d for d in render("monitoring.dashboard.enabled=false") if d["kind"] == "ConfigMap"]
 
 
-def test_monitors_scrape_the_operator_and_every_role_port_keeping_their_labels() -> None:
+def test_monitors_scrape_the_operator_and_every_role_port_without_overriding_prometheus_labels() -> None:
     docs = render("monitoring.serviceMonitor.enabled=true", "monitoring.podMonitor.enabled=true",
                   "watchNamespaces={team-a,team-b}")
     (sm,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     (pm,) = [d for d in docs if d["kind"] == "PodMonitor"]
     (svc,) = [d for d in docs if d["kind"] == "Service"]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"] and sm["spec"]["endpoints"][0]["honorLabels"]
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
     assert pm["spec"]["selector"]["matchLabels"] == {names.LABEL_MANAGED_BY: names.MANAGED_BY}
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
     # the ports the builders give role containers that serve /metrics: inference and reward "http", trainer "coordinator"
@@ -54,7 +54,8 @@ def test_monitors_scrape_the_operator_and_every_role_port_keeping_their_labels()
     # (the trainer's "rendezvous" port is torch.distributed's, not an HTTP server: not scraped)
     scraped = {e["port"] for e in pm["spec"]["podMetricsEndpoints"]}
     assert scraped == {"http", "coordinator"} and scraped <= ports and ports - scraped == {"rendezvous"}
-    assert all(e["honorLabels"] for e in pm["spec"]["podMetricsEndpoints"])
+    # the series carry rft_job, rft_namespace, rft_role: no honorLabels, Prometheus's own target labels stay
+    assert not any(e.get("honorLabels") for e in [*pm["spec"]["podMetricsEndpoints"], *sm["spec"]["endpoints"]])
 
 
 def test_the_charts_dns_ports_reach_the_operator_as_it_parses_them() -> None:

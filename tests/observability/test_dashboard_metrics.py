@@ -1,5 +1,5 @@
 """The Grafana dashboard the chart ships reads only metrics that live roles export, with the labels
-job, namespace and role on every series.
+rft_job, rft_namespace and rft_role on every series.
 
 Live roles, each a real HTTP server on loopback: the trainer (two steps with a KL penalty, its
 coordinator serving ``/metrics``) rolling out against the builtin inference server, the reward
@@ -31,7 +31,8 @@ from tests.trainer.served_logprobs import builtin_server
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "rft-operator" / "files" / "dashboards" / "rft-jobs.json"
 METRIC = re.compile(r"\brft_[a-z0-9_]+\b")
-LABELS = {"job": "math-grpo", "namespace": "team-a"}
+LABELS = {"rft_job": "math-grpo", "rft_namespace": "team-a"}
+TELEMETRY_LABELS = {"rft_job", "rft_namespace", "rft_role"}
 
 
 def dashboard_metrics() -> dict[str, set[str]]:
@@ -42,7 +43,8 @@ def dashboard_metrics() -> dict[str, set[str]]:
     queries += [("variable " + v["name"], v["query"]) for v in doc["templating"]["list"] if v["type"] == "query"]
     for title, expr in queries:
         for name in METRIC.findall(expr):
-            out.setdefault(name, set()).add(title)
+            if name not in TELEMETRY_LABELS:  # rft_job, rft_namespace, rft_role are labels, not metrics
+                out.setdefault(name, set()).add(title)
     return out
 
 
@@ -113,8 +115,8 @@ def _operator(monkeypatch) -> str:
 @pytest.fixture
 def live_metrics(tmp_path, tiny_model_dir, monkeypatch) -> dict[str, str]:
     """Role → the /metrics text it served, every role in a pod of job math-grpo in team-a."""
-    monkeypatch.setenv("RFT_METRIC_JOB", LABELS["job"])
-    monkeypatch.setenv("RFT_METRIC_NAMESPACE", LABELS["namespace"])
+    monkeypatch.setenv("RFT_METRIC_JOB", LABELS["rft_job"])
+    monkeypatch.setenv("RFT_METRIC_NAMESPACE", LABELS["rft_namespace"])
     trainer, inference = _trainer_and_inference(tmp_path, tiny_model_dir, monkeypatch)
     return {"trainer": trainer, "inference": inference, "reward": asyncio.run(_reward(monkeypatch)),
             "operator": _operator(monkeypatch)}
@@ -125,11 +127,13 @@ def test_every_dashboard_metric_is_exported_by_a_live_role(live_metrics) -> None
     for role, text in live_metrics.items():
         for family_sample in metrics_text.names(text):
             exported.add(family_sample)
-        # every series of every role carries job, namespace and its role
+        # every series of every role carries rft_job, rft_namespace and its rft_role, and none of the
+        # target labels Prometheus sets itself (a scrape would rename or drop them)
         for name in metrics_text.names(text):
             if name.startswith("rft_"):
                 for labels, _ in metrics_text.samples(text, name):
-                    assert labels.get("role") == role and all(labels.get(k) == v for k, v in LABELS.items()), \
+                    assert not {"job", "namespace", "pod", "instance"} & set(labels), (role, name, labels)
+                    assert labels.get("rft_role") == role and all(labels.get(k) == v for k, v in LABELS.items()), \
                         (role, name, labels)
     wanted = dashboard_metrics()
     missing = {name: sorted(titles) for name, titles in wanted.items() if name not in exported}
@@ -142,3 +146,15 @@ def test_every_dashboard_metric_is_exported_by_a_live_role(live_metrics) -> None
                    "Inference batch size and queue", "Inference engine: CUDA graphs and pacing",
                    "Operator reconcile latency", "Operator reconcile errors"):
         assert needed in titles
+
+
+def test_no_dashboard_query_reads_a_label_prometheus_sets_itself() -> None:
+    """The roles' labels are rft_job, rft_namespace, rft_role: a query on job, namespace or role would read
+    Prometheus's target labels (the scrape job's name, the pod's namespace) instead."""
+    doc = json.loads(DASHBOARD.read_text())
+    texts = [t["expr"] for p in doc["panels"] for t in p["targets"]] + [t.get("legendFormat", "") for p in doc["panels"]
+                                                                        for t in p["targets"]]
+    texts += [v["query"] for v in doc["templating"]["list"] if v["type"] == "query"]
+    bare = re.compile(r"(?<![a-z_])(job|namespace|role)\s*(=~|!=|=|\}\})|by \([^)]*(?<![a-z_])(job|namespace|role)\b|"
+                      r", (job|namespace|role)\)")
+    assert not [t for t in texts if bare.search(t)], [t for t in texts if bare.search(t)][:3]

@@ -21,7 +21,7 @@ def test_metrics_are_served() -> None:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
         m.close()
-    own = {"job": "local", "namespace": "local", "role": "operator"}  # on every series (rft_api.telemetry)
+    own = {"rft_job": "local", "rft_namespace": "local", "rft_role": "operator"}  # on every series (rft_api.telemetry)
     assert metrics_text.value(text, "rft_operator_reconciles_total", result="ok", **own) == 3.0
     assert metrics_text.value(text, "rft_operator_reconcile_errors_total", kind="transient", **own) == 1.0
     assert metrics_text.value(text, "rft_operator_reconcile_duration_seconds_count", **own) == 1.0

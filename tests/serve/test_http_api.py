@@ -129,7 +129,7 @@ def test_metrics_count_requests_and_tokens(server):
         assert name in text, name
     assert metrics_text.value(text, "rft_serve_generation_tokens_total") >= 4
     assert metrics_text.value(text, "rft_serve_requests_total", route="/v1/completions", status="200") >= 1
-    assert {"job", "namespace", "role"} <= set(metrics_text.samples(text, "rft_serve_policy_version")[0][0])
+    assert {"rft_job", "rft_namespace", "rft_role"} <= set(metrics_text.samples(text, "rft_serve_policy_version")[0][0])
 
 
 def test_health_probes_the_engine():

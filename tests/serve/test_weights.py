@@ -120,7 +120,7 @@ def test_updates_change_weights_and_bump_versions(wserver, dirs, ref_model):
     assert httpx.get(f"{url}/get_policy_version").json() == {"policy_version": 9}
     metrics = httpx.get(f"{url}/metrics").text
     assert metrics_text.value(metrics, "rft_serve_weight_updates_total", result="ok") == 4.0
-    assert metrics_text.value(metrics, "rft_serve_policy_version", role="inference") == 9.0
+    assert metrics_text.value(metrics, "rft_serve_policy_version", rft_role="inference") == 9.0
 
 
 def test_bad_updates_are_refused_and_change_nothing(wserver, dirs, tmp_path):

@@ -24,10 +24,10 @@ def test_jsonl_tensorboard_prometheus(tmp_path):
     acc.Reload()
     assert [e.value for e in acc.Scalars("reward_mean")] == [0.25, 0.5]
     text = generate_latest(sink.registry).decode()
-    own = 'job="local",namespace="local",role="trainer"'  # every series carries the role's labels
+    own = 'rft_job="local",rft_namespace="local",rft_role="trainer"'  # every series carries the role's labels
     assert f"rft_trainer_reward_mean{{{own}}} 0.5" in text
-    assert 'rft_trainer_step_phase_seconds{job="local",namespace="local",phase="update",role="trainer"} 1.5' in text
-    assert 'rft_trainer_domain_reward_mean{domain="math",job="local",namespace="local",role="trainer"} 0.75' in text
+    assert 'rft_trainer_step_phase_seconds{phase="update",rft_job="local",rft_namespace="local",rft_role="trainer"} 1.5' in text
+    assert 'rft_trainer_domain_reward_mean{domain="math",rft_job="local",rft_namespace="local",rft_role="trainer"} 0.75' in text
 
 
 def test_truncate_after_for_resume(tmp_path):
