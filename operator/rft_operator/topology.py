@@ -10,13 +10,13 @@ inside the rollout pods:
   the rollout pods that run the user's bundle code.
 
 Every other evaluator (math, string_check, regex, a bundle, a Python file) scores in the rollout pods.
+The reward role runs ``spec.reward.replicas`` pods (one by default).
 """
 from __future__ import annotations
 
 from rft_api.spec import RFTJobSpec
 
 REMOTE_BUILTINS = ("code_sandbox", "llm_judge")
-REWARD_REPLICAS = 1
 DEPLOYMENT_ROLES = ("inference", "reward", "rollout")
 
 
@@ -43,7 +43,7 @@ def desired_replicas(spec: RFTJobSpec) -> dict[str, int]:
     """Replicas per role when the job's workloads run (``trainer`` counts pods, i.e. nodes)."""
     return {
         "inference": spec.inference.replicas,
-        "reward": REWARD_REPLICAS if reward_required(spec) else 0,
+        "reward": (spec.reward.replicas if spec.reward is not None else 1) if reward_required(spec) else 0,
         "rollout": spec.rollout.replicas,
         "trainer": spec.trainer.nodes,
     }

@@ -33,7 +33,7 @@ def crd_installed(cluster):
     def established() -> bool:
         got = json.loads(kubectl(cluster, "get", "crd", "rftjobs.rft.dev", "-o", "json").stdout)
         return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in got.get("status", {}).get("conditions", []))
+                   for c in (got.get("status") or {}).get("conditions") or [])  # a new CRD may say null
     wait_for("CRD rftjobs.rft.dev to be Established", established, 60, 0.2)
     return cluster
 

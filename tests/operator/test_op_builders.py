@@ -641,3 +641,15 @@ def test_a_kueue_admission_adds_to_the_users_placement() -> None:
     pod = next(o for o in out if o["kind"] == "Job")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "trainer", "flavor": "h100"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu" and pod["tolerations"][1] == {"key": "spot", "operator": "Exists"}
+
+
+def test_reward_replicas_are_what_readiness_and_status_count() -> None:
+    from rft_operator.topology import desired_replicas
+
+    job = make_job(evaluator={"builtin": "code_sandbox"}, reward={"replicas": 3})
+    assert desired_replicas(job.spec)["reward"] == 3
+    (dep,) = [o for o in desired_children(job, BuildContext()) if o["kind"] == "Deployment"
+              and o["metadata"]["name"].endswith("-reward")]
+    assert dep["spec"]["replicas"] == 3
+    assert desired_replicas(make_job(evaluator={"builtin": "code_sandbox"}).spec)["reward"] == 1
+    assert desired_replicas(make_job().spec)["reward"] == 0
