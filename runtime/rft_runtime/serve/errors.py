@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..model.weights_files import WeightFileError as WeightLoadError  # noqa: F401  (the served model's)
+
 _TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
@@ -41,5 +43,3 @@ class EngineError(RuntimeError):
     """The engine failed while running a request (answered with 500)."""
 
 
-class WeightLoadError(ValueError):
-    """The directory does not hold weights the served model can load."""

@@ -16,7 +16,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import tarfile
 import tempfile
 import time
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..model.weights_files import unpack_weights_archive
 from .errors import APIError, EngineError, WeightLoadError, bad_request, invalid_param, model_not_found
 from .metrics import ServeMetrics
 from .protocol import (
@@ -68,31 +68,6 @@ def max_upload_bytes_for(model_dir: str) -> int:
     size = sum(f.stat().st_size for f in base.rglob("*") if f.is_file() and f.suffix in (".safetensors", ".bin")) \
         if base.is_dir() else 0
     return max(64 << 20, 4 * size)
-
-
-MAX_ARCHIVE_MEMBERS = 4096
-"""Entries a weights archive may hold (a sharded model and its config files are a few dozen)."""
-
-
-def _extract_weights(archive: Path, dest: Path, limit: int) -> None:
-    """Unpack a weights archive, an uncompressed tar whose one top entry is a directory, into ``dest``.
-    The unpacked size (what lands on the disk, not the bytes uploaded) is checked against ``limit``
-    and the number of entries against :data:`MAX_ARCHIVE_MEMBERS` before anything is written: a
-    compressed archive could otherwise turn a small upload into a full disk."""
-    with tarfile.open(archive, mode="r:") as tar:  # "r:": no decompression
-        members = []
-        for m in tar:
-            members.append(m)
-            if len(members) > MAX_ARCHIVE_MEMBERS:
-                raise tarfile.TarError(f"more than {MAX_ARCHIVE_MEMBERS} entries")
-        unpacked = sum(m.size for m in members if m.isfile())
-        if unpacked > limit:
-            raise tarfile.TarError(f"it unpacks to {unpacked} bytes, more than the server's cap of {limit}")
-        tops = {m.name.split("/", 1)[0] for m in members}
-        if len(tops) != 1:
-            raise tarfile.TarError(f"expected one top directory, found {sorted(tops)[:5]}")
-        tar.extractall(dest.parent / ".unpacked", members=members, filter="data")
-    os.rename(dest.parent / ".unpacked" / tops.pop(), dest)
 
 
 def max_body_bytes(max_model_len: int) -> int:
@@ -433,8 +408,8 @@ class ServeRoutes:
             dest = Path(tmp) / "weights"
             async with self._update_lock:  # one update unpacks at a time: its disk use is bounded once
                 try:
-                    await asyncio.to_thread(_extract_weights, archive, dest, limit)
-                except (tarfile.TarError, OSError) as exc:
+                    await asyncio.to_thread(unpack_weights_archive, archive, dest, limit)
+                except (tarfile.TarError, OSError, WeightLoadError) as exc:
                     return self._update_failed(f"The body is not a usable tar archive of a weights directory "
                                                f"(uncompressed, one top directory): {exc}")
                 return await self._load_locked(str(dest), version)

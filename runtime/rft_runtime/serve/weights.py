@@ -18,35 +18,17 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from ..model.weights_files import shard_path, weight_map
 from .errors import WeightLoadError
 
 _PEFT_PREFIX = "base_model.model."
-
-
-def _weight_map(index: Path) -> dict[str, str]:
-    try:
-        wm = json.loads(index.read_text())["weight_map"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise WeightLoadError(f"{index}: not a safetensors index ({type(exc).__name__}: {exc})") from None
-    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-        raise WeightLoadError(f"{index}: weight_map must map names to file names")
-    return wm
-
-
-def _shard(path: Path, name: str) -> Path:
-    """The shard file ``name`` of an index, which must be a plain file name in ``path`` (no directory,
-    no ``..``, no absolute path: an index never makes the server read outside the weights directory)."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise WeightLoadError(f"{path}: the index names shard {name[:80]!r}, which is not a file name in the "
-                              "weights directory")
-    return path / name
 
 
 def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of the ``*.safetensors`` files in ``path`` (shards listed by an index file when present)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted({_shard(path, f) for f in _weight_map(index).values()})
+        files = sorted({shard_path(path, f) for f in weight_map(index).values()})
     else:
         files = sorted(path.glob("*.safetensors"))
     files = [f for f in files if f.name != "adapter_model.safetensors"]
