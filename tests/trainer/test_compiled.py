@@ -90,7 +90,7 @@ def test_the_trainer_refuses_always_before_any_rank_starts(tmp_path, monkeypatch
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert main(["--config", str(path)]) == 2
     lacking = {"cpu": "no C++ compiler", "cuda": "no C compiler"}[distributed.DistContext().device.type]
-    assert f"rft trainer: trainer.compile: always, but this {distributed.DistContext().device.type} trainer " \
+    assert f"rft trainer: InvalidConfig: trainer.compile: always, but this {distributed.DistContext().device.type} trainer " \
            f"cannot compile: {lacking}" in capsys.readouterr().err
 
 
