@@ -445,9 +445,14 @@ def crash_looping(obj: Obj, now: dt.datetime) -> list[CrashLoop]:
     return out
 
 
+def _scheduled(pod: Obj) -> Optional[Obj]:
+    """The pod's ``PodScheduled`` condition (whatever its status)."""
+    return next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+
+
 def unbound_claim(pod: Obj) -> str:
     """The scheduler's message of a pod that cannot be scheduled because its claim is unbound, else ""."""
-    c = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    c = _scheduled(pod)
     msg = (c or {}).get("message") or ""
     return msg[:512] if c and c.get("status") == "False" and UNBOUND_CLAIM in msg.lower() else ""
 
@@ -470,7 +475,7 @@ short wait (a node scaling up, a preemption in progress) is normal."""
 def unschedulable(pod: Obj, now: dt.datetime) -> Optional[Pending]:
     """A pod of the job the scheduler has not placed for :data:`UNSCHEDULABLE_AFTER_S`, with its message
     (a pod waiting on the unbound checkpoint claim is left to :func:`observe_claim`)."""
-    c = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    c = _scheduled(pod)
     if c is None or c.get("status") != "False" or c.get("reason") != "Unschedulable" or pod["metadata"].get("deletionTimestamp"):
         return None
     msg = (c.get("message") or "").strip()

@@ -153,8 +153,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
 
     roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts, hold,
                                           observed.trainer_disruptions)
-    _crashloop_conditions(values, observed, phase)
-    _pending_conditions(values, observed, phase)
+    _problem_conditions(values, observed, phase)
     if inputs_state.wanted:
         values["InputsReady"] = inputs_state.condition
     if spec.output is not None:
@@ -237,37 +236,33 @@ def _roles_and_conditions(spec: RFTJobSpec, phase: str, decision: PhaseDecision,
 ROLE_CONDITIONS = {"inference": "InferenceReady", "reward": "RewardReady", "rollout": "RolloutReady"}
 
 
-def _crashloop_conditions(values: dict[str, tuple[str, str, str]], observed: Observed, phase: str) -> None:
-    """Each Deployment role with a crash-looping container: its condition False, reason
-    ``CrashLoopBackOff``, naming the pod, the container and its last termination (in place)."""
-    if is_terminal(phase):
-        return
-    for loop in reversed(observed.crashloops):  # the first of a role wins
-        ctype = ROLE_CONDITIONS.get(loop.role)
-        if ctype in values and values[ctype][1] != "Removed":
-            values[ctype] = ("False", "CrashLoopBackOff", loop.describe())
-
-
 SCHEDULING_CONDITIONS = {**ROLE_CONDITIONS, "trainer": "TrainerRunning"}
 
 
-def _pending_conditions(values: dict[str, tuple[str, str, str]], observed: Observed, phase: str) -> None:
-    """Each role with a pod the scheduler cannot place or pods its Deployment cannot create: its condition
-    False with reason ``Unschedulable``, ``QuotaExceeded`` or ``FailedCreate`` and their words (in place)."""
+def _problem_conditions(values: dict[str, tuple[str, str, str]], observed: Observed, phase: str) -> None:
+    """Each role with a problem its pods show, in its condition (False, in place): a Deployment role's
+    crash-looping container (reason ``CrashLoopBackOff``, naming the pod, the container and its last
+    termination), then, over it, a pod the scheduler cannot place or pods a Deployment cannot create
+    (``Unschedulable``, ``QuotaExceeded``, ``FailedCreate`` and their words)."""
     if is_terminal(phase):
         return
-    for p in reversed(observed.pending):  # the first of a role wins
-        ctype = SCHEDULING_CONDITIONS.get(p.role)
+    problems = [*((c.role, "CrashLoopBackOff", c.describe()) for c in reversed(observed.crashloops)),
+                *((p.role, p.reason, p.describe()) for p in reversed(observed.pending))]
+    for role, reason, text in problems:  # reversed: the first of a role wins
+        ctype = SCHEDULING_CONDITIONS.get(role)
         if ctype in values and values[ctype][1] != "Removed":
-            values[ctype] = ("False", p.reason, p.describe())
+            values[ctype] = ("False", reason, text)
+
+
+def _more(items: tuple[object, ...]) -> str:
+    return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
 
 
 def _pending_note(observed: Observed, phase: str) -> str:
     """What the message of a job not yet terminal adds while a pod cannot be placed or created."""
     if is_terminal(phase) or not observed.pending:
         return ""
-    more = f" (and {len(observed.pending) - 1} more)" if len(observed.pending) > 1 else ""
-    return f"; {observed.pending[0].describe()}{more}"
+    return f"; {observed.pending[0].describe()}{_more(observed.pending)}"
 
 
 def _pulls_note(observed: Observed, phase: str) -> str:
@@ -276,9 +271,8 @@ def _pulls_note(observed: Observed, phase: str) -> str:
     if is_terminal(phase) or not observed.pulls:
         return ""
     p = observed.pulls[0]
-    more = f" (and {len(observed.pulls) - 1} more)" if len(observed.pulls) > 1 else ""
     return (f"; waiting on an image pull: {p.role} pod {p.pod} container {p.container}: {p.reason}: "
-            f"{p.message}{more} (the job fails if it lasts {int(PULL_ERROR_GRACE_S)}s)")
+            f"{p.message}{_more(observed.pulls)} (the job fails if it lasts {int(PULL_ERROR_GRACE_S)}s)")
 
 
 def _crashloop_note(observed: Observed, phase: str) -> str:
