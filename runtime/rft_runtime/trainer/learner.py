@@ -339,7 +339,8 @@ class Learner:
     def weights_finite(self) -> bool:
         """Whether every trainable parameter is finite (this rank's shards; with a :attr:`shard`, all
         ranks', every rank getting the same answer)."""
-        ok = all(bool(torch.isfinite(_local(p)).all()) for p in self.trainable_parameters())
+        flags = [torch.isfinite(_local(p)).all() for p in self.trainable_parameters()]
+        ok = bool(torch.stack(flags).all())  # one read back from the device, not one per tensor
         if self.shard is not None and self.shard.world_size > 1:
             from .distributed import gather_objects
 
