@@ -10,6 +10,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("rft_runtime.cli:_crds", "print the RFTJob CustomResourceDefinition"),
     "validate": ("rft_runtime.cli:_validate", "validate RFTJob manifests"),
     "docs": ("rft_runtime.cli:_docs", "print the API reference (docs/api.md)"),
+    "plan": ("rft_runtime.cli:_plan",
+             "print a job's per-rank trainer memory and whether it fits (rft plan JOB.yaml [--device-memory 80GiB])"),
     "run": ("rft_runtime.local.cli:main", "run an RFTJob manifest on this machine (roles as Ray actors)"),
     "samples": ("rft_runtime.samples_view:main",
                 "print a local run's sampled completions, rewards and reasons (rft samples DIR [--step N])"),
@@ -20,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                         "build the tiny Qwen2-architecture model and byte tokenizer offline"),
     "model": ("rft_runtime.model.export:model_cli", "model utilities (export a builtin model for vLLM)"),
     "serve": ("rft_runtime.serve.server:main", "the builtin vLLM-compatible inference server"),
+    "gate": ("rft_runtime.gate.main:main", "the authenticated front of a vLLM server that loads full policy versions"),
     "reward": ("rft_runtime.rewards.server:main", "the reward role: serve the reward API (--config FILE)"),
     "fetch": ("rft_runtime.fetching:main", "fetch a job's hf:// and s3:// model and datasets (--config FILE)"),
 }
@@ -58,6 +61,26 @@ def _validate(argv: list[str]) -> int:
             for problem in e.problems:
                 print(f"  {problem}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _plan(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="rft plan", description=COMMANDS["plan"][1])
+    p.add_argument("file", help="an RFTJob manifest")
+    p.add_argument("--config", help="the model's config.json (or its directory), for a model not on this machine")
+    p.add_argument("--device-memory", help="memory of each trainer device (a quantity: 80GiB, 80Gi, 141G); "
+                   "default: unknown on GPUs, the trainer pod's memory limit per process on the CPU")
+    p.add_argument("--device", choices=("gpu", "cpu"), help="default: gpu when the trainer asks for nvidia.com/gpu")
+    args = p.parse_args(argv)
+    from rft_api.job import InvalidSpec, load_manifest
+
+    from .trainer.memory_plan import run_plan
+
+    try:
+        job = load_manifest(args.file)
+    except InvalidSpec as e:
+        print("\n".join([f"{args.file}: invalid", *e.problems]), file=sys.stderr)
+        return 1
+    return run_plan(job.spec, args.config, args.device_memory, args.device)
 
 
 def main(argv: list[str] | None = None) -> int:
