@@ -17,7 +17,6 @@ from pydantic.alias_generators import to_camel
 
 from .constants import (
     BUILTIN_MODELS,
-    DEFAULT_RUNTIME_IMAGE,
     GROUP_RELATIVE_ALGORITHMS,
     MAX_EVALUATOR_CONFIG_BYTES,
     REMOTE_EVALUATORS,
@@ -46,7 +45,14 @@ DEFAULT_REQUESTS = {"cpu": "250m", "memory": "512Mi"}
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253,
                                         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
 KeyName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")]
-Image = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+# An image reference as the container runtime parses it (the grammar of distribution's reference package):
+# [registry[:port]/]path[:tag][@digest], the path's components lower case.
+IMAGE_REFERENCE_PATTERN = (
+    r"^(?:(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*"
+    r"(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[a-zA-Z0-9_][a-zA-Z0-9_.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+Image = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=IMAGE_REFERENCE_PATTERN)]
 PathStr = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 Arg = Annotated[str, StringConstraints(max_length=4096)]
 EnvName = Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
@@ -845,7 +851,7 @@ class InferenceSpec(ApiModel):
     engine: EngineName = "builtin"
     """builtin (our torch server) or vllm."""
     image: Optional[Image] = None
-    """Engine image; defaults to the runtime image for builtin and an upstream image otherwise."""
+    """Engine image. Unset: the runtime image for builtin, and the operator's configured vLLM image (chart value `images.vllm`) for vllm."""
     replicas: int = Field(1, ge=1, le=256)
     """Inference pods (at least one; ``suspend`` stops every pod). Each policy version is published to
     every ready replica before rollouts are granted it; a replica that starts loads the current one."""
@@ -1002,6 +1008,8 @@ class TrainerSpec(ApiModel):
     """Passes over each step's batch."""
     micro_batch_size: int = Field(8, ge=1, le=4096)
     """Sequences per forward/backward; gradients accumulate to the whole batch."""
+    gradient_checkpointing: Optional[bool] = None
+    """Unset: false. Activation checkpointing per decoder layer: each layer keeps only its input in the forward and recomputes its activations in the backward (about a third more compute for a fraction of the activation memory; `rft plan` shows both). The loss and gradients are those without it up to float rounding. Micro-batches then run every row whole (no shared-prompt forwards on the CPU). The trainer fails at start (ModelLoadFailed, naming this field) with a model whose layers cannot be checkpointed."""
     compile: Optional[Literal["auto", "always", "never"]] = None
     """Unset: auto (so that jobs written before the field existed keep their config hash, and their pods, across an operator upgrade). Compile the policy's and the reference's decoder layers with torch.compile (dynamic shapes: micro-batches of any size reuse one graph; the first step pays the compilation, about 10 s on a GPU). auto: on GPUs, where it fuses most of a step's small kernels (a 365M model's step on an H200: 0.30 s instead of 0.49 s), not on the CPU (tens of seconds of compilation for a few percent), and not where the image lacks the compilers it needs (a C compiler and Python's headers on a GPU; the trainer's log says so); a layer that fails to compile runs eager. always: on any device, and the trainer fails at start, naming this field, where it cannot. never: eager mode."""
     max_steps: int = Field(100, ge=1, le=10_000_000)
@@ -1349,8 +1357,8 @@ class RFTJobSpec(ApiModel):
     """The job fails with reason DeadlineExceeded after this many seconds of running since it started or was last resumed (as a Kubernetes Job's deadline: the clock restarts on resume, and suspended time never counts)."""
     restart_limit: int = Field(3, ge=0, le=1000)
     """Trainer restarts allowed (each resumes from the latest checkpoint) before the job fails."""
-    runtime_image: Image = DEFAULT_RUNTIME_IMAGE
-    """Image for the roles that do not name their own."""
+    runtime_image: Optional[Image] = None
+    """Image for the roles that do not name their own. Unset: the operator's configured runtime image (chart value `images.runtime`)."""
     default_resources: Resources = Field(default_factory=lambda: Resources(requests=dict(DEFAULT_REQUESTS)))
     """Completes the resources of every container of the job's pods: each request here that a container names neither as a request nor as a limit (Kubernetes takes a missing request from its limit), and each limit here it does not name. Init containers have no resources of their own; inference and trainer keep theirs, rollout and reward pods theirs from rollout.pod and reward.pod. Every pod then has requests, so a namespace with a ResourceQuota admits it."""
     service_account_name: Optional[Name] = None

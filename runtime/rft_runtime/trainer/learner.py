@@ -49,6 +49,8 @@ class LearnerConfig:
     temperature: float = 1.0
     grad_clip: float = 1.0
     max_response_tokens: int = 256
+    gradient_checkpointing: bool = False
+    """Checkpoint every decoder layer's activations (``trainer.gradientCheckpointing``, :mod:`.checkpointing`)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -107,7 +109,7 @@ def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool =
         prompts, k = step
         plan, run = prompts.plans[k], prompts.run(k, model, dev)
     else:
-        plan = prompt_owners(batch, collective, model_costs(model)) if shares(dev) else None
+        plan = prompt_owners(batch, collective, model_costs(model)) if shares(dev, model) else None
         run = None
     if plan is not None:
         return shared_logits(model, batch, start, plan, dev, collective, run), start
@@ -149,7 +151,7 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
     out = torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
     try:
         collective = shard is not None and shard.world_size > 1
-        order = order_rows(batch, rows, micro_batch_size, shares(dev), model_costs(model))
+        order = order_rows(batch, rows, micro_batch_size, shares(dev, model), model_costs(model))
         parts = micro_batches(len(rows), micro_batch_size, order)
         mbs = [batch.select(rows[pos]) for pos in parts]
         prompts = step_prompts(model, batch, mbs, micro_batch_size, dev, collective)
@@ -251,6 +253,10 @@ class Learner:
 
     def __init__(self, model: torch.nn.Module, cfg: LearnerConfig, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, shard: Shard | None = None) -> None:
+        if cfg.gradient_checkpointing:
+            from .checkpointing import enable
+
+            enable(model)
         self.model = model
         self.cfg = cfg
         self.optimizer = optimizer
@@ -375,7 +381,7 @@ class Learner:
         cfg = self.cfg
         # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
         # rounding, so every pass cuts them the cheapest way (by length, or a shared prompt together)
-        order = order_rows(u.batch, u.rows, cfg.micro_batch_size, shares(u.dev), model_costs(self.model))
+        order = order_rows(u.batch, u.rows, cfg.micro_batch_size, shares(u.dev, self.model), model_costs(self.model))
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float32, device=u.dev)
         parts = micro_batches(len(u.rows), cfg.micro_batch_size, order)
@@ -527,4 +533,5 @@ def learner_config(algorithm: Any, spec: Any) -> LearnerConfig:
         kl_coef=algorithm.kl_coef, kl_estimator=algorithm.kl_estimator, kl_placement=algorithm.kl_placement,
         epochs=t.epochs_per_step, micro_batch_size=t.micro_batch_size, temperature=spec.rollout.temperature,
         grad_clip=t.grad_clip, max_response_tokens=spec.rollout.max_tokens * spec.rollout.max_turns,
+        gradient_checkpointing=bool(t.gradient_checkpointing),
     )

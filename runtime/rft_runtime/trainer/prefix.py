@@ -39,8 +39,15 @@ forward per micro-batch costs more launches than the tokens it saves. On the CPU
 the tokens it runs, and sharing saves them."""
 
 
-def shares(device: torch.device) -> bool:
-    """Whether micro-batches on ``device`` run their shared prompts once."""
+def shares(device: torch.device, model: torch.nn.Module | None = None) -> bool:
+    """Whether micro-batches of ``model`` on ``device`` run their shared prompts once: not where the model
+    checkpoints its layers' activations (a checkpointed layer's training forward keeps no cache,
+    :mod:`.checkpointing`)."""
+    if model is not None:
+        from .checkpointing import checkpointed
+
+        if checkpointed(model):
+            return False
     return SHARE_PROMPTS and device.type in SHARE_ON
 
 
@@ -363,7 +370,7 @@ def step_prompts(model: torch.nn.Module, batch: Any, parts: list[Any], size: int
     """The :class:`StepPrompts` of a pass over micro-batches ``parts`` (``TrainBatch`` each), or None where
     prompts are run per micro-batch: not shared on ``device``, a sharded model (``collective``, or FSDP
     over one process), or no micro-batch shares a prompt."""
-    if collective or not shares(device) or batch.prompt_lengths is None:
+    if collective or not shares(device, model) or batch.prompt_lengths is None:
         return None
     from torch.distributed.fsdp import FSDPModule
 
