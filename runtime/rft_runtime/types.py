@@ -314,6 +314,32 @@ class Trajectory(_JsonModel):
             raise ValueError("trajectory name must not be empty")
         return self
 
+    def segments(self) -> list[Step]:
+        """The trajectory's training samples: its steps grouped into chains, each merged
+        (:meth:`merged`) into one step.
+
+        A step joins the latest chain whose context (last prompt + response) its prompt extends; a step
+        that extends none starts a chain. A cumulative multi-turn trajectory is one chain (one masked
+        sequence); rLLM's step-wise trajectory (separate calls, e.g. a summarising agent) is one chain per
+        call, each trained as its own sample with the trajectory's advantage.
+        """
+        if not self.steps:
+            raise ValueError(f"trajectory {self.name!r} has no steps")
+        chains: list[list[Step]] = []
+        contexts: list[list[int]] = []
+        for step in self.steps:
+            k = next((k for k in range(len(chains) - 1, -1, -1)
+                      if step.prompt_ids[: len(contexts[k])] == contexts[k]), None)
+            if k is None:
+                chains.append([step])
+                contexts.append(step.prompt_ids + step.response_ids)
+            else:
+                chains[k].append(step)
+                contexts[k] = step.prompt_ids + step.response_ids
+        if len(chains) == 1:
+            return [self.merged()]
+        return [Trajectory(name=self.name, steps=c, reward=self.reward).merged() for c in chains]
+
     def merged(self) -> Step:
         """The trajectory as one step: the first prompt, then every response and the environment
         tokens between turns (mask 0, logprob 0.0) in order.

@@ -82,8 +82,17 @@ class ChatClient:
         max_prompt_tokens: int | None = None,
         max_turns: int | None = None,
         recompute: RecomputeSampler | None = None,
+        stepwise: bool = False,
     ) -> None:
         self.inference = inference
+        self.stepwise = stepwise
+        """New conversations join trajectory `trajectory` as further steps instead of starting a
+        trajectory of their own (the recording gateway's calls: an agent's separate calls are the
+        steps of one trajectory, see `recorder.py`)."""
+        self.base_url: str | None = None
+        """The recording gateway's OpenAI base URL for this episode (`gateway.py`), once opened."""
+        self.api_key: str | None = None
+        """The episode's key for `base_url`."""
         self.recompute = recompute
         self.max_prompt_tokens = max_prompt_tokens
         self.max_turns = max_turns
@@ -104,9 +113,18 @@ class ChatClient:
             self.inference, self.tokenizer, sampling=self.sampling, policy_version=self.policy_version,
             recorder=self.recorder, trajectory=name, tool_parser=self.tool_parser,
             max_prompt_tokens=self.max_prompt_tokens, max_turns=self.max_turns, recompute=self.recompute,
+            stepwise=self.stepwise,
         )
         view._warned = self._warned
+        view.base_url, view.api_key = self.base_url, self.api_key
         return view
+
+    def openai_env(self) -> dict[str, str]:
+        """`OPENAI_BASE_URL`, `OPENAI_API_KEY` and `OPENAI_MODEL` of this episode's gateway endpoint,
+        for an agent run as a subprocess (``env={**os.environ, **client.openai_env()}``)."""
+        if self.base_url is None or self.api_key is None:
+            raise RuntimeError("this client has no gateway endpoint (only bundle rollouts get one)")
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.inference.model}
 
     async def create_chat_completion(
         self,
@@ -240,6 +258,7 @@ class ChatClient:
         self.recorder.record(
             sample, conv, message=as_dict, message_obj=message, history=messages, parent=parent,
             trajectory_name=self.trajectory if parent is None else self.recorder.trajectories[parent.trajectory].name,
+            stepwise=self.stepwise,
         )
         return Choice(
             index=i,
@@ -303,6 +322,20 @@ class SyncChatClient:
     def with_trajectory(self, name: str) -> "SyncChatClient":
         """Sync view recording new conversations as trajectory `name`."""
         return SyncChatClient(self._client.with_trajectory(name), self._loop)
+
+    @property
+    def base_url(self) -> str | None:
+        """The episode's recording-gateway base URL (see `ChatClient.base_url`)."""
+        return self._client.base_url
+
+    @property
+    def api_key(self) -> str | None:
+        """The episode's key for `base_url`."""
+        return self._client.api_key
+
+    def openai_env(self) -> dict[str, str]:
+        """See `ChatClient.openai_env`."""
+        return self._client.openai_env()
 
     def create(self, **kwargs: Any) -> ChatCompletion:
         try:

@@ -146,7 +146,7 @@ class RolloutLoop:
                 await self._loop(coord, poster, worker, scorer)
             finally:
                 await poster.aclose()
-                worker.close()
+                await worker.aclose()
                 await scorer.aclose()
         return self.stats
 

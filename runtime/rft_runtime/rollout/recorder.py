@@ -5,6 +5,12 @@ including one of its assistant messages) continues that sample's `TokenConversat
 assistant turns keep their sampled ids. Samples form trajectories: a sample that continues another
 joins that sample's trajectory; a second continuation of the same sample (a fork) and a fresh
 conversation each start a new one. Every sample is in exactly one trajectory.
+
+Step-wise recording (``stepwise=True``, the recording gateway's calls): a fresh conversation joins
+the trajectory named ``trajectory_name`` as a further step instead of starting one, so an agent whose
+calls do not continue each other (a summarising agent, a planner and its sub-calls) is one trajectory
+of separate steps (rLLM's step-wise trajectory; the trainer trains each step, sharing the
+trajectory's advantage).
 """
 
 from __future__ import annotations
@@ -136,12 +142,15 @@ class RolloutRecorder:
         history: Sequence[Any],
         parent: RecordedSample | None,
         trajectory_name: str,
+        stepwise: bool = False,
     ) -> RecordedSample:
         """Record `sample`; `history` is the request's messages (the new assistant message excluded)."""
         index = len(self.samples)
         if parent is not None and parent.index not in self._continued:
             self._continued.add(parent.index)
             traj = parent.trajectory
+        elif parent is None and stepwise and (named := self._named(trajectory_name)) is not None:
+            traj = named
         else:
             self.trajectories.append(RecordedTrajectory(self._unique_name(trajectory_name)))
             traj = len(self.trajectories) - 1
@@ -154,6 +163,10 @@ class RolloutRecorder:
         self._by_message_obj[id(message_obj)] = index
         self._returned_objects.append(message_obj)
         return rec
+
+    def _named(self, name: str) -> int | None:
+        """The index of the trajectory called ``name`` (None when there is none)."""
+        return next((i for i, t in enumerate(self.trajectories) if t.name == name), None)
 
     def _unique_name(self, name: str) -> str:
         """`name`, or `name#k` (smallest k >= 1 not taken): names are unique within an episode."""

@@ -18,6 +18,12 @@ Errors: inference failures (`RolloutInfraError`: unreachable server, token-contr
 as such (400/413/422, e.g. a conversation longer than the context), an exception from the bundle's
 own code, a rollout timeout or a failing scorer produce an episode whose `errors` say so, reward
 None (or the scorer's on-error reward), and every sample drawn so far.
+
+Recording gateway (`gateway.py`): while a bundle rollout runs, its episode has an OpenAI-compatible
+endpoint on the pod's loopback (`client.base_url`, `client.api_key`, `client.openai_env()`), so an
+agent with its own OpenAI client is recorded like the injected client; the endpoint closes when the
+rollout returns. A length limit one of its calls ran into ends the episode as above, an inference
+failure behind one of its calls gives the task back.
 """
 
 from __future__ import annotations
@@ -39,10 +45,28 @@ from .client import InferenceClient
 from .concurrency import run_all
 from .episodes import build_episode, episode_id
 from .errors import InferenceHTTPError, MaxTurnsReached, PromptTooLong, RolloutInfraError
+from .gateway import EpisodeEndpoint, RecordingGateway
 from .outcome import RunOutcome, score_view
 from .recompute import RecomputeSampler
 from .recorder import DEFAULT_TRAJECTORY, RolloutRecorder
 from .sampling import SamplingParams
+
+
+def _ended_by_gateway(outcome: RunOutcome, endpoint: EpisodeEndpoint) -> bool:
+    """Whether a call through the episode's gateway endpoint decided the outcome: an inference
+    failure (raised: the task is given back), a prompt too long (an error episode) or the turn limit
+    (termination ``max_turns``, scored as it stands). The agent's own answer to the refusal (often an
+    exception) does not count then."""
+    if endpoint.infra_error is not None:
+        raise endpoint.infra_error
+    if isinstance(endpoint.limit_error, PromptTooLong):
+        outcome.fail(str(endpoint.limit_error))
+        return True
+    if isinstance(endpoint.limit_error, MaxTurnsReached):
+        outcome.termination = "max_turns"
+        return True
+    return False
+
 
 Scorer = Callable[[Sample, Task], Any]
 """`score(sample, item)`, sync or async, returning a float, None, a bool, a dict with `reward`, or a
@@ -64,6 +88,7 @@ class RolloutWorker:
         max_prompt_tokens: int | None = None,
         max_turns: int | None = None,
         tokens: str = "exact",
+        gateway: RecordingGateway | None = None,
     ) -> None:
         if max_concurrent_rollouts < 1:
             raise ValueError(f"max_concurrent_rollouts must be >= 1, got {max_concurrent_rollouts}")
@@ -80,6 +105,13 @@ class RolloutWorker:
         self._slots = asyncio.Semaphore(max_concurrent_rollouts)
         self._threads = max_concurrent_rollouts
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.gateway = gateway if gateway is not None else RecordingGateway()
+        """The recording gateway bundle rollouts get (started with the first of them)."""
+
+    async def aclose(self) -> None:
+        """Stop the recording gateway and the thread pool."""
+        await self.gateway.aclose()
+        self.close()
 
     def close(self) -> None:
         """Shut down the thread pool used for synchronous bundle rollouts."""
@@ -130,9 +162,26 @@ class RolloutWorker:
         recorder = RolloutRecorder()
         client = self._client(sampling, policy_version, recorder)
         outcome = RunOutcome(recorder.trajectories)
+        await self.gateway.start()
+        endpoint = self.gateway.open(episode_id(task.task_id, idx), client)
         try:
             async with self._slots:
                 out = await asyncio.wait_for(self._call_rollout(task, client), self.rollout_timeout_s)
+        except Exception as e:  # asyncio.TimeoutError included
+            return self._failed_run(outcome, endpoint, e)
+        finally:
+            self.gateway.close(endpoint)
+        if _ended_by_gateway(outcome, endpoint):
+            return outcome
+        outcome.apply_output(out)
+        return outcome
+
+    def _failed_run(self, outcome: RunOutcome, endpoint: EpisodeEndpoint, error: BaseException) -> RunOutcome:
+        """The outcome of a rollout that raised ``error`` (re-raised when the task must be given back)."""
+        if _ended_by_gateway(outcome, endpoint):
+            return outcome
+        try:
+            raise error
         except InferenceHTTPError as e:
             if not e.is_request_error:
                 raise
@@ -152,8 +201,6 @@ class RolloutWorker:
         except Exception as e:  # the user's code failed: keep the episode and its samples
             outcome.fail(f"rollout_error: {type(e).__name__}: {e}")
             return outcome
-        outcome.apply_output(out)
-        return outcome
 
     async def _call_rollout(self, task: Task, client: ChatClient) -> Any:
         assert self.bundle is not None and self.bundle.rollout is not None
