@@ -170,3 +170,19 @@ async def test_agent_in_a_subprocess_reads_the_standard_environment(replay, chat
         {"prompt_ids": r.sample.prompt_ids, "response_ids": r.sample.completion_ids, "logprobs": r.sample.logprobs}
         for r in traj.samples])
     assert len(steps.segments()) == 1 and steps.merged().response_ids[-len(enc("ANSWER: 5")):] == enc("ANSWER: 5")
+
+
+async def test_an_inference_failure_behind_a_call_gives_the_task_back(replay, chat_tokenizer):
+    """The engine keeps failing: the agent's call is answered 502, and the worker raises (the task is
+    released and leased again) instead of posting an episode the agent ended on its own."""
+    from rft_runtime.rollout import InferenceUnavailableError
+
+    server, url = replay
+    server.faults = [503] * 10
+    async with InferenceClient(url, "tiny", retry=FAST, rng=random.Random(0)) as inference:
+        worker = RolloutWorker(inference, chat_tokenizer, bundle=load_bundle(str(AGENT)))
+        try:
+            with pytest.raises(InferenceUnavailableError):
+                await worker.rollout_task(_task(), 1, SamplingParams(max_tokens=128), policy_version=7)
+        finally:
+            await worker.aclose()

@@ -320,7 +320,10 @@ def _refuse_unsupported(body: Mapping[str, Any], allowed: set[str]) -> None:
 def _chat_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """The chat client's keyword arguments from a request body (``extra_body`` fields the SDK wrote at
     the top level go back into ``extra_body``)."""
-    kwargs = {k: v for k, v in body.items() if k not in _EXTRA_BODY_FIELDS and k != "extra_body"}
+    if "extra_body" in body:
+        raise GatewayError(400, "extra_body is not supported: send its fields at the top level, as the OpenAI "
+                                "SDK does", param="extra_body")
+    kwargs = {k: v for k, v in body.items() if k not in _EXTRA_BODY_FIELDS}
     extra = {k: body[k] for k in _EXTRA_BODY_FIELDS if k in body}
     if extra:
         kwargs["extra_body"] = extra
