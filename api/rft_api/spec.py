@@ -1008,6 +1008,8 @@ class TrainerSpec(ApiModel):
     """Passes over each step's batch."""
     micro_batch_size: int = Field(8, ge=1, le=4096)
     """Sequences per forward/backward; gradients accumulate to the whole batch."""
+    sequence_packing: Optional[bool] = None
+    """Unset: false. Run each micro-batch's rows packed into one sequence without padding: position ids restart at every row and no token attends across rows (transformers' packed-sequence mask; flash attention's variable-length kernel where the model uses it). Log-probs and the loss are the padded computation's up to float rounding. It saves the padding's compute; with the dense sdpa attention (the CPU's) attention runs masked over the whole packed micro-batch, so it pays where rows of a micro-batch differ much in length (docs/how-to/memory.md). Micro-batches then run every row whole (no shared-prompt forwards on the CPU)."""
     gradient_checkpointing: Optional[bool] = None
     """Unset: false. Activation checkpointing per decoder layer: each layer keeps only its input in the forward and recomputes its activations in the backward (about a third more compute for a fraction of the activation memory; `rft plan` shows both). The loss and gradients are those without it up to float rounding. Micro-batches then run every row whole (no shared-prompt forwards on the CPU). The trainer fails at start (ModelLoadFailed, naming this field) with a model whose layers cannot be checkpointed."""
     compile: Optional[Literal["auto", "always", "never"]] = None

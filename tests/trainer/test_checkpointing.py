@@ -70,7 +70,7 @@ def test_a_model_without_checkpointable_layers_is_refused_naming_the_field():
                 torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0))
 
 
-def test_the_spec_field_reaches_the_learner():
+def test_the_spec_fields_reach_the_learner():
     from rft_api.job import parse_manifest
     from rft_api.presets import resolve_algorithm
     from rft_runtime.trainer.learner import learner_config
@@ -80,6 +80,10 @@ def test_the_spec_field_reaches_the_learner():
                     "evaluator": {"builtin": "math"}, "trainer": {"gradientCheckpointing": True}}}
     spec = parse_manifest(doc).spec
     assert learner_config(resolve_algorithm(spec), spec).gradient_checkpointing is True
+    doc["spec"]["trainer"] = {"sequencePacking": True}
+    spec = parse_manifest(doc).spec
+    assert learner_config(resolve_algorithm(spec), spec).sequence_packing is True
     spec = parse_manifest({**doc, "spec": {**doc["spec"], "trainer": {}}}).spec
     assert spec.trainer.gradient_checkpointing is None
     assert learner_config(resolve_algorithm(spec), spec).gradient_checkpointing is False
+    assert learner_config(resolve_algorithm(spec), spec).sequence_packing is False

@@ -51,6 +51,8 @@ class LearnerConfig:
     max_response_tokens: int = 256
     gradient_checkpointing: bool = False
     """Checkpoint every decoder layer's activations (``trainer.gradientCheckpointing``, :mod:`.checkpointing`)."""
+    sequence_packing: bool = False
+    """Run each micro-batch's rows packed into one sequence (``trainer.sequencePacking``, :mod:`.packing`)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -86,7 +88,7 @@ def response_start(loss_mask: torch.Tensor) -> int:
 
 
 def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool = False,
-                   step: tuple[StepPrompts, int] | None = None) -> tuple[torch.Tensor, int]:
+                   step: tuple[StepPrompts, int] | None = None, packed: bool = False) -> tuple[torch.Tensor, int]:
     """``(logits, start)``: the logits [B, W - start] predicting ``batch.targets[:, start:]``, where
     ``start`` is :func:`response_start` of the batch's loss mask, in float32 whatever the compute dtype
     (log-probs and the loss are float32 math), on the model's device.
@@ -102,14 +104,23 @@ def forward_logits(model: torch.nn.Module, batch: TrainBatch, collective: bool =
     the model is causal, so a real position never sees a padding one, and its logits are those the
     padded mask gives. Without a mask, attention takes its causal kernel instead of a masked one (on
     an H200, 8 % of a 365 M-parameter model's step); the padding positions' own logits are never
-    read."""
+    read.
+
+    ``packed``: the rows run packed into one sequence without padding (:mod:`.packing`), never shared."""
     dev = model_device(model)
     start = response_start(batch.loss_mask)
+    if packed:
+        from .packing import packed_logits
+
+        logits = packed_logits(model, batch, start, dev)
+        if logits is not None:
+            return logits, start
+        step = None
     if step is not None:
         prompts, k = step
         plan, run = prompts.plans[k], prompts.run(k, model, dev)
     else:
-        plan = prompt_owners(batch, collective, model_costs(model)) if shares(dev, model) else None
+        plan = prompt_owners(batch, collective, model_costs(model)) if shares(dev, model) and not packed else None
         run = None
     if plan is not None:
         return shared_logits(model, batch, start, plan, dev, collective, run), start
@@ -135,10 +146,11 @@ class Shard:
 
 @torch.no_grad()
 def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: float,
-                      micro_batch_size: int, shard: Shard | None = None) -> torch.Tensor:
+                      micro_batch_size: int, shard: Shard | None = None, packing: bool = False) -> torch.Tensor:
     """Log-probabilities [B, L-1] (float32, CPU) of every target token under ``model`` (0 off-mask).
 
-    With ``shard`` every rank computes its rows and the whole is gathered on every rank (collective)."""
+    With ``shard`` every rank computes its rows and the whole is gathered on every rank (collective).
+    ``packing``: each micro-batch's rows run packed into one sequence (:mod:`.packing`)."""
     was_training = model.training
     model.eval()
     if shard is None:
@@ -151,12 +163,13 @@ def sequence_logprobs(model: torch.nn.Module, batch: TrainBatch, temperature: fl
     out = torch.zeros((len(rows), batch.loss_mask.shape[1]), dtype=torch.float32, device=dev)
     try:
         collective = shard is not None and shard.world_size > 1
-        order = order_rows(batch, rows, micro_batch_size, shares(dev, model), model_costs(model))
+        share = shares(dev, model) and not packing
+        order = order_rows(batch, rows, micro_batch_size, share, model_costs(model))
         parts = micro_batches(len(rows), micro_batch_size, order)
         mbs = [batch.select(rows[pos]) for pos in parts]
-        prompts = step_prompts(model, batch, mbs, micro_batch_size, dev, collective)
+        prompts = step_prompts(model, batch, mbs, micro_batch_size, dev, collective) if share else None
         for k, (pos, mb) in enumerate(zip(parts, mbs)):
-            logits, start = forward_logits(model, mb, collective, (prompts, k) if prompts else None)
+            logits, start = forward_logits(model, mb, collective, (prompts, k) if prompts else None, packing)
             lp = logprobs_from_logits(logits, mb.targets[:, start:].to(dev), temperature).float()
             w = mb.loss_mask.shape[1]
             keep = (mb.loss_mask.to(dev) & live[pos].to(dev).unsqueeze(-1))[:, start:]
@@ -272,7 +285,8 @@ class Learner:
 
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """Current-policy log-probs [B, L-1] without gradient (the recomputed old log-probs)."""
-        return sequence_logprobs(self.model, batch, self.cfg.temperature, self.cfg.micro_batch_size, self.shard)
+        return sequence_logprobs(self.model, batch, self.cfg.temperature, self.cfg.micro_batch_size, self.shard,
+                                 self.cfg.sequence_packing)
 
     def update(
         self,
@@ -381,13 +395,14 @@ class Learner:
         cfg = self.cfg
         # one optimiser step per pass over the whole batch: the micro-batch order changes nothing but
         # rounding, so every pass cuts them the cheapest way (by length, or a shared prompt together)
-        order = order_rows(u.batch, u.rows, cfg.micro_batch_size, shares(u.dev, self.model), model_costs(self.model))
+        share = shares(u.dev, self.model) and not cfg.sequence_packing
+        order = order_rows(u.batch, u.rows, cfg.micro_batch_size, share, model_costs(self.model))
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float32, device=u.dev)
         parts = micro_batches(len(u.rows), cfg.micro_batch_size, order)
         mbs = [u.batch.select(u.rows[pos]) for pos in parts]
         # a pass's shared prompts in few forwards; each one's backward after its last micro-batch's
-        prompts = step_prompts(self.model, u.batch, mbs, cfg.micro_batch_size, u.dev, u.world > 1)
+        prompts = step_prompts(self.model, u.batch, mbs, cfg.micro_batch_size, u.dev, u.world > 1) if share else None
         for k, (pos, mb) in enumerate(zip(parts, mbs)):
             total = total + self._micro_batch(u, epoch, pos, mb, (prompts, k) if prompts else None, stats)
             if prompts is not None:
@@ -406,7 +421,7 @@ class Learner:
         m_host = u.mask[idx, :w] & u.live[pos].unsqueeze(-1)
         ntok = int(m_host.sum())
         m = m_host.to(u.dev)
-        logits, start = forward_logits(self.model, mb, u.world > 1, step)
+        logits, start = forward_logits(self.model, mb, u.world > 1, step, cfg.sequence_packing)
         # [B, w], 0 left of the response window (those columns are off every row's mask)
         lp = torch.nn.functional.pad(logprobs_from_logits(logits, mb.targets[:, start:].to(u.dev),
                                                           cfg.temperature), (start, 0))
@@ -533,5 +548,5 @@ def learner_config(algorithm: Any, spec: Any) -> LearnerConfig:
         kl_coef=algorithm.kl_coef, kl_estimator=algorithm.kl_estimator, kl_placement=algorithm.kl_placement,
         epochs=t.epochs_per_step, micro_batch_size=t.micro_batch_size, temperature=spec.rollout.temperature,
         grad_clip=t.grad_clip, max_response_tokens=spec.rollout.max_tokens * spec.rollout.max_turns,
-        gradient_checkpointing=bool(t.gradient_checkpointing),
+        gradient_checkpointing=bool(t.gradient_checkpointing), sequence_packing=bool(t.sequence_packing),
     )
