@@ -186,3 +186,35 @@ async def test_an_inference_failure_behind_a_call_gives_the_task_back(replay, ch
                 await worker.rollout_task(_task(), 1, SamplingParams(max_tokens=128), policy_version=7)
         finally:
             await worker.aclose()
+
+
+async def test_an_agent_whose_calls_do_not_continue_each_other_trains_step_wise(replay, chat_tokenizer, tmp_path):
+    """A summarising agent (its second call is a fresh context): one trajectory of two steps, which the
+    trainer takes as two samples sharing the episode's reward."""
+    from rft_runtime.trainer.batch import sequences_from_episode
+
+    bundle = tmp_path / "summariser.py"
+    bundle.write_text(
+        "from openai import AsyncOpenAI\n\n"
+        "async def rollout(task, client):\n"
+        "    env = client.openai_env()\n"
+        "    async with AsyncOpenAI(base_url=env['OPENAI_BASE_URL'], api_key=env['OPENAI_API_KEY']) as oa:\n"
+        "        draft = await oa.chat.completions.create(model=env['OPENAI_MODEL'], messages=[{'role': 'user', 'content': task.prompt}])\n"
+        "        summary = await oa.chat.completions.create(model=env['OPENAI_MODEL'], messages=[\n"
+        "            {'role': 'user', 'content': 'Summarise: ' + draft.choices[0].message.content}])\n"
+        "    return 1.0 if summary.choices[0].message.content == 'five' else 0.0\n")
+    server, url = replay
+    enc = lambda s: chat_tokenizer.tokenizer.encode(s, add_special_tokens=False) + [2]  # noqa: E731
+    server.script = [enc("2 + 3 is 5"), enc("five")]
+    async with InferenceClient(url, "tiny", retry=FAST, rng=random.Random(0)) as inference:
+        worker = RolloutWorker(inference, chat_tokenizer, bundle=load_bundle(str(bundle)))
+        try:
+            [ep] = await worker.rollout_task(_task(), 1, SamplingParams(max_tokens=16), policy_version=2)
+        finally:
+            await worker.aclose()
+    [traj] = ep.trajectories
+    assert ep.reward == 1.0 and len(traj.steps) == 2 and len(traj.segments()) == 2
+    draft, summary = sequences_from_episode(ep)
+    assert (draft.trajectory_step, summary.trajectory_step) == (0, 1) and draft.reward == summary.reward == 1.0
+    assert summary.prompt_ids == chat_tokenizer.encode_chat([{"role": "user", "content": "Summarise: 2 + 3 is 5"}],
+                                                            add_generation_prompt=True)

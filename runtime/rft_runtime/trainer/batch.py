@@ -3,7 +3,8 @@ padded training tensors.
 
 One training sequence per trajectory: its steps are merged into one token sequence (the first
 step's prompt, then every step's response; environment/tool tokens between turns get response
-mask 0 and are not trained on). The reward of a sequence is its trajectory's; ``None`` (not
+mask 0 and are not trained on). A step-wise trajectory, whose calls do not continue each other,
+gives one sequence per chain of calls, all with the trajectory's reward, group and advantage. The reward of a sequence is its trajectory's; ``None`` (not
 applicable) stays None (NaN in tensors) and is excluded from baselines.
 Advantage groups are keyed ``"{task_key}:{trajectory.name}"``.
 
@@ -55,6 +56,9 @@ class TrainSequence:
     metrics: dict[str, Any] = field(default_factory=dict)
     domain: str = "default"
     """The task's domain (the episode's ``metadata.domain``), for per-domain reward statistics."""
+    trajectory_step: int = 0
+    """0 for a trajectory's first sample; ``k > 0`` for the ``k``-th further sample of a step-wise
+    trajectory (:meth:`rft_runtime.types.Trajectory.segments`), which follows it and shares its advantage."""
 
     @property
     def model_tokens(self) -> int:
@@ -63,27 +67,29 @@ class TrainSequence:
 
 
 def sequences_from_episode(episode: Episode, task_key: str | None = None) -> list[TrainSequence]:
-    """The training sequences of one episode (one per trajectory), merged with the shared
-    :meth:`rft_runtime.types.Trajectory.merged`; a chain of turns that does not extend itself
-    raises BatchError."""
+    """The training sequences of one episode: one per trajectory (its turns merged into one masked
+    sequence), or, for a step-wise trajectory whose calls do not continue each other, one per chain
+    of calls (:meth:`rft_runtime.types.Trajectory.segments`), in order, sharing the trajectory's
+    reward and group (``trajectory_step`` > 0 marks the later ones)."""
     eid = episode.id
     key = task_key or episode.task_id
-    out = []
+    out: list[TrainSequence] = []
     for i, traj in enumerate(episode.trajectories):
         try:
-            m = traj.merged()
+            segments = traj.segments()
         except ValueError as e:
             raise BatchError(f"episode {eid} trajectories[{i}]: {e}") from None
         if traj.reward is not None and not math.isfinite(traj.reward):
             raise BatchError(f"episode {eid} trajectories[{i}]: reward must be finite or null")
-        out.append(TrainSequence(
+        out.extend(TrainSequence(
             group=group_key(key, traj.name), prompt_ids=list(m.prompt_ids), response_ids=list(m.response_ids),
             response_mask=list(m.response_mask), inference_logprobs=list(m.logprobs), reward=traj.reward,
             version=m.policy_version, truncated=m.truncated, episode_id=episode.id,
             error=episode.errors.message if episode.errors.any else None,
             error_flags={k: bool(getattr(episode.errors, k)) for k in ERROR_FLAGS},
             metrics=dict(episode.metrics), domain=str(episode.metadata.get("domain") or "default"),
-        ))
+            trajectory_step=j,
+        ) for j, m in enumerate(segments))
     return out
 
 

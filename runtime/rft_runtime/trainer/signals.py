@@ -51,11 +51,29 @@ def shaped_rewards(
 
 def advantages(seqs: Sequence[TrainSequence], rewards: torch.Tensor, algorithm: Any) -> AdvantageOutput:
     """The registry estimator of the algorithm over groups ``"{task_key}:{trajectory}"`` (token
-    counts are the model tokens of each sequence, for estimators that weigh by tokens)."""
-    out = compute_advantages(algorithm.advantage_estimator, rewards, [s.group for s in seqs],
+    counts are the model tokens of each sequence, for estimators that weigh by tokens).
+
+    A step-wise trajectory's later samples (``trajectory_step > 0``) take its first sample's advantage:
+    the estimator sees each trajectory once (with the model tokens of all its samples), so a trajectory
+    of several calls weighs in its group's baseline as much as one of a single call (rLLM's broadcast)."""
+    lead_of: dict[tuple[str, str], int] = {}
+    leads: list[int] = []
+    follows: list[int] = []
+    tokens: list[float] = []
+    for i, s in enumerate(seqs):
+        key = (s.episode_id, s.group)
+        if s.trajectory_step == 0 or key not in lead_of:
+            lead_of[key] = len(leads)
+            leads.append(i)
+            tokens.append(0.0)
+        follows.append(lead_of[key])
+        tokens[lead_of[key]] += s.model_tokens
+    idx = torch.tensor(leads, dtype=torch.long)
+    out = compute_advantages(algorithm.advantage_estimator, rewards[idx], [seqs[i].group for i in leads],
                              cfg=AdvantageConfig(whiten=algorithm.advantage_whitening),
-                             token_counts=torch.tensor([s.model_tokens for s in seqs], dtype=torch.float64))
-    return AdvantageOutput(out.advantages.to(torch.float32), out.valid)
+                             token_counts=torch.tensor(tokens, dtype=torch.float64))
+    back = torch.tensor(follows, dtype=torch.long)
+    return AdvantageOutput(out.advantages.to(torch.float32)[back], out.valid[back])
 
 
 def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
