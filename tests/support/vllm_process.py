@@ -32,9 +32,10 @@ def vllm_python() -> str:
 
 @contextlib.contextmanager
 def running_vllm(model_dir: str | Path, served_model: str, log: Path, *, extra_args: Sequence[str] = (),
-                 env: dict[str, str] | None = None) -> Iterator[str]:
+                 env: dict[str, str] | None = None, ready_headers: dict[str, str] | None = None) -> Iterator[str]:
     """Run vLLM's OpenAI server on ``model_dir`` as ``served_model`` (float32, processed logprobs,
-    256 tokens of context); yields its URL; the whole process group is stopped on exit."""
+    256 tokens of context); yields its URL; the whole process group is stopped on exit.
+    ``ready_headers``: what the readiness request sends (the API key, when ``env`` sets one)."""
     port = free_port()
     cmd = [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", served_model, "--max-model-len", "256", "--host", "127.0.0.1",
@@ -50,7 +51,7 @@ def running_vllm(model_dir: str | Path, served_model: str, log: Path, *, extra_a
                 pytest.fail(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}", pytrace=False)
             try:
                 r = httpx.post(f"{url}/v1/completions", json={"model": served_model, "prompt": [1, 2], "max_tokens": 1},
-                               timeout=10)
+                               headers=ready_headers, timeout=10)
                 if r.status_code == 200:
                     break
             except httpx.TransportError:

@@ -1,16 +1,22 @@
 """The files of a weights directory as they travel and land: an uploaded archive unpacked without
 leaving its directory or the disk's budget, a safetensors index read without naming files elsewhere.
 Shared by the roles that receive weights (the builtin server's ``/update_weights_from_archive`` and
-``/update_weights_from_disk``)."""
+``/update_weights_from_disk``, the vLLM gate), with the published version a starting replica loads
+(:func:`current_published`)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tarfile
 from pathlib import Path
 
-__all__ = ["MAX_ARCHIVE_MEMBERS", "WeightFileError", "shard_path", "unpack_weights_archive", "weight_map"]
+from rft_api.layout import CURRENT_WEIGHTS_FILE
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_ARCHIVE_MEMBERS", "WeightFileError", "current_published", "shard_path", "unpack_weights_archive", "weight_map"]
 
 
 class WeightFileError(ValueError):
@@ -60,3 +66,27 @@ def shard_path(path: Path, name: str) -> Path:
         raise WeightFileError(f"{path}: the index names shard {name[:80]!r}, which is not a file name in the "
                               "weights directory")
     return path / name
+
+
+def current_published(weights_dir: str | Path) -> tuple[int, Path] | None:
+    """The policy version the trainer last published to every replica and its weights directory
+    (``current.json`` in ``weights_dir``, see :data:`rft_api.layout.CURRENT_WEIGHTS_FILE`); None when
+    nothing usable is published yet (no file, or its directory pruned by a trainer that resumed)."""
+    root = Path(weights_dir)
+    try:
+        data = json.loads((root / CURRENT_WEIGHTS_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("%s/%s is unreadable (%s): serving the initial weights", root, CURRENT_WEIGHTS_FILE, exc)
+        return None
+    version, rel = (data.get("policy_version"), data.get("path")) if isinstance(data, dict) else (None, None)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0 or not isinstance(rel, str) \
+            or "/" in rel or rel in ("", ".", ".."):
+        log.warning("%s/%s does not name a policy version and its directory: %r", root, CURRENT_WEIGHTS_FILE, data)
+        return None
+    path = root / rel
+    if not path.is_dir():
+        log.warning("policy version %d is published at %s, which is gone: serving the initial weights", version, path)
+        return None
+    return version, path

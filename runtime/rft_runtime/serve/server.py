@@ -8,7 +8,6 @@ start on a cluster.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import time
@@ -18,9 +17,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from aiohttp import web
 
-from rft_api.layout import CURRENT_WEIGHTS_FILE
-
 from .. import auth
+from ..model.weights_files import current_published
 from .errors import APIError
 from .metrics import ServeMetrics
 from .routes import VERSION_HEADER, ServeRoutes, max_body_bytes
@@ -63,30 +61,6 @@ def _error_middleware(metrics: ServeMetrics, engine: Engine) -> Middleware:
         return resp
 
     return middleware
-
-
-def current_published(weights_dir: str | Path) -> tuple[int, Path] | None:
-    """The policy version the trainer last published to every replica and its weights directory
-    (``current.json`` in ``weights_dir``, see :data:`rft_api.layout.CURRENT_WEIGHTS_FILE`); None when
-    nothing usable is published yet (no file, or its directory pruned by a trainer that resumed)."""
-    root = Path(weights_dir)
-    try:
-        data = json.loads((root / CURRENT_WEIGHTS_FILE).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("%s/%s is unreadable (%s): serving the initial weights", root, CURRENT_WEIGHTS_FILE, exc)
-        return None
-    version, rel = (data.get("policy_version"), data.get("path")) if isinstance(data, dict) else (None, None)
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0 or not isinstance(rel, str) \
-            or "/" in rel or rel in ("", ".", ".."):
-        log.warning("%s/%s does not name a policy version and its directory: %r", root, CURRENT_WEIGHTS_FILE, data)
-        return None
-    path = root / rel
-    if not path.is_dir():
-        log.warning("policy version %d is published at %s, which is gone: serving the initial weights", version, path)
-        return None
-    return version, path
 
 
 def create_app(engine: Engine, served_model_name: str, *, health_timeout: float = 10.0,
