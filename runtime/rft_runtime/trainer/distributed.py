@@ -160,11 +160,14 @@ def autocast_forward(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Mod
 def fsdp(model: torch.nn.Module, ctx: DistContext, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """Move ``model`` to this rank's device and shard it with FSDP2 over every rank (each block, then
     the root). ``compute_dtype`` (bfloat16 on GPUs) is FSDP's parameter dtype in forward/backward;
-    the stored (master) parameters keep their dtype and gradients are reduced in float32."""
+    the stored (master) parameters keep their dtype and gradients are reduced in float32. A model
+    whose parameters are on the meta device stays there (sharded, without storage): each rank then
+    allocates and reads its own shards (:func:`.sharded_load.materialise`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    model.to(ctx.device)
+    if not any(p.is_meta for p in model.parameters()):
+        model.to(ctx.device)
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     # Resharding after the forward frees the gathered (and cast) parameters until the backward gathers
     # them again. With one rank the shard is the whole parameter: that saves only the compute-dtype copy

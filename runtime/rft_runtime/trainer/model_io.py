@@ -79,20 +79,52 @@ def load_policy(model_spec: Any, model_dir: Path, seed: int, warm_start: str | N
     return model
 
 
+def load_sharded_policy(model_spec: Any, model_dir: Path, seed: int, warm_start: str | None, dist: Any,
+                        compute: torch.dtype | None, compile_layers: bool = False) -> torch.nn.Module:
+    """The policy of :func:`load_policy`, on this rank's device and sharded over the process group
+    (:func:`~.distributed.shard`). Over two ranks or more, and without LoRA, it is built on the meta
+    device and each rank reads only its own shards from the safetensors files (:mod:`.sharded_load`);
+    one rank, a LoRA adapter (initialised from the seed on the whole model) or a model this loader
+    cannot read (no safetensors) load whole first."""
+    from .distributed import shard
+
+    if model_spec.lora is None:
+        model = _load_sharded(model_dir, torch_dtype(model_spec.dtype), warm_start, dist, compute, compile_layers)
+        if model is not None:
+            return model
+    return shard(load_policy(model_spec, model_dir, seed, warm_start), dist, compute, compile_layers)
+
+
+def _load_sharded(model_dir: Path, dtype: torch.dtype, warm_start: str | None, dist: Any, compute: torch.dtype | None,
+                  compile_layers: bool, frozen: bool = False) -> torch.nn.Module | None:
+    """:func:`.sharded_load.load_sharded` with transformers' refusals as :class:`ModelLoadError`."""
+    from ..model.loading import ModelLoadError
+    from .sharded_load import load_sharded
+
+    try:
+        return load_sharded(model_dir, dtype, warm_start, dist, compute, compile_layers, frozen=frozen)
+    except ValueError as e:  # what transformers raises for a model it cannot build (not for I/O)
+        raise ModelLoadError(f"spec.model.base: {model_dir} cannot be loaded: {e}") from e
+
+
 class Reference:
     """Log-probabilities under the frozen reference policy (the starting weights).
 
     With LoRA the reference is the base model with the adapter disabled (no second copy);
     otherwise a separate frozen model is loaded, on this rank's device and sharded like the policy
     (``dist``: a :class:`~.distributed.DistContext`; None keeps it unsharded on the CPU), its decoder
-    layers compiled like the policy's with ``compile_layers``.
+    layers compiled like the policy's with ``compile_layers``. Over two ranks or more it is built on
+    the meta device and each rank reads only its shards (:mod:`.sharded_load`), as for the policy.
     """
 
     def __init__(self, policy: torch.nn.Module, model_spec: Any, model_dir: Path, warm_start: str | None = None,
                  dist: Any = None, compile_layers: bool = False) -> None:
         self._policy = policy
         self._model: torch.nn.Module | None = None
-        if not hasattr(policy, "disable_adapter"):
+        if not hasattr(policy, "disable_adapter") and dist is not None:
+            self._model = _load_sharded(model_dir, torch_dtype(model_spec.dtype), warm_start, dist,
+                                        compute_dtype(model_spec.dtype, dist.device), compile_layers, frozen=True)
+        if not hasattr(policy, "disable_adapter") and self._model is None:
             self._model = load_base(model_dir, torch_dtype(model_spec.dtype), warm_start)
             self._model.config.use_cache = False  # type: ignore[union-attr]
             self._model.eval()

@@ -72,7 +72,7 @@ from .evaluation import Evaluation
 from .feed import TaskFeed, sampling_params
 from .finite import NonFiniteSteps, NonFiniteWeights
 from .learner import Learner, Shard, build_optimizer, build_scheduler, forward_is_deterministic, learner_config
-from .model_io import Reference, compute_dtype, load_policy
+from .model_io import Reference, compute_dtype, load_sharded_policy
 from .publication import Publication, export_final, push_final
 from .report import RunReport, overlap_metrics, step_metrics
 from .reward_shaping import RewardShaper
@@ -144,10 +144,9 @@ class Worker:
         self.model_dir = resolve_model_dir(paths)
         self.tokenizer = load_tokenizer(self.model_dir, paths.tokenizer, spec.model.chat_template)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        model = load_policy(spec.model, self.model_dir, spec.trainer.seed, paths.warm_start)
         compile_layers = wants_compile(spec.trainer.compile or "auto", self.dist.device)
-        self.model = distributed.shard(model, self.dist, compute_dtype(spec.model.dtype, self.dist.device),
-                                       compile_layers)
+        self.model = load_sharded_policy(spec.model, self.model_dir, spec.trainer.seed, paths.warm_start, self.dist,
+                                         compute_dtype(spec.model.dtype, self.dist.device), compile_layers)
         self.reference = (Reference(self.model, spec.model, self.model_dir, paths.warm_start, self.dist,
                                     compile_layers) if self.alg.kl_coef > 0 else None)
         params = [p for p in self.model.parameters() if p.requires_grad]
