@@ -38,6 +38,7 @@ TOOLS = [{
 MAX_TURNS = 3
 MAX_TOKENS_PER_TURN = 96
 _ANSWER = re.compile(r"ANSWER:\s*(-?\d+(?:\.\d+)?)")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.USub: operator.neg, ast.UAdd: operator.pos}
 
@@ -88,7 +89,9 @@ async def rollout(task: Any, client: Any) -> dict[str, Any]:
     async with AsyncOpenAI(base_url=env["OPENAI_BASE_URL"], api_key=env["OPENAI_API_KEY"], max_retries=0) as agent_client:
         reply, calls = await solve(agent_client, env["OPENAI_MODEL"], task.prompt or task.chat_messages()[-1]["content"])
     answer = _ANSWER.search(reply)
-    return {"metrics": {"calculator_calls": calls}, "output": answer.group(1) if answer else None}
+    numbers = _NUMBER.findall(reply)  # a reply without "ANSWER:" is read as its last number
+    return {"metrics": {"calculator_calls": calls},
+            "output": answer.group(1) if answer else (numbers[-1] if numbers else None)}
 
 
 def score(sample: Any, item: Any) -> float | None:
