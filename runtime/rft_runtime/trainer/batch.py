@@ -4,8 +4,9 @@ padded training tensors.
 One training sequence per trajectory: its steps are merged into one token sequence (the first
 step's prompt, then every step's response; environment/tool tokens between turns get response
 mask 0 and are not trained on). A step-wise trajectory, whose calls do not continue each other,
-gives one sequence per chain of calls, all with the trajectory's reward, group and advantage. The reward of a sequence is its trajectory's; ``None`` (not
-applicable) stays None (NaN in tensors) and is excluded from baselines.
+gives one sequence per chain of calls, all with the trajectory's reward, group and advantage.
+The reward of a sequence is its trajectory's; ``None`` (not applicable) stays None (NaN in
+tensors) and is excluded from baselines.
 Advantage groups are keyed ``"{task_key}:{trajectory.name}"``.
 
 Tensors are right-padded with the pad id; per-token tensors have width ``L - 1`` where position
