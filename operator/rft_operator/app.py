@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import kopf
 
+from .builders.common import DEFAULT_RUNTIME_IMAGE, DEFAULT_VLLM_IMAGE, Site
 from .controller import Controller
 from .handlers import build_registry, child_label_selectors
 from .kube import Kube
@@ -53,6 +54,16 @@ class OperatorConfig:
     (empty: 53 and 5353)."""
     dns_cidrs: tuple[str, ...] = ()
     """DNS servers that are not pods (CIDR blocks), admitted on those ports by the same policy."""
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    """The image of a job's roles when its spec names none (``spec.runtimeImage``)."""
+    vllm_image: str = DEFAULT_VLLM_IMAGE
+    """The vLLM engine's image when ``spec.inference.image`` is unset."""
+    scrape_from: tuple[dict[str, Any], ...] = ()
+    """NetworkPolicy peers of the cluster's Prometheus, admitted to each role's metrics port."""
+    image_pull_policy: Optional[str] = None
+    """``imagePullPolicy`` of every container of every job's pods (None: Kubernetes' default)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Pull secrets every job's pods get (in the job's namespace)."""
 
 
 class LeadershipLost(RuntimeError):
@@ -96,7 +107,10 @@ async def run(config: OperatorConfig, *, stop_flag: Any = None, ready_flag: Any 
     metrics = Metrics()
     controller = Controller(api, metrics, namespaces=config.namespaces, resync_seconds=config.resync_seconds,
                             max_concurrent=config.max_concurrent_reconciles, kueue=config.kueue,
-                            dns_ports=config.dns_ports or None, dns_cidrs=config.dns_cidrs)
+                            dns_ports=config.dns_ports or None, dns_cidrs=config.dns_cidrs,
+                            site=Site(runtime_image=config.runtime_image, vllm_image=config.vllm_image,
+                                      scrape_from=config.scrape_from, image_pull_policy=config.image_pull_policy,
+                                      image_pull_secrets=config.image_pull_secrets))
     elector = None
     if config.leader_election_namespace:
         elector = (LeaderElector(api, config.leader_election_namespace, identity=config.leader_identity)

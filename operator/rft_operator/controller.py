@@ -20,6 +20,7 @@ from typing import Optional
 from rft_api.constants import KIND
 
 from . import names
+from .builders.common import Site
 from .kube import Kube, KubeError, child_kinds
 from .metrics import Metrics
 from .reconcile import Outcome, reconcile
@@ -38,8 +39,10 @@ class Controller:
     def __init__(self, api: Kube, metrics: Metrics, *, namespaces: tuple[str, ...] = (),
                  resync_seconds: float = 10.0,
                  max_concurrent: int = 8, store: Optional[Store] = None, kueue: bool = False,
-                 dns_ports: Optional[tuple[int, ...]] = None, dns_cidrs: tuple[str, ...] = ()):
+                 dns_ports: Optional[tuple[int, ...]] = None, dns_cidrs: tuple[str, ...] = (),
+                 site: Site = Site()):
         self.api = api
+        self.site = site
         self.kueue = kueue
         self.dns_ports = dns_ports
         self.dns_cidrs = dns_cidrs
@@ -95,7 +98,8 @@ class Controller:
         try:
             outcome = await asyncio.to_thread(reconcile, self.api, obj, children=self.store.children(key),
                                               pods=self.store.pods(key), kueue=self.kueue,
-                                              dns_ports=self.dns_ports, dns_cidrs=self.dns_cidrs)
+                                              dns_ports=self.dns_ports, dns_cidrs=self.dns_cidrs,
+                                              site=self.site)
         except KubeError as e:
             self.metrics.reconciles.labels(result="error").inc()
             self.metrics.errors.labels(kind="transient" if e.transient else "unexpected").inc()

@@ -3,18 +3,26 @@
     rft-operator [--namespace NS ... | --all-namespaces] [--metrics-port 8080] [--kubeconfig PATH]
                  [--resync-seconds 10] [--health-port 8081]
                  [--leader-election-namespace NS] [--dns-port 53 ...] [--dns-cidr CIDR ...]
-                 [--log-level INFO]
+                 [--runtime-image REF] [--vllm-image REF] [--image-pull-policy P] [--image-pull-secret S ...]
+                 [--scrape-from JSON ...] [--log-level INFO]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import ipaddress
+import json
 import logging
 import os
-from typing import Optional
+import re
+from typing import Any, Optional
+
+from rft_api.spec import IMAGE_REFERENCE_PATTERN
 
 from .app import LeadershipLost, OperatorConfig, run
+from .builders.common import DEFAULT_RUNTIME_IMAGE, DEFAULT_VLLM_IMAGE
+
+_SELECTOR_KEYS = {"matchLabels", "matchExpressions"}
 
 
 def _cidr(value: str) -> str:
@@ -23,6 +31,42 @@ def _cidr(value: str) -> str:
         return str(ipaddress.ip_network(value, strict=True))
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"not an IP address or CIDR block: {value!r} ({e})") from None
+
+
+def _image(value: str) -> str:
+    """An image reference the container runtime can parse (``rft_api.spec.IMAGE_REFERENCE_PATTERN``)."""
+    if not re.fullmatch(IMAGE_REFERENCE_PATTERN, value):
+        raise argparse.ArgumentTypeError(f"not an image reference ([registry[:port]/]path[:tag][@digest], the "
+                                         f"path lower case): {value!r}")
+    return value
+
+
+def _secret_name(value: str) -> str:
+    if len(value) > 253 or not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
+        raise argparse.ArgumentTypeError(f"not a Secret name (a DNS subdomain): {value!r}")
+    return value
+
+
+def _peer(value: str) -> dict[str, Any]:
+    """A NetworkPolicy peer that selects the cluster's Prometheus, as JSON: ``namespaceSelector`` and/or
+    ``podSelector``, each a label selector (``matchLabels``, ``matchExpressions``)."""
+    try:
+        peer = json.loads(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--scrape-from is not JSON: {value!r} ({e})") from None
+    if not isinstance(peer, dict) or not peer or set(peer) - {"namespaceSelector", "podSelector"}:
+        raise argparse.ArgumentTypeError(f"--scrape-from takes an object with namespaceSelector and/or podSelector, "
+                                         f"got {value!r}")
+    for key, sel in peer.items():
+        if not isinstance(sel, dict) or set(sel) - _SELECTOR_KEYS:
+            raise argparse.ArgumentTypeError(f"--scrape-from: {key} must be a label selector (matchLabels, "
+                                             f"matchExpressions), got {json.dumps(sel)}")
+        labels = sel.get("matchLabels", {})
+        if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+            raise argparse.ArgumentTypeError(f"--scrape-from: {key}.matchLabels must map strings to strings")
+        if not isinstance(sel.get("matchExpressions", []), list):
+            raise argparse.ArgumentTypeError(f"--scrape-from: {key}.matchExpressions must be a list")
+    return peer
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -54,9 +98,31 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                     help="addresses of DNS servers that are not pods (NodeLocal DNSCache: 169.254.20.10/32), "
                          "admitted on the DNS ports by each job's rollout egress policy besides the cluster's "
                          "pods (repeatable; default none)")
+    ap.add_argument("--runtime-image", type=_image, default=os.environ.get("RFT_RUNTIME_IMAGE") or DEFAULT_RUNTIME_IMAGE,
+                    help="image of the roles of a job that names none (spec.runtimeImage unset); default "
+                         f"$RFT_RUNTIME_IMAGE or {DEFAULT_RUNTIME_IMAGE} (the chart sets images.runtime)")
+    ap.add_argument("--vllm-image", type=_image, default=os.environ.get("RFT_VLLM_IMAGE") or DEFAULT_VLLM_IMAGE,
+                    help="image of the vLLM engine when spec.inference.image is unset; default $RFT_VLLM_IMAGE or "
+                         f"{DEFAULT_VLLM_IMAGE} (the chart sets images.vllm)")
+    ap.add_argument("--image-pull-policy", choices=["Always", "IfNotPresent", "Never"], default=None,
+                    help="imagePullPolicy of every container of the jobs' pods (default: Kubernetes', IfNotPresent "
+                         "for a tagged image; the chart sets images.pullPolicy)")
+    ap.add_argument("--image-pull-secret", action="append", default=[], dest="image_pull_secrets", type=_secret_name,
+                    help="a Secret (kubernetes.io/dockerconfigjson, in the job's namespace) every job's pods pull "
+                         "their images with, besides their role's pod.imagePullSecrets (repeatable; the chart "
+                         "sets images.pullSecrets)")
+    ap.add_argument("--scrape-from", type=_peer, action="append", default=[], dest="scrape_from",
+                    help="a NetworkPolicy peer (JSON: namespaceSelector and/or podSelector) of the cluster's "
+                         "Prometheus, admitted by each job's ingress policies to every role's metrics port "
+                         "(repeatable; default none; the chart sets metrics.scrapeFrom)")
     ap.add_argument("--log-level", default=os.environ.get("RFT_OPERATOR_LOG_LEVEL", "INFO"), type=str.upper,
                     choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     a = ap.parse_args(argv)
+    for flag, value in (("--runtime-image", a.runtime_image), ("--vllm-image", a.vllm_image)):
+        try:  # a default from the environment is checked too
+            _image(value)
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"{flag}: {e}")
     if a.resync_seconds <= 0:
         ap.error("--resync-seconds must be positive")
     if a.max_concurrent_reconciles < 1:
@@ -78,7 +144,10 @@ def config_from_args(a: argparse.Namespace) -> OperatorConfig:
                           health_port=None if a.health_port < 0 else a.health_port,
                           leader_election_namespace=a.leader_election_namespace or None,
                           max_concurrent_reconciles=a.max_concurrent_reconciles, kueue=a.kueue,
-                          dns_ports=tuple(dict.fromkeys(a.dns_ports)), dns_cidrs=tuple(dict.fromkeys(a.dns_cidrs)))
+                          dns_ports=tuple(dict.fromkeys(a.dns_ports)), dns_cidrs=tuple(dict.fromkeys(a.dns_cidrs)),
+                          runtime_image=a.runtime_image, vllm_image=a.vllm_image,
+                          scrape_from=tuple(a.scrape_from), image_pull_policy=a.image_pull_policy,
+                          image_pull_secrets=tuple(dict.fromkeys(a.image_pull_secrets)))
 
 
 def main(argv: Optional[list[str]] = None) -> int:

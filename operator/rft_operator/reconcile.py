@@ -30,6 +30,7 @@ from rft_api.status import RFTJobStatus
 from . import names
 from .builders import BuildContext, config_hash, desired_children, key_of, stamp, workload_children
 from .builders import secret as secret_builder
+from .builders.common import Site
 from .builders.workload import Placement, workload_for
 from .events import JobEvent, event_object, transition_events
 from .kube import Kube, KubeError, child_kinds
@@ -451,13 +452,13 @@ def _keep(job: RFTJob, desired: list[Obj], observed_objs: list[Obj], token_ok: b
 def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
               children: Optional[list[Obj]] = None, pods: Optional[list[Obj]] = None,
               kueue: bool = False, dns_ports: Optional[tuple[int, ...]] = None,
-              dns_cidrs: tuple[str, ...] = ()) -> Outcome:
+              dns_cidrs: tuple[str, ...] = (), site: Site = Site()) -> Outcome:
     """Bring one RFTJob's children and status in line with its spec (idempotent).
 
     ``children`` and ``pods``: the job's children and pods as the caller's watch cache holds them
     (listed when None). ``Outcome.current`` holds the children as they are after this pass.
     ``dns_ports``: where the cluster's DNS pods listen (default :class:`BuildContext`'s); ``dns_cidrs``:
-    DNS servers that are not pods.
+    DNS servers that are not pods. ``site``: the operator's default images and scrape peers.
     Transient API errors propagate (the caller retries with backoff); a child the API server refuses
     (e.g. an immutable field changed) is reported in ``Outcome.errors`` and the rest proceeds.
     """
@@ -490,7 +491,9 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
     retained, adopted = claim_retained(api, job, observed_objs, children)
     ctx = BuildContext(trainer_attempt=persisted_restarts, placements=gate.placements,
                        dns_ports=dns_ports or BuildContext.dns_ports, dns_cidrs=dns_cidrs,
-                       token_digest=token_digest(current, job), retained_claim=retained)
+                       token_digest=token_digest(current, job), retained_claim=retained,
+                       runtime_image=site.runtime_image, vllm_image=site.vllm_image, scrape_from=site.scrape_from,
+                       image_pull_policy=site.image_pull_policy, image_pull_secrets=site.image_pull_secrets)
     trainer_hash = template_hash(job, ctx, cfg_hash)
     plan = make_plan(job.spec.suspend or gate.hold is not None, first.phase, observed, persisted_restarts, trainer_hash,
                      inputs.state(job.spec, observed))

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence, cast
 
-from rft_api.constants import API_VERSION, DEFAULT_RUNTIME_IMAGE, KIND, RETRY_ANNOTATION
+from rft_api.constants import API_VERSION, KIND, RETRY_ANNOTATION
 from rft_api.progress import PROGRESS_KEY, SAMPLES_KEY, Progress, ProgressError, parse_text
 
 GROUP, VERSION = API_VERSION.split("/")
@@ -261,9 +261,8 @@ def export_source(job: dict[str, Any], merged: bool) -> tuple[str, str]:
     return final["claim"], path
 
 
-def export_pod(job: dict[str, Any], claim: str, name: str) -> dict[str, Any]:
-    """The short-lived pod that mounts ``claim`` read-only for ``kubectl rft export``."""
-    image = (job.get("spec") or {}).get("runtimeImage") or DEFAULT_RUNTIME_IMAGE
+def export_pod(job: dict[str, Any], claim: str, name: str, image: str) -> dict[str, Any]:
+    """The short-lived pod that mounts ``claim`` read-only for ``kubectl rft export``, running ``image``."""
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "rft-export",
@@ -298,6 +297,21 @@ def unpack(stream: Any, dest: Path) -> list[str]:
     return sorted(names)
 
 
+def export_image(c: Client, job: dict[str, Any], image: Optional[str]) -> str:
+    """The export pod's image: ``--image``, else the job's ``spec.runtimeImage``, else the image its trainer
+    pods ran (the operator's configured runtime image when the job names none)."""
+    chosen = image or (job.get("spec") or {}).get("runtimeImage")
+    if chosen:
+        return str(chosen)
+    name = job["metadata"]["name"]
+    for pod in c.pods(name, "trainer"):
+        for container in pod.spec.containers or []:
+            if container.name == "trainer" and container.image:
+                return str(container.image)
+    raise PluginError(f"{name} names no spec.runtimeImage and has no trainer pod left to take the image from: "
+                      "name one with --image (the operator's runtime image, chart value images.runtime)")
+
+
 def _export(c: Client, a: argparse.Namespace) -> int:
     job = c.job(a.job)
     claim, path = export_source(job, a.merged)
@@ -308,7 +322,7 @@ def _export(c: Client, a: argparse.Namespace) -> int:
     if kubectl is None:
         raise PluginError("kubectl is not on PATH (export streams the model through kubectl exec)")
     pod = f"{a.job}-export-{secrets.token_hex(3)}"[:63]
-    c.create_pod(export_pod(job, claim, pod))
+    c.create_pod(export_pod(job, claim, pod, export_image(c, job, a.image)))
     try:
         c.wait_running(pod, a.timeout)
         cmd = [kubectl, "exec", "-n", c.namespace, pod, "-c", "export", "--",
@@ -451,6 +465,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     ex.add_argument("dir", type=Path, help="where to write it (created; must be empty)")
     ex.add_argument("--merged", action="store_true", help="the merged copy of a LoRA adapter")
     ex.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the export pod to start")
+    ex.add_argument("--image", default=None, help="the export pod's image (default: spec.runtimeImage, else the "
+                                                   "image of the job's trainer pods)")
     return ap.parse_args(argv)
 
 

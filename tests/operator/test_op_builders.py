@@ -84,7 +84,7 @@ def test_pods_are_locked_down(which: str) -> None:
             assert sc["allowPrivilegeEscalation"] is False
             assert sc["capabilities"] == {"drop": ["ALL"]}
             assert sc["runAsNonRoot"] is True
-            if c["image"] == job.spec.runtime_image:
+            if c["image"] == BuildContext().runtime_image_of(job):
                 assert sc["readOnlyRootFilesystem"] is True
                 assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
         labels = dict(tmpl["metadata"]["labels"])
@@ -177,7 +177,8 @@ def test_rollout_runs_the_bundle_image_and_mounts_file_evaluators() -> None:
 
 def test_rollout_uses_the_runtime_image_without_a_bundle(tiny_job) -> None:
     pod = children(tiny_job)[("Deployment", "tiny-arith-rollout")]["spec"]["template"]["spec"]
-    assert pod["containers"][0]["image"] == tiny_job.spec.runtime_image
+    assert tiny_job.spec.runtime_image is None  # the job names none: the operator's configured one
+    assert pod["containers"][0]["image"] == BuildContext().runtime_image
 
 
 def test_existing_claim_replaces_the_pvc() -> None:

@@ -130,6 +130,24 @@ def workload_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = Tru
     return with_default_resources(job, out)
 
 
+def with_pull_settings(ctx: BuildContext, children: list[Obj]) -> list[Obj]:
+    """Every pod template of ``children`` (in place; returns them) with the operator's pull settings:
+    ``ctx.image_pull_policy`` on each container and init container, ``ctx.image_pull_secrets`` added to
+    the pod's ``imagePullSecrets`` (after the role's own, without repeating one)."""
+    for obj in children:
+        pod = ((obj.get("spec") or {}).get("template") or {}).get("spec")
+        if not isinstance(pod, dict):
+            continue
+        if ctx.image_pull_policy:
+            for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                c["imagePullPolicy"] = ctx.image_pull_policy
+        if ctx.image_pull_secrets:
+            secrets = list(pod.get("imagePullSecrets") or [])
+            secrets += [{"name": n} for n in ctx.image_pull_secrets if {"name": n} not in secrets]
+            pod["imagePullSecrets"] = secrets
+    return children
+
+
 def desired_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True, trainer_job: bool = True,
                      fetch_job: bool = False) -> list[Obj]:
     """Everything the job should have, in apply order, stamped with their hashes (``fetch_job``: with
@@ -141,7 +159,7 @@ def desired_children(job: RFTJob, ctx: BuildContext, *, deployments: bool = True
                                                                trainer_job=trainer_job)
     out = stamp(children, config_hash(job, ctx))
     cut = len(out) - sum(1 for o in out if o["kind"] in ("Deployment", "Job"))
-    return out[:cut] + fetched + out[cut:]
+    return with_pull_settings(ctx, out[:cut] + fetched + out[cut:])
 
 
 def key_of(obj: Obj) -> tuple[str, str]:

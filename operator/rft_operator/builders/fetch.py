@@ -91,7 +91,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Optional[Obj]:
         return None
     env = [e for e in base_env(job) if e["name"] != "HF_HUB_OFFLINE"] + [env_var("HF_HUB_OFFLINE", "0")]
     container: Obj = {
-        "name": ROLE, "image": job.spec.runtime_image,
+        "name": ROLE, "image": ctx.runtime_image_of(job),
         "command": ["rft", "fetch", "--config", CONFIG_PATH],
         "env": env + storage_env(job.spec.storage),
         "volumeMounts": [config_mount(), checkpoint_mount(read_only=False), *scratch_mounts()],

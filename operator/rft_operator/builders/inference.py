@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rft_api.constants import DEFAULT_VLLM_IMAGE, VLLM_LORA_RANKS
+from rft_api.constants import VLLM_LORA_RANKS
 from rft_api.job import RFTJob
 from rft_api.layout import (
     CHAT_TEMPLATE_KEY,
@@ -69,11 +69,11 @@ STARTUP_FAILURES = 120  # up to 10 minutes to load a model
 VLLM_API_KEY_ENV = "VLLM_API_KEY"  # what vLLM reads when --api-key is not given
 
 
-def image(job: RFTJob) -> str:
+def image(job: RFTJob, ctx: BuildContext) -> str:
     inf = job.spec.inference
     if inf.image:
         return inf.image
-    return {"builtin": job.spec.runtime_image, "vllm": DEFAULT_VLLM_IMAGE}[inf.engine]
+    return {"builtin": ctx.runtime_image_of(job), "vllm": ctx.vllm_image}[inf.engine]
 
 
 def command(job: RFTJob) -> list[str]:
@@ -126,12 +126,12 @@ def _engine_env(job: RFTJob) -> list[Obj]:
     return out
 
 
-def _init_containers(job: RFTJob, mounts: list[Obj]) -> list[Obj]:
+def _init_containers(job: RFTJob, ctx: BuildContext, mounts: list[Obj]) -> list[Obj]:
     spec = job.spec
     if spec.inference.engine == "builtin" or not spec.model.base.startswith("builtin:"):
         return []
     return [{
-        "name": "export-model", "image": spec.runtime_image,
+        "name": "export-model", "image": ctx.runtime_image_of(job),
         "command": ["rft", "model", "export", "--model", spec.model.base, "--out", exported_model_path(spec)],
         "env": base_env(job), "volumeMounts": mounts,
         "securityContext": container_security_context(read_only_root=True),
@@ -149,7 +149,7 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
     container: Obj = {
-        "name": ROLE, "image": image(job), "command": command(job),
+        "name": ROLE, "image": image(job, ctx), "command": command(job),
         "ports": [{"name": "http", "containerPort": inf.port, "protocol": "TCP"}],
         "env": base_env(job) + _engine_env(job) + user_env(inf.env),
         "volumeMounts": mounts,
@@ -160,7 +160,7 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     res = resources(inf.resources)
     if res:
         container["resources"] = res
-    pod = pod_spec([container], volumes, init_containers=_init_containers(job, mounts), automount_token=False)
+    pod = pod_spec([container], volumes, init_containers=_init_containers(job, ctx, mounts), automount_token=False)
     return with_pod_overrides(deployment(job, names.inference(job.name), ROLE, inf.replicas, pod), inf.pod)
 
 

@@ -20,6 +20,12 @@ and where its rollout pods may go.
   169.254.20.10, a resolver on the node) is admitted only at the operator's ``--dns-cidr`` (chart value
   ``network.dnsCIDRs``, none by default).
 
+Scrapes: each of these ingress policies also admits the operator's ``--scrape-from`` peers (chart
+value ``metrics.scrapeFrom``: the namespace and pod selectors of the cluster's Prometheus) on the port
+where that role serves ``/metrics`` (inference: its API port, trainer: the coordinator port, reward:
+the reward port), and nothing else; with no peers configured, no scrape is admitted. The rollout pods
+have no ingress policy and serve no metrics.
+
 "The job's pods" is a pod selector on the job's labels within the job's namespace: pods of another
 job or another namespace match none of these rules. The operator itself never connects to a job's
 pods (it reads the progress ConfigMap and the pods' status), so no rule admits it. Kubelet probes
@@ -55,19 +61,21 @@ def _policy(job: RFTJob, name: str, role: str, spec: Obj) -> Obj:
             "spec": {"podSelector": {"matchLabels": names.selector(job.name, role)}, **spec}}
 
 
-def _ingress(job: RFTJob, name: str, role: str, port: int, sources: list[str]) -> Obj:
-    return _policy(job, name, role, {
-        "policyTypes": ["Ingress"],
-        "ingress": [{"from": [_pods(job, s) for s in sources], "ports": [_port(port)]}],
-    })
+def _ingress(job: RFTJob, ctx: BuildContext, name: str, role: str, port: int, sources: list[str]) -> Obj:
+    """Ingress to ``role``'s pods on ``port`` (where it also serves ``/metrics``) from the job's ``sources``
+    roles, and from the scrape peers (``ctx.scrape_from``) when configured."""
+    ingress: list[Obj] = [{"from": [_pods(job, s) for s in sources], "ports": [_port(port)]}]
+    if ctx.scrape_from:
+        ingress.append({"from": [dict(p) for p in ctx.scrape_from], "ports": [_port(port)]})
+    return _policy(job, name, role, {"policyTypes": ["Ingress"], "ingress": ingress})
 
 
 def inference_policy(job: RFTJob, ctx: BuildContext) -> Obj:
-    return _ingress(job, names.inference(job.name), "inference", job.spec.inference.port, ["rollout", "trainer"])
+    return _ingress(job, ctx, names.inference(job.name), "inference", job.spec.inference.port, ["rollout", "trainer"])
 
 
 def trainer_policy(job: RFTJob, ctx: BuildContext) -> Obj:
-    pol = _ingress(job, names.trainer(job.name), "trainer", ctx.coordinator_port, ["rollout"])
+    pol = _ingress(job, ctx, names.trainer(job.name), "trainer", ctx.coordinator_port, ["rollout"])
     if job.spec.trainer.nodes > 1:  # one process group across the trainer pods
         pol["spec"]["ingress"].append({"from": [_pods(job, "trainer")]})
     return pol
@@ -76,7 +84,7 @@ def trainer_policy(job: RFTJob, ctx: BuildContext) -> Obj:
 def reward_policy(job: RFTJob, ctx: BuildContext) -> Optional[Obj]:
     if not reward_required(job.spec):
         return None
-    return _ingress(job, names.reward(job.name), "reward", ctx.reward_port, ["rollout"])
+    return _ingress(job, ctx, names.reward(job.name), "reward", ctx.reward_port, ["rollout"])
 
 
 def dns_rule(ctx: BuildContext) -> Obj:

@@ -52,7 +52,7 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     """The reward Deployment."""
     ev_vols, ev_mounts = evaluator.file_volumes(job)
     container = {
-        "name": ROLE, "image": evaluator.scoring_image(job),
+        "name": ROLE, "image": evaluator.scoring_image(job, ctx),
         "command": ["rft", "reward", "--config", CONFIG_PATH, "--host", BIND_HOST, "--port", str(ctx.reward_port)],
         "ports": [{"name": "http", "containerPort": ctx.reward_port, "protocol": "TCP"}],
         "env": base_env(job) + evaluator.secret_envs(job.spec),

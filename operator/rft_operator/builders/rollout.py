@@ -45,7 +45,7 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     model_vols, model_mounts = claim_volumes([job.spec.model.volume], "model")
     uri_vols, uri_mounts = input_volumes(job)
     container = {
-        "name": ROLE, "image": evaluator.scoring_image(job),
+        "name": ROLE, "image": evaluator.scoring_image(job, ctx),
         "command": ["rft", "rollout", "--config", CONFIG_PATH, "--when-done", "wait"],
         "env": base_env(job) + (evaluator.secret_envs(job.spec) if scores_here else []),
         "volumeMounts": [config_mount(), *scratch_mounts(), *ev_mounts, *model_mounts, *uri_mounts],

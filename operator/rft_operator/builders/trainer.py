@@ -106,7 +106,7 @@ def job_for(job: RFTJob, ctx: BuildContext) -> Obj:
     env = [e for e in base_env(job) if not (online and e["name"] == "HF_HUB_OFFLINE")] + \
         [env_var("RFT_TRAINER_ATTEMPT", attempt)] + _output_env(job) + user_env(tr.env)
     container: Obj = {
-        "name": ROLE, "image": tr.image or spec.runtime_image,
+        "name": ROLE, "image": tr.image or ctx.runtime_image_of(job),
         "command": ["rft", "trainer", "--config", CONFIG_PATH],
         "ports": [{"name": "coordinator", "containerPort": ctx.coordinator_port, "protocol": "TCP"},
                   {"name": "rendezvous", "containerPort": ctx.rendezvous_port, "protocol": "TCP"}],
