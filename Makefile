@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 RUN_OUT ?= runs/tiny-arith
 PYTEST_ARGS ?=
 
-.PHONY: help venv vllm prepare lock lint run test test-unit test-cluster test-e2e e2e crds cluster-up cluster-down control-plane node images bench bench-report \
+.PHONY: help venv vllm prepare lock lint run test test-unit test-cluster test-e2e e2e crds cluster-up cluster-down control-plane node images registry bench bench-report \
 	helm-lint lint-images clean real-model-data real-model bench-real-model
 
 help:
@@ -20,7 +20,11 @@ help:
 	@echo "make cluster-up   start etcd + kube-apiserver + controller-manager + scheduler on loopback, and a real"
 	@echo "                  node (kubelet, containerd, kube-proxy, CoreDNS) in its own network namespace"
 	@echo "make cluster-down stop them all; nothing is left behind"
-	@echo "make images       build the operator, runtime and vLLM-on-CPU images (buildah) and load them into the node"
+	@echo "make images       build the operator, runtime and vLLM-on-CPU images (buildah) and load them into the node;"
+	@echo "                  REGISTRY=host[:port][/prefix] also pushes them (REGISTRY_USER, REGISTRY_PASSWORD,"
+	@echo "                  REGISTRY_TLS_VERIFY=false; docs/how-to/images.md)"
+	@echo "make registry     serve a local OCI registry with basic auth on 127.0.0.1:5000 (user rft,"
+	@echo "                  REGISTRY_PASSWORD, default rft) until interrupted"
 	@echo "make e2e          end-to-end scenarios and fault tests on the local control plane and its real node"
 	@echo "make bench        benchmarks (JSON under bench/results/), each run compared with its baseline in"
 	@echo "                  bench/baselines/ (RFT_BENCH_SAVE_BASELINE=1: a full run becomes the baseline)"
@@ -44,10 +48,16 @@ node: control-plane
 	bash hack/build-node.sh
 
 # The operator, runtime and vLLM-on-CPU images from their Dockerfiles (cached by input hash in
-# $(RFT_CACHE)/images), imported into the running cluster's node when `make cluster-up` started one.
+# $(RFT_CACHE)/images), imported into the running cluster's node when `make cluster-up` started one;
+# with REGISTRY=host[:port][/prefix], pushed there too (docs/how-to/images.md).
 images: venv node
-	bash hack/build-images.sh
+	REGISTRY="$(REGISTRY)" bash hack/build-images.sh
 	@if [ -f .cluster/node/node.json ]; then $(PY) -m e2e.node load-images --dir .cluster; fi
+
+# registry from github.com/distribution/distribution/v3 (hack/registry.sh, cached in $(RFT_CACHE)/bin),
+# served with basic auth until interrupted.
+registry: venv
+	$(PY) -m e2e.registry serve --addr 127.0.0.1:5000 --dir .cluster/registry
 
 # vLLM for the CPU in its own cached venv (tests against live vLLM use it through RFT_VLLM_PYTHON).
 vllm: venv

@@ -8,11 +8,21 @@
 #            python3 (3.11), python3-venv, python-is-python3, ca-certificates, imported into buildah's
 #            store (under $RFT_CACHE/images/buildah) as docker.io/library/python:3.11-slim.
 #   operator ghcr.io/rft-dev/rft-operator:<chart appVersion>  (the chart's default image)
-#   runtime  ghcr.io/rft-dev/rft-runtime:<DEFAULT_RUNTIME_IMAGE tag> (the operator's default)
+#   runtime  the chart's images.runtime (the operator's default runtime image)
 #   vllm     vLLM for the CPU from images/vllm-cpu/Dockerfile, FROM the runtime image (sharing its
-#            layers), as docker.io/<DEFAULT_VLLM_IMAGE> (the operator's default for
-#            `inference.engine: vllm`; scenario 02). Building it builds the runtime image first.
-#            Python dependencies install from PyPI inside the build, as the Dockerfiles say.
+#            layers), as the chart's images.vllm (docker.io/ added to a name without a registry; the
+#            operator's default for `inference.engine: vllm`; scenario 02). Building it builds the
+#            runtime image first. Python dependencies install from PyPI inside the build, as the
+#            Dockerfiles say.
+#
+# With REGISTRY=host[:port][/prefix] each image built or cached in this run is also pushed there, as
+# REGISTRY/<last path component of its name>:<tag> (ghcr.io/rft-dev/rft-runtime:0.1.0 ->
+# REGISTRY/rft-runtime:0.1.0), with buildah (from its archive; nothing is rebuilt). Credentials:
+# REGISTRY_USER and REGISTRY_PASSWORD, else REGISTRY_AUTH_FILE (a containers-auth.json / docker
+# config.json), else none. REGISTRY_TLS_VERIFY=false pushes over plain HTTP or to a certificate not
+# trusted here (a loopback test registry); REGISTRY_COMPRESSION: gzip (default), zstd or none (layers
+# pushed as they are in the archive: fastest on a loopback registry). Each pushed reference, with its
+# digest, is printed to stderr and written to $RFT_CACHE/images/pushed.txt (`<ref>@<digest>` per line).
 #
 # Each image is rebuilt only when a hash of its inputs changes (its Dockerfile, the files it copies,
 # the base's hash). Concurrent runs serialise on a lock. Environment: RFT_CACHE, RFT_IMAGES (space-
@@ -75,8 +85,10 @@ fi
 
 # --- the project's images --------------------------------------------------------------------------
 app_version=$(sed -nE 's/^appVersion: *"?([^"]+)"?/\1/p' "$root/charts/rft-operator/Chart.yaml")
-runtime_ref=$(sed -nE 's/^DEFAULT_RUNTIME_IMAGE *= *"([^"]+)"/\1/p' "$root/api/rft_api/constants.py")
-vllm_ref=$(sed -nE 's/^DEFAULT_VLLM_IMAGE *= *"([^"]+)".*/\1/p' "$root/api/rft_api/constants.py")
+# images.runtime and images.vllm of the chart's values.yaml (two-space indented keys under `images:`)
+chart_image() { sed -nE '/^images:/,/^[^ #]/ s/^  '"$1"': *"?([^" #]+)"?.*/\1/p' "$root/charts/rft-operator/values.yaml"; }
+runtime_ref=$(chart_image runtime)
+vllm_ref=$(chart_image vllm)
 [ -n "$app_version" ] && [ -n "$runtime_ref" ] && [ -n "$vllm_ref" ] || die "cannot read the default image names"
 case $vllm_ref in */*/*) ;; *) vllm_ref=docker.io/$vllm_ref ;; esac  # as the kubelet normalises the pod's name
 declare -A refs=([operator]="ghcr.io/rft-dev/rft-operator:$app_version" [runtime]="$runtime_ref" [vllm]="$vllm_ref")
@@ -161,6 +173,37 @@ for name in $want; do
   echo "$ref $archive" >>"$list.tmp"
 done
 mv -f "$list.tmp" "$list"
+
+if [ -n "${REGISTRY:-}" ]; then
+  case $REGISTRY in *://*|*/|*" "*) die "REGISTRY is host[:port][/prefix], not $REGISTRY" ;; esac
+  push_args=(--quiet "--tls-verify=${REGISTRY_TLS_VERIFY:-true}")
+  if [ -n "${REGISTRY_USER:-}" ]; then
+    push_args+=(--creds "$REGISTRY_USER:${REGISTRY_PASSWORD:?REGISTRY_PASSWORD is required with REGISTRY_USER}")
+  elif [ -n "${REGISTRY_AUTH_FILE:-}" ]; then
+    [ -s "$REGISTRY_AUTH_FILE" ] || die "REGISTRY_AUTH_FILE $REGISTRY_AUTH_FILE is missing"
+    push_args+=(--authfile "$REGISTRY_AUTH_FILE")
+  fi
+  case ${REGISTRY_COMPRESSION:-gzip} in
+    none) push_args+=(--disable-compression) ;;
+    gzip|zstd) push_args+=(--compression-format "${REGISTRY_COMPRESSION:-gzip}") ;;
+    *) die "REGISTRY_COMPRESSION is gzip, zstd or none, not $REGISTRY_COMPRESSION" ;;
+  esac
+  : >"$out/pushed.txt.tmp"
+  for name in $want; do
+    ref=${refs[$name]}
+    archive=$out/$name-${keys[$name]}.oci
+    base=${ref##*/}
+    dest=$REGISTRY/$base
+    t0=$SECONDS
+    id=$(b pull --quiet "oci-archive:$archive") || die "buildah pull of $archive failed"
+    b push "${push_args[@]}" --digestfile "$out/push.digest" "$id" "docker://$dest" >&2 \
+      || { b rmi -f "$id" >/dev/null 2>&1; die "buildah push of $ref to $dest failed"; }
+    b rmi -f "$id" >/dev/null 2>&1 || true
+    echo "$dest@$(cat "$out/push.digest")" >>"$out/pushed.txt.tmp"
+    log "pushed $dest@$(cat "$out/push.digest") in $((SECONDS - t0))s"
+  done
+  mv -f "$out/pushed.txt.tmp" "$out/pushed.txt"
+fi
 echo "$list"
 exit 0
 }
