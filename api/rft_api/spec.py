@@ -778,7 +778,7 @@ class RolloutSpec(ApiModel):
 # carries); extraArgs may not set them.
 RESERVED_ENGINE_ARGS = ("--model", "--host", "--port", "--served-model-name", "--dtype", "--max-model-len",
                         "--weights-dir", "--tokenizer", "--chat-template", "--logprobs-mode", "--enable-lora",
-                        "--max-lora-rank", "--max-loras", "--max-cpu-loras", "--api-key")
+                        "--max-lora-rank", "--max-loras", "--max-cpu-loras", "--api-key", "--worker-extension-cls")
 _RESERVED_CEL = "[" + ", ".join(f"'{a}'" for a in RESERVED_ENGINE_ARGS) + "]"
 
 
@@ -831,6 +831,40 @@ def builtin_engine_args_problem(args: list[str]) -> str | None:
     return None
 
 
+def gpu_count(resources: Optional[Resources]) -> int:
+    """The GPUs of a pod: its ``nvidia.com/gpu`` limit, else its request, else 0."""
+    if resources is None:
+        return 0
+    for rl in (resources.limits, resources.requests):
+        if rl and GPU_RESOURCE in rl:
+            return int(str(rl[GPU_RESOURCE]))
+    return 0
+
+
+# CEL twin of gpu_count(): GPU quantities are whole numbers (int or a digit string).
+_GPU_CEL = ("(has(self.resources) && has(self.resources.limits) && '{g}' in self.resources.limits)"
+            " ? int(string(self.resources.limits['{g}']))"
+            " : (has(self.resources) && has(self.resources.requests) && '{g}' in self.resources.requests)"
+            " ? int(string(self.resources.requests['{g}'])) : 0").format(g=GPU_RESOURCE)
+
+
+VLLM_TYPED_ARGS = ("--tensor-parallel-size", "-tp", "--gpu-memory-utilization", "--max-num-seqs",
+                   "--enable-prefix-caching", "--no-enable-prefix-caching")
+"""vLLM options that ``inference.vllm`` sets (typed), so ``inference.extraArgs`` may not."""
+_VLLM_TYPED_CEL = "[" + ", ".join(f"'{a}'" for a in VLLM_TYPED_ARGS) + "]"
+
+
+class VLLMSpec(ApiModel):
+    tensor_parallel_size: Optional[int] = Field(None, ge=1, le=64)
+    """vLLM's --tensor-parallel-size: the GPUs one replica shards the model over. With GPUs in inference.resources it must equal their count (default: that count, else 1)."""
+    gpu_memory_utilization: Optional[float] = Field(None, gt=0, le=1)
+    """vLLM's --gpu-memory-utilization: the share of each GPU's memory vLLM may take (weights, activations, KV cache); default vLLM's (0.9)."""
+    max_num_seqs: Optional[int] = Field(None, ge=1, le=65536)
+    """vLLM's --max-num-seqs: sequences decoded together in one iteration; default vLLM's."""
+    enable_prefix_caching: Optional[bool] = None
+    """vLLM's prefix cache (--[no-]enable-prefix-caching): the n samples of a prompt share its KV blocks; default vLLM's (on). The cache is reset at every weight update."""
+
+
 @rules(Rule(
     cel=f"!has(self.extraArgs) || !self.extraArgs.exists(a, a in {_RESERVED_CEL} "
         f"|| {_RESERVED_CEL}.exists(f, a.startsWith(f + '=')))",
@@ -846,6 +880,32 @@ def builtin_engine_args_problem(args: list[str]) -> str | None:
     field=".extraArgs",
     check=lambda i: i.engine != "builtin" or builtin_engine_args_problem(i.extra_args) is None,
     explain=lambda i: str(builtin_engine_args_problem(i.extra_args)),
+), Rule(
+    cel="!has(self.vllm) || self.engine == 'vllm'",
+    message="inference.vllm sets vLLM's options: it needs engine vllm",
+    field=".vllm",
+    check=lambda i: i.vllm is None or i.engine == "vllm",
+), Rule(
+    cel=f"!has(self.extraArgs) || self.engine != 'vllm' || !self.extraArgs.exists(a, a in {_VLLM_TYPED_CEL} "
+        f"|| {_VLLM_TYPED_CEL}.exists(f, a.startsWith(f + '=')))",
+    message="inference.extraArgs may not set " + ", ".join(VLLM_TYPED_ARGS) + ": use inference.vllm "
+            "(tensorParallelSize, gpuMemoryUtilization, maxNumSeqs, enablePrefixCaching)",
+    field=".extraArgs",
+    check=lambda i: i.engine != "vllm" or not any(a.split("=", 1)[0] in VLLM_TYPED_ARGS for a in i.extra_args),
+), Rule(
+    cel=f"!has(self.vllm) || !has(self.vllm.tensorParallelSize) || ({_GPU_CEL}) == 0 "
+        f"|| self.vllm.tensorParallelSize == ({_GPU_CEL})",
+    message="inference.vllm.tensorParallelSize must equal the GPUs in inference.resources (one replica's "
+            "shards, one per GPU)",
+    field=".vllm.tensorParallelSize",
+    check=lambda i: i.vllm is None or i.vllm.tensor_parallel_size is None or gpu_count(i.resources) == 0
+    or i.vllm.tensor_parallel_size == gpu_count(i.resources),
+), Rule(
+    cel=f"!has(self.vllm) || !has(self.vllm.tensorParallelSize) || self.vllm.tensorParallelSize == 1 "
+        f"|| ({_GPU_CEL}) > 0",
+    message="inference.vllm.tensorParallelSize above 1 needs GPUs in inference.resources (nvidia.com/gpu)",
+    field=".vllm.tensorParallelSize",
+    check=lambda i: i.vllm is None or (i.vllm.tensor_parallel_size or 1) == 1 or gpu_count(i.resources) > 0,
 ))
 class InferenceSpec(ApiModel):
     engine: EngineName = "builtin"
@@ -858,17 +918,19 @@ class InferenceSpec(ApiModel):
     resources: Optional[Resources] = None
     """Resources of each inference pod."""
     extra_args: list[Arg] = Field(default_factory=list, max_length=64)
-    """Extra command-line arguments for the engine (e.g. the builtin engine's --kv-cache-dtype float16); not the options set from other fields (--model, --host, --port, --served-model-name, --dtype, --max-model-len, --weights-dir, --tokenizer, --chat-template, --logprobs-mode, --enable-lora, --max-lora-rank, --max-loras, --max-cpu-loras) nor --api-key. The builtin engine's are checked: only --max-batch-size, --threads, --device, --[no-]engine-process, --enforce-eager, --engine-pacing, --kv-cache-dtype, --health-timeout, --trust-request-chat-template and --log-level, with valid values (docs/inference-server.md); vLLM's are passed as given."""
+    """Extra command-line arguments for the engine (e.g. the builtin engine's --kv-cache-dtype float16); not the options set from other fields (--model, --host, --port, --served-model-name, --dtype, --max-model-len, --weights-dir, --tokenizer, --chat-template, --logprobs-mode, --enable-lora, --max-lora-rank, --max-loras, --max-cpu-loras, --worker-extension-cls) nor --api-key. The builtin engine's are checked: only --max-batch-size, --threads, --device, --[no-]engine-process, --enforce-eager, --engine-pacing, --kv-cache-dtype, --health-timeout, --trust-request-chat-template and --log-level, with valid values (docs/inference-server.md); vLLM's are passed as given."""
     env: list[EnvVar] = Field(default_factory=list, max_length=64)
     """Extra environment for the engine."""
     weight_sync: Literal["disk", "lora", "none"] = "disk"
-    """How new weights reach inference: disk (update_weights_from_disk from the shared volume; builtin), lora (each policy version a LoRA adapter loaded at runtime; needs model.lora; the way for vllm), none (frozen policy, for evaluation)."""
+    """How new weights reach inference: disk (full weights every step, from the shared volume: the builtin server's update_weights_from_disk; vLLM reloads them in place behind the gate, no restart), lora (each policy version a LoRA adapter loaded at runtime; needs model.lora; the way for vllm with LoRA), none (frozen policy, for evaluation)."""
     max_model_len: Optional[int] = Field(None, ge=64, le=1048576)
     """Context length served (prompt plus completion); default the model's own maximum (max_position_embeddings). A value above the model's maximum is refused by the engine at start."""
     port: int = Field(8000, ge=1024, le=65535)
     """Container port."""
     pod: Optional[PodOverrides] = None
     """Placement and extras of the inference pods (their resources and env are the fields above; docs/how-to/placement.md)."""
+    vllm: Optional[VLLMSpec] = None
+    """vLLM's server options as typed fields (engine vllm only; docs/how-to/gpus-and-vllm.md)."""
 
 
 # ---------------------------------------------------------------- trainer
@@ -936,23 +998,6 @@ class SchedulerSpec(ApiModel):
     """Linear warmup steps."""
 
 
-
-
-def gpu_count(resources: Optional[Resources]) -> int:
-    """The GPUs of a pod: its ``nvidia.com/gpu`` limit, else its request, else 0."""
-    if resources is None:
-        return 0
-    for rl in (resources.limits, resources.requests):
-        if rl and GPU_RESOURCE in rl:
-            return int(str(rl[GPU_RESOURCE]))
-    return 0
-
-
-# CEL twin of gpu_count(): GPU quantities are whole numbers (int or a digit string).
-_GPU_CEL = ("(has(self.resources) && has(self.resources.limits) && '{g}' in self.resources.limits)"
-            " ? int(string(self.resources.limits['{g}']))"
-            " : (has(self.resources) && has(self.resources.requests) && '{g}' in self.resources.requests)"
-            " ? int(string(self.resources.requests['{g}'])) : 0").format(g=GPU_RESOURCE)
 
 
 def _processes_fit(t: "TrainerSpec") -> bool:
@@ -1270,12 +1315,6 @@ class OutputSpec(ApiModel):
     message="with model.lora on vllm, inference.weightSync must be lora (or none)",
     field=".inference.weightSync",
     check=lambda s: s.model.lora is None or s.inference.weight_sync != "disk" or s.inference.engine == "builtin",
-), Rule(
-    cel="self.inference.engine != 'vllm' || self.inference.weightSync != 'disk'",
-    message="inference.weightSync disk is not supported with engine vllm: vLLM takes each new policy as a LoRA "
-            "adapter (set model.lora and weightSync: lora), or none for a frozen policy",
-    field=".inference.weightSync",
-    check=lambda s: s.inference.engine != "vllm" or s.inference.weight_sync != "disk",
 ), Rule(
     cel="self.inference.engine != 'vllm' || !has(self.model.lora) || self.model.lora.rank <= "
         + str(VLLM_MAX_LORA_RANK),

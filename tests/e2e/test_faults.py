@@ -392,61 +392,51 @@ def test_one_of_three_inference_replicas_deleted_every_replica_serves_each_versi
     assert all(n >= 2 for n in served[first_three:]) and served.count(3) >= 2, served
 
 
-def _adapter_versions(driver: JobDriver, pod: dict, job: str) -> list[int] | None:
-    """The policy versions a vLLM pod serves as adapters ``<job>-v<N>`` (None when it does not answer);
-    vLLM requires the job's token (its ``--api-key``)."""
+def _gate_version(driver: JobDriver, pod: dict, job: str) -> int | None:
+    """The policy version a vLLM pod's gate reports (None when it does not answer); with the job's token."""
     try:
-        ids = [m["id"] for m in driver.get_json(job, f"http://{pod['status']['podIP']}:8000/v1/models", 5)["data"]]
-    except OSError:
+        return driver.get_json(job, f"http://{pod['status']['podIP']}:8000/get_policy_version", 5)["policy_version"]
+    except (OSError, KeyError):
         return None
-    return sorted(int(m.group(1)) for i in ids if (m := re.fullmatch(rf"{re.escape(job)}-v(\d+)", i)))
 
 
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
-def test_vllm_pod_deleted_new_pod_gets_the_current_adapters(driver: JobDriver) -> None:
-    """Delete the vLLM pod of ``examples/02-vllm-lora.yaml`` mid-run: the new pod starts with no adapters
-    and the trainer loads the current version into it (its inference sync, the next publication waiting
-    for the new pod to be listed, or the publication that was in flight retrying until the new pod
-    answers), and the job completes with every step trained on
-    samples whose log-probs match the trainer's (so the new pod served exactly the trainer's adapter)."""
+def test_vllm_replica_deleted_its_replacement_serves_the_current_version_before_ready(driver: JobDriver) -> None:
+    """Delete one of the two vLLM replicas of ``examples/12-vllm-full-weights.yaml`` (full weights) mid-run:
+    its replacement loads the version the trainer last published (``current.json``) before its gate answers
+    ``/health``, so the first thing it reports once Ready is a published version, never the base weights
+    (-1); the job completes with no step run twice and every step trained on samples whose log-probs match
+    the trainer's (both replicas served exactly the trainer's weights)."""
     name, steps = "vllm-kill", 14
-    driver.apply_docs(example_job(EXAMPLES / "02-vllm-lora.yaml", name, trainer={"maxSteps": steps}))
+    driver.apply_docs(example_job(EXAMPLES / "12-vllm-full-weights.yaml", name, trainer={"maxSteps": steps}))
     driver.wait_step(name, 2, START_S + 300)
-    old = wait_for("the inference pod", lambda: driver.ready_pod(name, "inference"), 30)
+    old, other = wait_for("two ready inference pods", lambda: (
+        ps if len(ps := _ready_pods(driver, name, "inference")) == 2 else None), 120)
     driver.delete_pod(old, wait=False)
     version_at_kill = driver.progress(name)["policyVersion"]
     assert driver.progress(name)["step"] < steps, "the job finished before the fault"
 
-    new = wait_for("a new ready inference pod", lambda: (
-        p if (p := driver.ready_pod(name, "inference")) and p["metadata"]["name"] != old["metadata"]["name"] else None),
-        FINISH_S, on_timeout=lambda: driver.diagnostics(name))
-
-    def restored() -> list[int] | None:
-        versions = _adapter_versions(driver, new, name)
-        current = driver.progress(name)["policyVersion"]
-        return versions if versions and versions[-1] >= max(current, version_at_kill) else None
-    versions = wait_for("the new vLLM pod to serve the trainer's current adapter", restored, 120, interval=0.5,
-                        on_timeout=lambda: driver.diagnostics(name))
-    assert len(versions) <= 2, versions
+    def replacement() -> dict | None:
+        new = [p for p in _ready_pods(driver, name, "inference")
+               if p["metadata"]["uid"] not in (old["metadata"]["uid"], other["metadata"]["uid"])
+               and p["status"].get("podIP")]
+        return new[0] if new else None
+    # Not Ready until it serves a published version: its first answer once Ready is one.
+    new = wait_for("the replacement replica to be Ready", replacement, FINISH_S, interval=0.2,
+                   on_timeout=lambda: driver.diagnostics(name))
+    first = wait_for("the replacement's gate to answer", lambda: _gate_version(driver, new, name), 30, interval=0.2)
+    assert first >= version_at_kill >= 0, (first, version_at_kill)
 
     st = driver.wait_phase(name, "Succeeded", FINISH_S)
     assert_finished(st, steps)
     assert st["restarts"] == 0, "the trainer did not fail"
-    rows = driver.metrics_rows(name)
     assert_every_step_once(driver, name, steps)
-    worst = max(r["logprob_diff_abs_max"] for r in rows)
-    assert worst < 1e-3, f"vLLM's log-probs differ from the trainer's by up to {worst}"
-    # The outage was met: either the trainer's inference sync re-loaded the new pod (killed during
-    # rollouts), or the next publication waited for a replica to be listed (no pod Ready), or the
-    # publication in flight retried until the new pod answered (killed mid-publish or during training:
-    # the publication's first call, listing the adapters to retire, or a load). Only what the trainer
-    # logged after its first step counts (it also waits for a replica at start-up).
-    trainer_log = driver.role_logs(name, "trainer")
-    after_start = trainer_log.partition(" step 1/")[2]
-    assert re.search(r"re-loading|no inference replica is Ready|"
-                     r"/v1/(?:models|load_lora_adapter|unload_lora_adapter): .*retrying", after_start), \
-        trainer_log[-3000:]
+    worst = max(r["logprob_diff_abs_max"] for r in driver.metrics_rows(name))
+    assert worst < 1e-4, f"vLLM's log-probs differ from the trainer's by up to {worst}"
+    gate_log = driver.role_logs(name, "inference")
+    assert "loaded the current policy version" in gate_log, gate_log[-3000:]
+
 
 
 # -------------------------------------------------------------------------------------- evaluator

