@@ -143,3 +143,19 @@ def test_rft_plan_with_config_and_device_memory(tmp_path: Path, capsys: pytest.C
     assert rft(["plan", str(job), "--config", str(cfg), "--device-memory", "lots"]) == 2
     assert "--device-memory" in capsys.readouterr().err
     assert GIB == 2**30
+
+
+def test_the_spec_shape_reads_the_trainer_fields():
+    from rft_api.job import parse_manifest
+    from rft_runtime.trainer.memory_plan import trainer_shape
+
+    doc = {"apiVersion": "rft.dev/v1alpha1", "kind": "RFTJob", "metadata": {"name": "x"},
+           "spec": {"model": {"base": "builtin:tiny", "dtype": "bfloat16", "lora": {"rank": 8}},
+                    "dataset": {"train": {"builtin": "arithmetic", "size": 16}}, "evaluator": {"builtin": "math"},
+                    "rollout": {"maxTokens": 64, "maxPromptTokens": 100},
+                    "trainer": {"gradientCheckpointing": True, "microBatchSize": 3, "nodes": 2,
+                                "processesPerNode": 4, "resources": {"limits": {"nvidia.com/gpu": 4}}}}}
+    t = trainer_shape(parse_manifest(doc).spec)
+    assert t == TrainerShape(world_size=8, micro_batch=3, prompt_tokens=100, response_tokens=64, dtype="bfloat16",
+                             gpu=True, lora_rank=8, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
+                             gradient_checkpointing=True)

@@ -25,8 +25,6 @@ prints it. It counts what the trainer holds, as it holds it (``docs/how-to/memor
   The output layer's logits are kept for the ``r = maxTokens`` response positions only (the trainer's
   ``logits_to_keep``) in the compute dtype and three float32 copies (the float32 logits, the
   log-softmax and its gradient): ``b·r·V·(e + 12)``.
-* **optimizer offload**: FSDP2's CPU offload keeps parameters, gradients and the optimizer's state in
-  host memory (the step runs there); the device then holds the gathered copies and activations.
 
 A device *fits* when the total is at most :data:`USABLE_FRACTION` of its memory (the rest: the CUDA
 context, the allocator's fragmentation, communication buffers).
@@ -167,7 +165,6 @@ class TrainerShape:
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] = ()
     gradient_checkpointing: bool = False
-    optimizer_offload: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in _STORED_BYTES:
@@ -195,28 +192,22 @@ def trainer_shape(spec: Any, gpu: bool | None = None) -> TrainerShape:
         response_tokens=spec.rollout.max_tokens * spec.rollout.max_turns, dtype=spec.model.dtype,
         gpu=gpu_count(t.resources) > 0 if gpu is None else gpu,
         lora_rank=None if lora is None else lora.rank, lora_targets=tuple(lora.target_modules) if lora else (),
-        gradient_checkpointing=bool(getattr(t, "gradient_checkpointing", False)),
+        gradient_checkpointing=bool(t.gradient_checkpointing),
     )
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Per-rank bytes by part (:data:`PARTS`), where each lives, and whether the device holds its part."""
+    """Per-rank bytes by part (:data:`PARTS`), and whether the device holds them."""
 
     parameters_total: int
     trainable: int
     parts: dict[str, int]
-    on_host: tuple[str, ...]
-    """Parts held in host memory (optimizer offload), not on the device."""
     device_memory: int | None
 
     @property
     def device_bytes(self) -> int:
-        return sum(v for k, v in self.parts.items() if k not in self.on_host)
-
-    @property
-    def host_bytes(self) -> int:
-        return sum(self.parts[k] for k in self.on_host)
+        return sum(self.parts.values())
 
     @property
     def fits(self) -> bool | None:
@@ -256,8 +247,7 @@ def plan(m: ModelShape, t: TrainerShape, device_memory: int | None = None) -> Me
         "activations": activation_bytes(m, t),
         "logits": t.micro_batch * t.response_tokens * m.vocab * (t.compute_bytes + 12),
     }
-    on_host = ("parameters", "gradients", "optimizer") if t.optimizer_offload else ()
-    return MemoryPlan(p, trainable, parts, on_host, device_memory)
+    return MemoryPlan(p, trainable, parts, device_memory)
 
 
 def gib(n: int) -> str:
@@ -274,15 +264,13 @@ def render(mp: MemoryPlan, m: ModelShape, t: TrainerShape) -> str:
         f"trainer: world size {t.world_size}, {'GPU' if t.gpu else 'CPU'}, model.dtype {t.dtype} (stored "
         f"{t.stored_bytes} B, compute {t.compute_bytes} B), micro-batch {t.micro_batch} x "
         f"{t.prompt_tokens}+{t.response_tokens} tokens, gradient checkpointing "
-        f"{'on' if t.gradient_checkpointing else 'off'}, optimizer offload {'on' if t.optimizer_offload else 'off'}",
+        f"{'on' if t.gradient_checkpointing else 'off'}",
         "",
-        f"{'per rank':<14}{'bytes':>18}{'':>14}  where",
+        f"{'per rank':<14}{'bytes':>18}{'':>14}",
     ]
     for k in PARTS:
-        lines.append(f"{k:<14}{mp.parts[k]:>18,}{gib(mp.parts[k]):>14}  {'host' if k in mp.on_host else 'device'}")
+        lines.append(f"{k:<14}{mp.parts[k]:>18,}{gib(mp.parts[k]):>14}")
     lines.append(f"{'device total':<14}{mp.device_bytes:>18,}{gib(mp.device_bytes):>14}")
-    if mp.on_host:
-        lines.append(f"{'host total':<14}{mp.host_bytes:>18,}{gib(mp.host_bytes):>14}")
     if mp.device_memory is None:
         lines.append("fits: unknown (pass --device-memory, e.g. 80GiB)")
     else:
