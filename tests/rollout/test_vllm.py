@@ -102,3 +102,27 @@ async def test_vllm_recompute_tokens(vllm_url, chat_tokenizer, model):  # noqa: 
         for step in traj.steps:
             assert step.policy_version == 4 and step.metadata["tokens"] == "recompute"
             _check_rebuilt(step, chat_tokenizer, w.recompute, model, tol=VLLM_TOL)
+
+
+async def test_vllm_an_unmodified_agent_through_the_recording_gateway(vllm_url, chat_tokenizer):
+    """The openai SDK agent (examples/bundles/openai_agent.py) through the gateway in front of vLLM:
+    every recorded call's prompt ids, completion ids and log-probs are vLLM's own answer, read on
+    the wire between the gateway and vLLM."""
+    from .conftest import serve_app
+    from .test_gateway import AGENT, EngineTap
+
+    tap = EngineTap(vllm_url)
+    async with serve_app(tap.app) as url, InferenceClient(url, MODEL_NAME, rng=random.Random(0)) as inference:
+        worker = RolloutWorker(inference, chat_tokenizer, bundle=load_bundle(str(AGENT)))
+        try:
+            eps = await worker.rollout_task(Task(task_id="calc", prompt="what is 2 + 3?", ground_truth="5"), 2,
+                                            SamplingParams(max_tokens=96, temperature=1.0, seed=5), policy_version=0)
+        finally:
+            await worker.aclose()
+    steps = sorted((s for ep in eps for t in ep.trajectories for s in t.steps), key=lambda s: s.metadata["seed"])
+    exchanges = sorted(tap.exchanges, key=lambda e: e[0]["seed"])
+    assert all(not ep.errors.any for ep in eps) and len(steps) == len(exchanges) >= 2
+    for step, (request, answer) in zip(steps, exchanges):
+        [choice] = answer["choices"]
+        assert step.prompt_ids == request["prompt"] and step.response_ids == choice["token_ids"]
+        assert step.logprobs == pytest.approx(choice["logprobs"]["token_logprobs"], abs=0)
