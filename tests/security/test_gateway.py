@@ -185,3 +185,20 @@ async def test_a_turn_over_max_turns_is_refused_and_ends_the_episode(tokenizer, 
             await worker.aclose()
     assert ep.termination_reason == "max_turns" and not ep.errors.any and ep.reward == 0.5
     assert len(ep.trajectories[0].steps) == 1 and len(server.requests) == 1
+
+
+async def test_a_call_in_flight_when_the_episode_ends_is_not_recorded(tokenizer):
+    """The rollout returned (its episode is built) while one of its agent's calls was still sampling:
+    that call's sample is never added to the episode."""
+    import asyncio
+
+    async with gateway_with(tokenizer) as (gw, ep, server):
+        server.delay_s = 0.5
+        recorder = ep.client.recorder
+        call = asyncio.create_task(_post(f"{ep.base_url}/chat/completions", {"model": "tiny", "messages": HELLO},
+                                         ep.api_key))
+        while not server.requests:  # the engine has the request
+            await asyncio.sleep(0.01)
+        gw.close(ep)
+        status, _ = await call
+        assert status == 200 and recorder.samples == [] and recorder.trajectories == []

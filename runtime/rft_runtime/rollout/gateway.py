@@ -47,6 +47,7 @@ from .chat_client import ChatClient
 from .conversation import TokenConversation
 from .errors import InferenceHTTPError, MaxTurnsReached, PromptTooLong, RolloutInfraError
 from .openai_types import ChatCompletion
+from .recorder import RolloutRecorder
 
 MAX_REQUEST_BYTES = 16 * 2**20
 """The largest request body the gateway reads."""
@@ -140,6 +141,8 @@ class RecordingGateway:
     def close(self, endpoint: EpisodeEndpoint) -> None:
         """End ``endpoint``'s episode: later calls are refused with ``episode_closed``."""
         episode_id = endpoint.episode_id
+        # a call still in flight records into a recorder nobody reads: the episode is already built
+        endpoint.client.recorder = RolloutRecorder()
         if self._open.get(episode_id) is endpoint:
             del self._open[episode_id]
             self._closed[episode_id] = None
