@@ -79,7 +79,7 @@ def _plan(argv: list[str]) -> int:
         job = load_manifest(args.file)
     except InvalidSpec as e:
         print("\n".join([f"{args.file}: invalid", *e.problems]), file=sys.stderr)
-        return 1
+        return 2
     return run_plan(job.spec, args.config, args.device_memory, args.device)
 
 

@@ -132,14 +132,26 @@ def test_rft_plan_on_examples(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_rft_plan_with_config_and_device_memory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(REFERENCE_MODELS["Llama-2-70B"]))
     job = ROOT / "examples/10-gpu-cluster.yaml"
-    # LoRA rank 32 on a 70B over 8 GPUs (bfloat16 parameters, as the example says)
-    code = rft(["plan", str(job), "--config", str(cfg), "--device-memory", "80GB"])
+    # full fine-tuning of a 70B in bfloat16 over one node of 8 GPUs: 8 bytes a parameter / 8 ranks
+    assert rft(["plan", str(job), "--config", str(cfg), "--device-memory", "80GB"]) == 1
     out = capsys.readouterr().out
-    assert "68,976,648,192 parameters" in out and "LoRA rank 32" in out
-    assert code in (0, 1) and (("fits: yes" in out) == (code == 0))
+    assert "68,976,648,192 parameters" in out and "(full)" in out and "fits: NO" in out
+    # with a LoRA adapter and gradient checkpointing: the frozen bfloat16 weights, sharded, a small adapter,
+    # and each layer's input kept (without checkpointing the activations alone are 304 GiB)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["model"]["lora"] = {"rank": 32}
+    doc["spec"]["trainer"]["gradientCheckpointing"] = True
+    doc["spec"]["inference"]["weightSync"] = "lora"
+    lora_job = tmp_path / "lora.yaml"
+    lora_job.write_text(yaml.safe_dump(doc))
+    assert rft(["plan", str(lora_job), "--config", str(cfg), "--device-memory", "80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "LoRA rank 32" in out and "gradient checkpointing on" in out and "fits: yes" in out
     assert rft(["plan", str(job), "--config", str(cfg), "--device-memory", "lots"]) == 2
     assert "--device-memory" in capsys.readouterr().err
     assert GIB == 2**30
