@@ -149,6 +149,7 @@ bench: venv vllm control-plane
 	$(PY) bench/rollout_tokens.py
 	$(PY) bench/trainer.py
 	$(PY) bench/prefix_costs.py
+	$(PY) bench/packing.py
 	$(PY) bench/coordinator.py
 	$(PY) bench/e2e_step.py
 	$(PY) bench/trainer_vs_trl.py --trl-python $$(bash hack/trl-venv.sh)
