@@ -147,6 +147,7 @@ bench: venv vllm control-plane
 	$(PY) bench/decode_attention.py
 	$(PY) bench/rollout.py
 	$(PY) bench/rollout_tokens.py
+	$(PY) bench/gateway.py
 	$(PY) bench/trainer.py
 	$(PY) bench/prefix_costs.py
 	$(PY) bench/packing.py
