@@ -208,3 +208,47 @@ def test_trainer_resumes_through_the_sharded_loader(tmp_path):
     for k, v in two.items():
         assert torch.equal(resumed[k], v), k
     _assert_same(_train(tmp_path, model_dir, 1, "ws1", steps=[1, 2]), two)
+
+
+def warm_start_rank(rank: int, model_dir: str, warm: str, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from rft_runtime.trainer.distributed import DistContext, ensure_group, full_state_dict
+    from rft_runtime.trainer.sharded_load import load_sharded
+
+    torch.set_num_threads(1)
+    ctx = DistContext(rank=rank, world_size=WORLD, port=port)
+    ensure_group(ctx)
+    model = load_sharded(Path(model_dir), torch.float32, warm, ctx)
+    assert model is not None
+    sd = full_state_dict(model)
+    if rank == 0:
+        torch.save(sd, Path(out) / "state.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_warm_start_checkpoint_loads_shard_by_shard(tmp_path):
+    """A warm start from one of our checkpoints (``weights.safetensors``, config from the model directory):
+    its tensors first, the model directory's for any it lacks, as :func:`load_base` takes them."""
+    from safetensors.torch import save_file
+
+    from rft_runtime.trainer.model_io import load_base
+    from rft_runtime.trainer.state import WEIGHTS_FILE
+
+    model_dir = make_llama(tmp_path / "model")
+    other = make_llama(tmp_path / "other", seed=1)
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(other).state_dict()
+    warm = tmp_path / "ckpt"
+    warm.mkdir()
+    save_file({k: v.contiguous() for k, v in trained.items() if k.startswith("model.layers.")}, str(warm / WEIGHTS_FILE))
+    _spawn(warm_start_rank, tmp_path, str(model_dir), str(warm), free_port())
+    got = torch.load(tmp_path / "state.pt")
+    want = load_base(model_dir, torch.float32, str(warm)).state_dict()
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+    assert torch.equal(got["model.layers.0.mlp.up_proj.weight"], trained["model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(got["model.embed_tokens.weight"], trained["model.embed_tokens.weight"])
