@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from rft_runtime.coordinator.server import AppThread
+from rft_runtime.model.weights_files import current_published
 from rft_runtime.serve.engine import Engine
 from rft_runtime.serve.model import load_model
-from rft_runtime.model.weights_files import current_published
 from rft_runtime.serve.server import create_app
 from rft_runtime.trainer.inference_sync import InferenceSync
 from rft_runtime.trainer.publisher import PublishError, WeightPublisher
