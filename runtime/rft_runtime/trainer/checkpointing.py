@@ -48,8 +48,10 @@ def enable(model: torch.nn.Module) -> int:
         raise CheckpointingUnsupported(f"{FIELD}: the model ({type(base).__name__}) does not support activation "
                                        "checkpointing; set it to false")
     turn_on(activation_checkpointing_kwargs={"use_reentrant": False})
-    n = sum(1 for m in base.modules() if getattr(m, "gradient_checkpointing", False) is True
-            and m is not base and type(m).__name__ in (getattr(base, "_no_split_modules", None) or []))
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    # isinstance, not the class name: FSDP2 renames a sharded layer's class (FSDPQwen2DecoderLayer)
+    n = sum(1 for m in base.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing)
     if n == 0:
         raise CheckpointingUnsupported(f"{FIELD}: no decoder layer of {type(base).__name__} can be checkpointed; "
                                        "set it to false")
