@@ -13,8 +13,9 @@ The model is Llama-shaped, randomly initialised from a config (nothing is downlo
 config.json where ``hack/smollm2.sh`` has built it under ``$RFT_CACHE/models`` (or ``--config``), else a
 4-layer model of its widths (the report says which), its first ``--layers`` decoder layers (6 of 30 by
 default: every layer does the same work on the same rows, so the ratios hold, and a round takes a minute on
-2 cores rather than minutes). Paths alternate within each round; the fastest round of each counts. Ratios: tokens/s of ``packed`` and ``shared`` over ``padded``, and the losses' largest relative
-difference (the same numbers up to float rounding).
+2 cores rather than minutes). Paths alternate within each round; the fastest round of each counts.
+Ratios: tokens/s of ``packed`` and ``shared`` over ``padded``, and the packed loss's relative difference
+from the padded one (the same number up to float rounding).
 
     python bench/packing.py [--config PATH] [--batch 8] [--micro-batch 4] [--rounds 3] [--layers 6] [--threads 2] [--quick]
 """
