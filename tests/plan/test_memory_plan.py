@@ -171,3 +171,16 @@ def test_the_spec_shape_reads_the_trainer_fields():
     assert t == TrainerShape(world_size=8, micro_batch=3, prompt_tokens=100, response_tokens=64, dtype="bfloat16",
                              gpu=True, lora_rank=8, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
                              gradient_checkpointing=True)
+
+
+def test_a_cpu_trainer_is_planned_against_its_memory_limit_per_process(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "examples/01-tiny-arith.yaml").read_text())
+    doc["spec"]["trainer"].update({"processesPerNode": 2, "resources": {"limits": {"memory": "8Gi"}}})
+    job = tmp_path / "cpu.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    assert rft(["plan", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "world size 2, CPU" in out and "of 4.00 GiB per device" in out
