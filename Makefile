@@ -143,6 +143,7 @@ cluster-down:
 bench: venv vllm control-plane
 	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) $(PY) -m pytest tests -m bench $(PYTEST_ARGS)
 	$(PY) bench/inference.py --vllm-python $$(bash hack/vllm-venv.sh)
+	$(PY) bench/vllm_weight_sync.py --vllm-python $$(bash hack/vllm-venv.sh) --train-step
 	$(PY) bench/serve_engine.py
 	$(PY) bench/decode_attention.py
 	$(PY) bench/rollout.py
@@ -154,6 +155,7 @@ bench: venv vllm control-plane
 	$(PY) bench/coordinator.py
 	$(PY) bench/e2e_step.py
 	$(PY) bench/trainer_vs_trl.py --trl-python $$(bash hack/trl-venv.sh)
+	$(PY) bench/sharded_loading.py --size 0.5b
 	if $(PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then $(PY) bench/gpu.py; \
 	else echo "bench/gpu.py: no GPU on this machine, skipped"; fi
 	$(PY) bench/report.py

@@ -27,6 +27,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "real_model": ("accuracy.baseline", "accuracy.final", "accuracy.final_step", "accuracy.best", "steps",
                    "wall_s", "per_step_s.step", "per_step_s.generate", "per_step_s.train",
                    "tokens_per_s.generation", "tokens_per_s.training"),
+    "sharded_loading": ("model.size", "model.parameters", "worlds.ws4.plain.peak_mb", "worlds.ws4.sharded.peak_mb",
+                        "worlds.ws4.sharded.bound_mb"),
     "operator_scale": ("converge_s", "idle_requests_per_s", "idle_mutating_requests_excluding_lease",
                        "status_latency_p99_s", "operator_rss_peak_mb"),
 }

