@@ -202,3 +202,46 @@ def test_every_route_needs_the_job_token_and_control_routes_are_closed(gate):
     assert httpx.get(url + "/v1/models", headers=AUTH).json()["data"][0]["id"] == SERVED
     assert httpx.get(url + "/health").status_code == 200  # probes carry no token
     assert "vllm:" in httpx.get(url + "/metrics").text
+
+
+def test_a_reload_vllm_fails_fails_fast_and_a_restarted_vllm_gets_the_current_version(gate, weights_dir, policy,
+                                                                                     env_token):
+    """vLLM answers a reload with an error (here: a tensor of the wrong shape): the gate answers 400 with vLLM's
+    words, so the trainer's publication fails at once instead of retrying to its deadline; vLLM's weights are
+    then unusable, so the gate is not Ready and its liveness probe asks for a restart of vLLM. A restarted vLLM
+    comes back with the base weights: the gate sees it, loads the current version before it is Ready again,
+    and takes new versions. (Last in the module: it restarts the module's vLLM.)"""
+    from safetensors.torch import load_file, save_file
+
+    from tests.support.vllm_process import RESTART
+
+    url, g = gate
+    current = json.loads((weights_dir / "current.json").read_text())["policy_version"]
+    publisher = WeightPublisher(weights_dir, [url], keep=2, deadline_s=600, protocol=DiskReload())
+    path = publisher.save(policy, 11)
+    state = load_file(path / "model.safetensors")
+    name = next(k for k in state if k.endswith("mlp.down_proj.weight"))
+    state[name] = torch.zeros(3, 3)
+    save_file(state, path / "model.safetensors")
+    t0 = time.monotonic()
+    with pytest.raises(PublishError, match="HTTP 400: .*vLLM did not take policy version 11"):
+        publisher.load(path, 11)
+    assert time.monotonic() - t0 < 120  # not the publication's 600 s deadline
+    assert g.version == UNPUBLISHED and g.broken
+    assert httpx.get(url + "/health").status_code == 503
+    assert httpx.get(url + "/health", params={"probe": "liveness"}).status_code == 500
+    r = httpx.post(url + "/v1/completions", headers=AUTH, json={"model": SERVED, "prompt": PROMPT, "max_tokens": 1})
+    assert r.status_code == 503 and "failed to load policy version 11" in r.json()["error"]["message"]
+
+    RESTART[g.upstream]()  # what the kubelet does when the liveness probe fails
+    wait_for("the gate to be ready again", lambda: httpx.get(url + "/health").status_code == 200, 120, interval=0.2)
+    assert g.version == current and g.broken is None
+    (ids, lps), served = _sample(url)
+    assert served == current
+    torch.testing.assert_close(torch.tensor(lps), torch.tensor(local_logprobs(policy, ids)), rtol=0, atol=TOL)
+    _perturb(policy, 12)
+    publisher.publish(policy, 12)
+    (ids, lps), served = _sample(url)
+    assert served == 12
+    torch.testing.assert_close(torch.tensor(lps), torch.tensor(local_logprobs(policy, ids)), rtol=0, atol=TOL)
+

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import httpx
 import pytest
@@ -30,6 +30,11 @@ def vllm_python() -> str:
     return python
 
 
+RESTART: dict[str, "Callable[[], None]"] = {}
+"""``RESTART[url]()`` kills the vLLM that :func:`running_vllm` serves at ``url`` and starts it again on the same
+port (a container restart), returning once it generates."""
+
+
 @contextlib.contextmanager
 def running_vllm(model_dir: str | Path, served_model: str, log: Path, *, extra_args: Sequence[str] = (),
                  env: dict[str, str] | None = None, ready_headers: dict[str, str] | None = None) -> Iterator[str]:
@@ -41,32 +46,54 @@ def running_vllm(model_dir: str | Path, served_model: str, log: Path, *, extra_a
            "--served-model-name", served_model, "--max-model-len", "256", "--host", "127.0.0.1",
            "--port", str(port), "--logprobs-mode", "processed_logprobs", "--dtype", "float32", *extra_args]
     full_env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
+        procs.append(proc)
+        _wait_generating(proc, url, served_model, log, ready_headers)
+
+    def restart() -> None:
+        _stop(procs[-1])
+        start()
+
+    RESTART[url] = restart
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}", pytrace=False)
-            try:
-                r = httpx.post(f"{url}/v1/completions", json={"model": served_model, "prompt": [1, 2], "max_tokens": 1},
-                               headers=ready_headers, timeout=10)
-                if r.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM not ready after {READY_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}", pytrace=False)
-            time.sleep(2)
+        start()
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            proc.wait(10)
+        RESTART.pop(url, None)
+        if procs:
+            _stop(procs[-1])
         print(f"vLLM log: {log}", file=sys.stderr)
+
+
+def _wait_generating(proc: subprocess.Popen, url: str, served_model: str, log: Path,
+                     headers: dict[str, str] | None) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"vLLM exited with {proc.returncode}:\n{log.read_text()[-4000:]}", pytrace=False)
+        try:
+            r = httpx.post(f"{url}/v1/completions", json={"model": served_model, "prompt": [1, 2], "max_tokens": 1},
+                           headers=headers, timeout=10)
+            if r.status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"vLLM not ready after {READY_TIMEOUT_S:.0f} s:\n{log.read_text()[-4000:]}", pytrace=False)
+        time.sleep(2)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 15)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        proc.wait(10)

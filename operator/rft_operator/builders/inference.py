@@ -22,7 +22,8 @@ the current policy version before it answers ``/health``.
   in place (``--weights-dir``). weightSync=lora adds ``--enable-lora`` (rank rounded up to one vLLM
   accepts; as many adapters as policy versions are served at once) and runtime adapter loading
   (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``): the trainer loads each policy version as adapter
-  ``<job>-v<version>`` (see ``rft_runtime.adapters``).
+  ``<job>-v<version>`` (see ``rft_runtime.adapters``). vLLM's liveness probe asks the gate
+  (``/health?probe=liveness``): a reload vLLM failed part-way leaves weights only a restart repairs.
 
 vLLM needs a model directory: for a ``builtin:`` model an init container running the
 runtime image exports it (``rft model export``) into the pod's cache. Its root filesystem stays
@@ -235,18 +236,18 @@ def deployment_for(job: RFTJob, ctx: BuildContext) -> Obj:
     if inf.engine != "builtin" and inf.weight_sync == "disk":
         volumes.append({"name": "vllm-extension", "emptyDir": {"sizeLimit": "1Mi"}})
         mounts.append(_extension_mount())
+    builtin = inf.engine == "builtin"  # else the gate holds the port and answers the probes
     container: Obj = {
         "name": ROLE, "image": image(job, ctx), "command": command(job),
+        **({"ports": [{"name": "http", "containerPort": inf.port, "protocol": "TCP"}]} if builtin else {}),
         "env": base_env(job) + _engine_env(job) + user_env(inf.env),
         "volumeMounts": mounts,
-        "securityContext": container_security_context(read_only_root=inf.engine == "builtin"),
+        **({"readinessProbe": http_probe("/health", inf.port),
+            "startupProbe": http_probe("/health", inf.port, STARTUP_PERIOD_S, STARTUP_FAILURES)} if builtin else
+           # the gate says when vLLM failed a reload part-way and only a restart repairs its weights
+           {"livenessProbe": http_probe("/health?probe=liveness", inf.port, 10, 3)}),
+        "securityContext": container_security_context(read_only_root=builtin),
     }
-    if inf.engine == "builtin":  # else the gate holds the port and answers the probes
-        container.update({
-            "ports": [{"name": "http", "containerPort": inf.port, "protocol": "TCP"}],
-            "readinessProbe": http_probe("/health", inf.port),
-            "startupProbe": http_probe("/health", inf.port, STARTUP_PERIOD_S, STARTUP_FAILURES),
-        })
     res = resources(inf.resources)
     if res:
         container["resources"] = res

@@ -34,7 +34,13 @@ _READY_TASK = web.AppKey("ready_task", asyncio.Task)
 
 
 class UpstreamError(RuntimeError):
-    """vLLM refused or failed a control call (the message names the route and its answer)."""
+    """vLLM refused or failed a control call (the message names the route and its answer). ``answered``:
+    vLLM answered with an error (a failure that repeats: weights it cannot load, a worker without the gate's
+    extension), rather than not answering at all (a restart, a crash: worth retrying)."""
+
+    def __init__(self, message: str, answered: bool) -> None:
+        super().__init__(message)
+        self.answered = answered
 
 
 def forwarded(path: str) -> bool:
@@ -65,11 +71,15 @@ class Gate:
         """The policy version vLLM serves (None: the gate does not track versions, e.g. LoRA adapters)."""
         self.ready = False
         """vLLM answered and the current published version (if any) is loaded."""
+        self.broken: str | None = None
+        """Why vLLM's weights are unusable (a reload it failed part-way): only a restart of vLLM repairs it, which
+        the inference pod's liveness probe (``/health?probe=liveness``) asks of the kubelet."""
         self._open = asyncio.Event()
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._inflight = 0
+        self._loads = 0  # reloads started: a weight version read across one is not compared
         self._update_lock = asyncio.Lock()
         self._session: aiohttp.ClientSession | None = None
 
@@ -89,23 +99,58 @@ class Gate:
             await self._session.close()
             self._session = None
 
-    async def become_ready(self, poll_s: float = 1.0) -> None:
-        """Wait for vLLM's ``/health``, then load the version the trainer last published (if any)."""
-        while not await self._upstream_healthy():
-            await asyncio.sleep(poll_s)
-        while (current := current_published(self.weights_dir) if self.weights_dir is not None else None):
+    async def watch(self, period_s: float = 1.0) -> None:
+        """Follow vLLM for the gate's lifetime: once it answers ``/health``, load the version the trainer last
+        published and be ready; when it stops answering (its container restarted: it comes back with the base
+        weights) or reports a weight version other than the one loaded, serve nothing until it is back and the
+        current version is loaded again. Runs as a task of the application."""
+        while True:
+            if not await self._upstream_healthy():
+                self._lost("vLLM does not answer /health")
+            elif not self.ready:
+                if not self.broken:  # broken: only a restart of vLLM (seen above as unhealthy) helps
+                    await self._load_current()
+            elif self.version is not None and self.version >= 0 and not self._update_lock.locked():
+                loads = self._loads
+                reported = await self._weight_version()
+                if reported is not None and reported != str(self.version) and loads == self._loads \
+                        and not self._update_lock.locked():
+                    self._lost(f"vLLM reports weight version {reported!r}, the gate loaded {self.version}")
+            await asyncio.sleep(period_s)
+
+    def _lost(self, why: str) -> None:
+        """vLLM lost the weights the gate loaded (or never had them): not ready, no version, until reloaded."""
+        if self.ready:
+            log.warning("%s: not ready until vLLM is back and the current policy version is loaded", why)
+        self.ready = False
+        self.broken = None  # a restarted vLLM can load weights again
+        if self.version is not None:
+            self.version = UNPUBLISHED
+
+    async def _load_current(self) -> None:
+        """Load the version the trainer last published (if any) and become ready; log and stay not ready
+        when vLLM refuses it (the next round tries again, maybe with a newer version)."""
+        current = current_published(self.weights_dir) if self.weights_dir is not None else None
+        if current is not None:
             version, path = current
             try:
                 async with self._update_lock:
                     await self._reload(str(path), version)
-            except UpstreamError as exc:  # not Ready, and said why; the next try may find a newer version
+            except UpstreamError as exc:
                 log.error("could not load the current policy version %d from %s: %s", version, path, exc)
-                await asyncio.sleep(5 * poll_s)
-                continue
+                if exc.answered:
+                    self.broken = f"vLLM failed to load policy version {version}: {exc}"
+                return
             log.info("loaded the current policy version %d from %s", version, path)
-            break
         self.ready = True
         log.info("vLLM at %s is ready behind the gate (policy version %s)", self.upstream, self.version)
+
+    async def _weight_version(self) -> str | None:
+        try:
+            async with self.session.get(self.upstream + "/weight_info", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                return str((await r.json()).get("weight_version")) if r.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
 
     async def _upstream_healthy(self) -> bool:
         try:
@@ -117,6 +162,14 @@ class Gate:
     # ------------------------------------------------------------------ routes
 
     async def health(self, request: web.Request) -> web.Response:
+        """Readiness: vLLM answers and serves the current version. ``?probe=liveness``: whether vLLM can still
+        load weights (500 after a reload it failed part-way: restart it)."""
+        if request.query.get("probe") == "liveness":
+            if self.broken:
+                return web.json_response({"status": "broken", "reason": self.broken}, status=500)
+            return web.json_response({"status": "alive"})
+        if self.broken:
+            return web.json_response({"status": "broken", "reason": self.broken}, status=503)
         if self.ready and await self._upstream_healthy():
             return web.json_response({"status": "ok", "policy_version": self.version})
         return web.json_response({"status": "starting" if not self.ready else "vLLM is not healthy"}, status=503)
@@ -148,13 +201,20 @@ class Gate:
             path = self._confined(body.get("model_path"))
         except ValueError as exc:
             return self._update_failed(str(exc))
+        if not self.ready:
+            why = self.broken or "vLLM is starting or restarting; it loads the current version before it is ready"
+            return self._update_failed(why, status=503)
         async with self._update_lock:
             self._open.clear()  # new requests wait at the gate from here on
             try:
                 await self._drain()
                 await self._reload(str(path), version)
-            except UpstreamError as exc:
-                return self._update_failed(f"vLLM did not take policy version {version}: {exc}", status=500)
+            except UpstreamError as exc:  # an answered failure fails the publication; no answer is retried
+                if exc.answered:
+                    self.broken = f"vLLM failed to load policy version {version}: {exc}"
+                    self.ready = False
+                return self._update_failed(f"vLLM did not take policy version {version}: {exc}",
+                                           status=400 if exc.answered else 503)
             finally:
                 self._open.set()
         log.info("serving policy version %d from %s", version, path)
@@ -201,6 +261,7 @@ class Gate:
         """Reload vLLM's weights in place from ``path`` and make ``version`` the one served. A reload that
         fails leaves the weights unknown: the gate reports :data:`UNPUBLISHED` until one succeeds."""
         self.version = UNPUBLISHED
+        self._loads += 1
         await self._control("POST", "/collective_rpc", {"method": RELOAD_METHOD, "kwargs": {"weights_path": path},
                                                         "timeout": self.reload_timeout_s})
         # the KV blocks cached for shared prefixes were computed with the old weights
@@ -214,9 +275,9 @@ class Gate:
                                             headers=auth.client_headers()) as r:
                 text = await r.text()
         except aiohttp.ClientError as exc:
-            raise UpstreamError(f"{method} {route}: {type(exc).__name__}: {exc}") from exc
+            raise UpstreamError(f"{method} {route}: {type(exc).__name__}: {exc}", answered=False) from exc
         if r.status != 200:
-            raise UpstreamError(f"{method} {route}: HTTP {r.status}: {text[:500]}")
+            raise UpstreamError(f"{method} {route}: HTTP {r.status}: {text[:500]}", answered=True)
         try:
             return json.loads(text) if text else None
         except ValueError:
@@ -229,6 +290,9 @@ class Gate:
             return _error(404, f"{request.path} is not served here", "NotFoundError")
         while not self._open.is_set():  # a weight update is draining or loading: wait for the new version
             await self._open.wait()
+        if not self.ready:  # rollouts retry a 503 (elsewhere, or here once ready)
+            return _error(503, self.broken or "the replica is not ready: vLLM is starting or loading the current "
+                          "policy version", "ServiceUnavailableError")
         return await self._pass(request, request.path_qs, counted=True)
 
     async def _pass(self, request: web.Request, target: str, counted: bool = False) -> web.StreamResponse:
@@ -272,7 +336,7 @@ def create_app(gate: Gate, token: str | None) -> web.Application:
 
     async def on_startup(_app: web.Application) -> None:
         await gate.start()
-        _app[_READY_TASK] = asyncio.create_task(gate.become_ready())
+        _app[_READY_TASK] = asyncio.create_task(gate.watch())
 
     async def on_cleanup(_app: web.Application) -> None:
         task = _app.get(_READY_TASK)
