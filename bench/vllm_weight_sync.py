@@ -10,7 +10,7 @@ cloning every tensor of the state dict once (the bound of any sync that moves th
 ``--train-step``: one optimizer step of the trainer-side model on a 32 x 64-token batch (forward, backward,
 AdamW), for the share of a step the sync takes.
 
-``ratios``: ``vllm_over_builtin`` (goal at most 1.5), ``vllm_over_memory_copy``, ``builtin_over_memory_copy``
+``ratios``: ``vllm_over_builtin`` (a time ratio: lower is better; goal ≤ 1.5), ``vllm_over_memory_copy``, ``builtin_over_memory_copy``
 and, with ``--train-step``, ``vllm_sync_share_of_step`` (sync / (step + sync)).
 
     .venv/bin/python bench/vllm_weight_sync.py --vllm-python PATH [--model DIR] [--rounds N] [--train-step]
