@@ -225,6 +225,13 @@ class NodeNetwork:
         _run("iptables", "-I", "FORWARD", "-i", self.host_veth, "-j", "DROP")
         _run("iptables", "-I", "FORWARD", "-o", self.host_veth, "-j", "DROP")
 
+    def admit_host_port(self, port: int) -> None:
+        """Let the node reach a server of this machine bound to ``host_ip:port`` (TCP): a test's registry.
+        The rule lives in this node's chain and goes with it."""
+        rule = ["-p", "tcp", "-d", self.host_ip, "--dport", str(port), "-j", "ACCEPT"]
+        if _run("iptables", "-C", self.chain, *rule, check=False).returncode != 0:
+            _run("iptables", "-I", self.chain, "1", *rule)
+
     def delete(self) -> None:
         """Remove the namespace (its interfaces, bridge and rules go with it) and the host's rules."""
         if self.exists():
@@ -582,7 +589,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
     bin_dir = "/usr/lib/cni"
     conf_dir = "{self.workdir / 'cni' / 'net.d'}"
   [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = ""
+    config_path = "{d / 'certs.d'}"
 """)
 
     def _write_cni_config(self) -> None:
@@ -743,6 +750,28 @@ disabled_plugins = ["io.containerd.grpc.v1.cri.v1alpha2", "io.containerd.snapsho
         """``ctr -n k8s.io images import`` of an oci-archive into the node's containerd, unless this
         node already imported that archive (its name carries the input hash)."""
         import_archive(self.workdir, archive, timeout)
+
+    def trust_registry(self, address: str) -> None:
+        """Let the node's containerd pull from the plain-HTTP registry at ``address`` (``host:port``): its
+        ``hosts.toml`` (read at each pull, so no restart) names ``http://address`` as the server, and the
+        host admits the node's connections to it (``address`` must be ``host_ip:port``)."""
+        host, _, port = address.rpartition(":")
+        if host != self.net.host_ip:
+            raise NodeError(f"a registry for the node listens on its host-side address {self.net.host_ip}, not {host}")
+        self.net.admit_host_port(int(port))
+        d = self.workdir / "containerd" / "certs.d" / address
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hosts.toml").write_text(f'server = "http://{address}"\n\n[host."http://{address}"]\n'
+                                      f'  capabilities = ["pull", "resolve", "push"]\n')
+
+    def push_image(self, ref: str, dest: str, user: str, password: str, timeout: float = 900) -> None:
+        """Push the node's image ``ref`` to ``dest`` on a plain-HTTP registry (``ctr images push`` from the
+        content the node already holds); the ``dest`` name is removed from the node afterwards."""
+        self._ctr("images", "tag", "--force", ref, dest)
+        try:
+            self._ctr("images", "push", "--plain-http", "--user", f"{user}:{password}", dest, timeout=timeout)
+        finally:
+            self._ctr("images", "rm", dest, check=False)
 
     def _launch(self, name: str, argv: list[str], cwd: Path | None = None, cgroup_procs: Path | None = None) -> None:
         log = open(self.log_path(name), "ab")

@@ -165,17 +165,19 @@ def render_chart(cluster: LocalCluster, namespace: str, release: str, values: di
 
 
 def install_platform(cluster: LocalCluster, node: LocalNode, *, namespace: str = PLATFORM_NAMESPACE,
-                     release: str = RELEASE, resync_seconds: int = 3, timeout: float = 180.0) -> Platform:
+                     release: str = RELEASE, resync_seconds: int = 3, timeout: float = 180.0,
+                     values: dict[str, Any] | None = None) -> Platform:
     """Install the chart (CRD included) into ``namespace`` and wait for the operator pod to be Ready.
+    ``values``: more ``--set`` values (``images.runtime``, ...).
 
     The metrics and health ports are free ports of this machine (any would do: the pod has its own
     network namespace).
     """
     api = Kube.from_kubeconfig(str(cluster.kubeconfig))
     # one replica (the chart's default is 2 with leader election): the harness drives "the" operator pod
-    values = {"resyncSeconds": resync_seconds, "metrics.port": free_port(), "healthPort": free_port(),
-              "logLevel": "info", "replicas": 1}
-    rendered = render_chart(cluster, namespace, release, values)
+    chart_values = {"resyncSeconds": resync_seconds, "metrics.port": free_port(), "healthPort": free_port(),
+                    "logLevel": "info", "replicas": 1, **(values or {})}
+    rendered = render_chart(cluster, namespace, release, chart_values)
     cluster.kubectl("create", "namespace", namespace, check=False)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered, timeout=120)
     cluster.kubectl("wait", "--for=condition=Established", "crd/rftjobs.rft.dev", "--timeout=60s", timeout=90)

@@ -1,0 +1,150 @@
+"""Images from a private registry on the real node: a local OCI registry (distribution's ``registry``,
+``e2e/registry.py``) with basic auth, bound to the node's host-side address, with containerd told to
+reach it over plain HTTP. The operator is installed with the chart's ``images.runtime`` naming the
+registry's copy of the runtime image, ``images.pullPolicy: Always`` and ``images.pullSecrets: [regcred]``,
+so a job that names no image pulls every role's image from the registry with the namespace's
+``kubernetes.io/dockerconfigjson`` Secret. With a wrong password in that Secret the job fails
+``PodCannotStart`` with the kubelet's ``ErrImagePull``/``ImagePullBackOff`` and the registry's refusal;
+with the right one every role runs from the registry's image (its pods' ``imageID`` is the registry's
+digest). ``hack/build-images.sh`` with ``REGISTRY=`` pushes the operator image there (the product's push)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.cluster import LocalCluster
+from e2e.node import LocalNode
+from e2e.registry import LocalRegistry
+from tests.e2e.stack import EXAMPLES, ROOT, JobDriver, Platform, example_job, install_platform, uninstall_platform
+from tests.support.polling import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
+
+USER, PASSWORD = "rft-puller", "s3cret-pull"
+SECRET = "regcred"
+RUNTIME_TAG = "rft-runtime:0.1.0"
+MANIFEST_TYPES = ",".join((  # what a tag may name: an image manifest or an index of them
+    "application/vnd.oci.image.manifest.v1+json", "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json", "application/vnd.docker.distribution.manifest.list.v2+json"))
+
+
+@pytest.fixture(scope="module")
+def registry(on_real_node: LocalNode, node_images: dict[str, Path],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    """The registry on the node's host-side address, holding the runtime image (pushed from the node's own
+    content with ``ctr images push``: nothing is rebuilt or re-read from disk for it)."""
+    t0 = time.monotonic()
+    reg = LocalRegistry(tmp_path_factory.mktemp("registry"), host=on_real_node.net.host_ip,
+                        users={USER: PASSWORD}).start()
+    try:
+        on_real_node.trust_registry(reg.address)
+        (runtime,) = [ref for ref in node_images if "/rft-runtime:" in ref]
+        on_real_node.push_image(runtime, f"{reg.address}/rft/{RUNTIME_TAG}", USER, PASSWORD)
+        print(f"\n[e2e] registry up and the runtime image pushed in {time.monotonic() - t0:.1f}s")
+        yield reg
+    finally:
+        reg.stop()
+
+
+@pytest.fixture(scope="module")
+def platform(cluster: LocalCluster, on_real_node: LocalNode, registry: LocalRegistry) -> Iterator[Platform]:
+    """The operator from the chart with the registry's runtime image as its default, pulled Always with
+    the ``regcred`` Secret of each job's namespace."""
+    p = install_platform(cluster, on_real_node, resync_seconds=3, values={
+        "images.runtime": f"{registry.address}/rft/{RUNTIME_TAG}", "images.pullPolicy": "Always",
+        "images.pullSecrets": "{" + SECRET + "}"})
+    try:
+        yield p
+    finally:
+        uninstall_platform(p)
+
+
+def _pull_secret(registry: LocalRegistry, password: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET},
+            "type": "kubernetes.io/dockerconfigjson",
+            "stringData": {".dockerconfigjson": registry.dockerconfigjson(USER, password)}}
+
+
+def _condition(status: dict, ctype: str) -> dict:
+    return next((c for c in status.get("conditions") or [] if c["type"] == ctype), {})
+
+
+@pytest.mark.timeout(900)
+def test_every_image_of_a_job_is_pulled_from_the_registry_with_its_pull_secret(
+        driver: JobDriver, registry: LocalRegistry) -> None:
+    image = f"{registry.address}/rft/{RUNTIME_TAG}"
+    # a wrong password: the registry refuses the pull, and the job says so
+    driver.apply_docs([_pull_secret(registry, "not-the-password")])
+    driver.apply_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", "denied", trainer={"maxSteps": 2}))
+    st = driver.wait_phase("denied", "Failed", 300)
+    failed = _condition(st, "Failed")
+    assert failed.get("reason") == "PodCannotStart", failed
+    assert any(r in failed["message"] for r in ("ErrImagePull", "ImagePullBackOff")), failed
+    assert image in failed["message"] and any(w in failed["message"].lower() for w in ("unauthorized", "denied")), failed
+    driver.kubectl("delete", "rftjob", "denied", "--wait=false", check=False)
+
+    # the right one: every role's container runs the registry's image, pulled with the Secret
+    driver.apply_docs([_pull_secret(registry, PASSWORD)])
+    job = "pulled"
+    driver.apply_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", job, trainer={"maxSteps": 2}))
+    assert "runtimeImage" not in driver.job(job)["spec"]  # the job names none: the operator's default
+
+    def all_pulled() -> dict | None:
+        pods = {role: driver.pods(job, role) for role in ("trainer", "inference", "rollout")}
+        if not all(pods.values()):
+            return None
+        for role_pods in pods.values():
+            for p in role_pods:
+                ids = [c.get("imageID", "") for c in (p.get("status") or {}).get("containerStatuses") or []]
+                if not ids or not all(ids):
+                    return None
+        return pods
+    pods = wait_for("every role's container started from a pulled image", all_pulled, 300,
+                    on_timeout=lambda: driver.diagnostics(job))
+    for role, role_pods in pods.items():
+        for p in role_pods:
+            spec = p["spec"]
+            assert {"name": SECRET} in spec["imagePullSecrets"], role
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                assert (c["image"], c["imagePullPolicy"]) == (image, "Always"), (role, c["name"])
+            for cs in p["status"]["containerStatuses"]:
+                assert cs["imageID"].startswith(f"{registry.address}/rft/rft-runtime@sha256:"), (role, cs["imageID"])
+    status, headers, _ = registry.request("/v2/rft/rft-runtime/manifests/0.1.0", USER, PASSWORD, "HEAD",
+                                          accept=MANIFEST_TYPES)
+    assert status == 200
+    digest = {k.lower(): v for k, v in headers.items()}["docker-content-digest"]
+    assert {cs["imageID"].rsplit("@", 1)[1] for ps in pods.values() for p in ps
+            for cs in p["status"]["containerStatuses"]} == {digest}
+    driver.wait_phase(job, "Running", 300)
+    driver.kubectl("delete", "rftjob", job, "--wait=false", check=False)
+
+
+@pytest.mark.timeout(900)
+def test_build_images_pushes_to_a_registry_with_basic_auth(registry: LocalRegistry) -> None:
+    """``make images REGISTRY=...``'s push: the operator image (cached, small) to the registry with the
+    user's credentials over plain HTTP; the registry then serves its manifest only to that user."""
+    env = {**os.environ, "RFT_IMAGES": "operator", "REGISTRY": f"{registry.address}/pushed", "REGISTRY_USER": USER,
+           "REGISTRY_PASSWORD": PASSWORD, "REGISTRY_TLS_VERIFY": "false", "REGISTRY_COMPRESSION": "none"}
+    t0 = time.monotonic()
+    p = subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    print(f"\n[e2e] hack/build-images.sh pushed the operator image in {time.monotonic() - t0:.1f}s")
+    cache = Path(os.environ.get("RFT_CACHE") or Path.home() / ".cache" / "rft-operator")
+    (pushed,) = (cache / "images" / "pushed.txt").read_text().split()
+    ref, digest = pushed.split("@")
+    repo, tag = ref.removeprefix(f"{registry.address}/").rsplit(":", 1)
+    assert repo == "pushed/rft-operator", ref
+    accept = MANIFEST_TYPES
+    status, headers, _ = registry.request(f"/v2/{repo}/manifests/{tag}", USER, PASSWORD, "HEAD", accept=accept)
+    assert status == 200 and {k.lower(): v for k, v in headers.items()}["docker-content-digest"] == digest
+    assert registry.status(f"/v2/{repo}/manifests/{tag}", accept=accept) == 401
+    assert registry.status(f"/v2/{repo}/manifests/{tag}", USER, "wrong", accept=accept) == 401
+    bad = subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], env={**env, "REGISTRY_PASSWORD": "wrong"},
+                         capture_output=True, text=True, timeout=900)
+    assert bad.returncode != 0 and "push" in bad.stderr, bad.stderr[-2000:]
