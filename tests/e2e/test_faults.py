@@ -403,24 +403,25 @@ def _gate_version(driver: JobDriver, pod: dict, job: str) -> int | None:
 @pytest.mark.vllm
 @pytest.mark.timeout(1800)
 def test_vllm_replica_deleted_its_replacement_serves_the_current_version_before_ready(driver: JobDriver) -> None:
-    """Delete one of the two vLLM replicas of ``examples/12-vllm-full-weights.yaml`` (full weights) mid-run:
-    its replacement loads the version the trainer last published (``current.json``) before its gate answers
-    ``/health``, so the first thing it reports once Ready is a published version, never the base weights
-    (-1); the job completes with no step run twice and every step trained on samples whose log-probs match
-    the trainer's (both replicas served exactly the trainer's weights)."""
+    """Delete the vLLM replica of ``examples/12-vllm-full-weights.yaml`` (full weights; one replica, so that
+    the job cannot finish on another while the replacement starts) mid-run: the replacement loads the version
+    the trainer last published (``current.json``) before its gate answers ``/health``, so the first thing it
+    reports once Ready is a published version, never the base weights (-1); the trainer's publication waits
+    for it; the job completes with no step run twice and every step trained on samples whose log-probs match
+    the trainer's (the replacement served exactly the trainer's weights)."""
     name, steps = "vllm-kill", 14
-    driver.apply_docs(example_job(EXAMPLES / "12-vllm-full-weights.yaml", name, trainer={"maxSteps": steps}))
+    gate_logs = driver.keep_logs(name, "inference")
+    driver.apply_docs(example_job(EXAMPLES / "12-vllm-full-weights.yaml", name, trainer={"maxSteps": steps},
+                                  inference={"replicas": 1}))
     driver.wait_step(name, 2, START_S + 300)
-    old, other = wait_for("two ready inference pods", lambda: (
-        ps if len(ps := _ready_pods(driver, name, "inference")) == 2 else None), 120)
+    old = wait_for("the inference pod", lambda: driver.ready_pod(name, "inference"), 30)
     driver.delete_pod(old, wait=False)
     version_at_kill = driver.progress(name)["policyVersion"]
     assert driver.progress(name)["step"] < steps, "the job finished before the fault"
 
     def replacement() -> dict | None:
         new = [p for p in _ready_pods(driver, name, "inference")
-               if p["metadata"]["uid"] not in (old["metadata"]["uid"], other["metadata"]["uid"])
-               and p["status"].get("podIP")]
+               if p["metadata"]["uid"] != old["metadata"]["uid"] and p["status"].get("podIP")]
         return new[0] if new else None
     # Not Ready until it serves a published version: its first answer once Ready is one.
     new = wait_for("the replacement replica to be Ready", replacement, FINISH_S, interval=0.2,
@@ -434,8 +435,8 @@ def test_vllm_replica_deleted_its_replacement_serves_the_current_version_before_
     assert_every_step_once(driver, name, steps)
     worst = max(r["logprob_diff_abs_max"] for r in driver.metrics_rows(name))
     assert worst < 1e-4, f"vLLM's log-probs differ from the trainer's by up to {worst}"
-    gate_log = driver.role_logs(name, "inference")
-    assert "loaded the current policy version" in gate_log, gate_log[-3000:]
+    replacement_gate = gate_logs.pod_text(new["metadata"]["name"])
+    assert "loaded the current policy version" in replacement_gate, replacement_gate[-3000:]
 
 
 
