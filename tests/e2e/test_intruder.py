@@ -20,9 +20,8 @@ import json
 
 import pytest
 
-from rft_api.constants import DEFAULT_RUNTIME_IMAGE
 from rft_operator import names
-from rft_operator.builders.common import RUN_AS
+from rft_operator.builders.common import DEFAULT_RUNTIME_IMAGE, RUN_AS
 from tests.e2e.stack import EXAMPLES, JobDriver, example_job, paced_docs, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
