@@ -32,15 +32,10 @@ import _report
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from inference import free_port  # noqa: E402
+
 TOKEN = "bench-weight-sync"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(url: str, proc: subprocess.Popen, deadline_s: float, path: str = "/health") -> None:
@@ -129,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model_dir = _model_dir(args.model, args.quick, tmp)
         install(tmp / "ext")
-        vport, bport = _free_port(), _free_port()
+        vport, bport = free_port(), free_port()
         vllm = _start([args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                        "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(vport), "--dtype", "float32",
                        "--max-model-len", "512", "--worker-extension-cls", WORKER_EXTENSION_CLS],
