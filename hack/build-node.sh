@@ -58,6 +58,8 @@ cp_bin=$(bash "$root/hack/build-control-plane.sh" | tail -1)
 mkdir -p "$bin"
 exec 9>"$k8s/.lock"
 flock 9
+# Another run (a background hack/prepare.sh) may have finished it while this one waited for the lock.
+if [ -f "$bin/.complete" ] && all_present && packages_present; then echo "$bin"; exit 0; fi
 rm -f "$bin/.complete"
 
 # --- Debian packages -----------------------------------------------------------------------------

@@ -5,10 +5,18 @@
 #
 #   hack/prepare.sh [PART ...]      PART: venv vllm smollm2 hadolint seaweedfs registry control-plane node images
 #                                   (default: all)
+#   hack/prepare.sh --background [PART ...]
+#                                   the same, detached from this shell (returns at once; its own output
+#                                   in $RFT_CACHE/logs/prepare.log, its pid in prepare.pid). `make test`
+#                                   runs the tests meanwhile: each build script serialises on its own lock,
+#                                   so a test that needs a part still building waits for it
+#                                   (tests/support/prereqs.py), and one built returns at once.
+#   hack/prepare.sh --wait          waits for the background run, prints each part's time; fails when one
+#                                   failed.
 #
 # Three chains run side by side (they share no inputs, and each is bound by something else: the Go
 # builds by the CPU, the venvs and images mostly by downloads and disk):
-#   python   venv -> vllm venv, smollm2 (hack/smollm2.sh: the pretrained model tests/models runs), hadolint,
+#   python   venv -> vllm venv, hadolint, smollm2 (hack/smollm2.sh: the pretrained model tests/models runs),
 #            seaweedfs (the S3 server the storage tests run against), registry (hack/registry.sh: the OCI
 #            registry the image tests push to; about 90 s cold, 10 s with the Go caches warm)
 #   k8s      control-plane -> node (kubelet, kube-proxy, CoreDNS, kube-router; Debian packages)
@@ -21,6 +29,21 @@ cache=${RFT_CACHE:-$HOME/.cache/rft-operator}
 export RFT_CACHE=$cache
 logs=$cache/logs
 mkdir -p "$logs"
+if [ "${1:-}" = --background ]; then
+  shift
+  setsid nohup bash "$0" "$@" </dev/null >"$logs/prepare.log" 2>&1 &
+  echo $! >"$logs/prepare.pid"
+  echo "[prepare] building in the background (pid $!; $logs/prepare.log, each part's time in $logs/prepare-times.txt)" >&2
+  exit 0
+fi
+if [ "${1:-}" = --wait ]; then  # for a background run: wait for it, print its parts' times, its status
+  pid=$(cat "$logs/prepare.pid" 2>/dev/null || true)
+  if [ -n "$pid" ]; then while kill -0 "$pid" 2>/dev/null; do sleep 2; done; fi
+  echo "[prepare] the background build's parts:" >&2
+  cat "$logs/prepare-times.txt" >&2
+  ! grep -q FAILED "$logs/prepare-times.txt"
+  exit
+fi
 parts=("$@")
 [ ${#parts[@]} -gt 0 ] || parts=(venv vllm smollm2 hadolint seaweedfs registry control-plane node images)
 wants() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
@@ -46,8 +69,8 @@ if wants venv || wants vllm || wants smollm2 || wants hadolint || wants seaweedf
     if wants venv || wants vllm || wants smollm2; then step venv bash "$root/hack/venv.sh" || exit 1; fi
     rc=0
     if wants vllm; then step vllm bash "$root/hack/vllm-venv.sh" || rc=1; fi
-    if wants smollm2; then step smollm2 bash "$root/hack/smollm2.sh" || rc=1; fi
     if wants hadolint; then step hadolint bash "$root/hack/hadolint.sh" || rc=1; fi
+    if wants smollm2; then step smollm2 bash "$root/hack/smollm2.sh" || rc=1; fi
     if wants seaweedfs; then step seaweedfs bash "$root/hack/seaweedfs.sh" || rc=1; fi
     if wants registry; then step registry bash "$root/hack/registry.sh" || rc=1; fi
     exit $rc

@@ -8,9 +8,11 @@ Mark such tests ``@pytest.mark.cluster`` and use the fixtures:
 - ``kube``: a ``kubernetes.client.ApiClient`` authenticated as the cluster admin (session scope).
 - ``namespace``: a fresh namespace for one test, deleted afterwards.
 
-When the control-plane binaries are missing they are built once, before the first test runs (so no
-per-test timeout cuts the build short). A build failure FAILS every test that needs the cluster, with
-the build's error; ``RFT_SKIP_CLUSTER=1`` skips them instead.
+When the control-plane binaries are missing they are built (or a background ``hack/prepare.sh`` is
+waited for) once, before the first test that needs them, outside its timeout (see
+:mod:`tests.support.prereqs`, which also orders the tests: those needing nothing first, e2e last). A
+build failure FAILS every test that needs the cluster, with the build's error, without building again;
+``RFT_SKIP_CLUSTER=1`` skips them instead.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import BuildError, LocalCluster, ensure_binaries
-
-_build_error: BuildError | None = None
+from e2e.cluster import LocalCluster, ensure_binaries
+from tests.support import prereqs
 
 # Servers the tests start (coordinator, reward, inference) listen where the runtime contract says:
 # $RFT_BIND_HOST; for tests that is loopback.
@@ -39,17 +40,19 @@ def _skip_cluster() -> bool:
     return os.environ.get("RFT_SKIP_CLUSTER") == "1"
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build missing control-plane binaries before any test when a collected test needs them."""
-    global _build_error
-    if _skip_cluster() or os.environ.get("RFT_KUBECONFIG"):
-        return
-    if not any(item.get_closest_marker("cluster") for item in session.items):
-        return
-    try:
-        ensure_binaries()
-    except BuildError as e:
-        _build_error = e
+_CONTROL_PLANE = prereqs.register(
+    "control plane (hack/build-control-plane.sh)", rank=2,
+    wanted=lambda item: (item.get_closest_marker("cluster") is not None and not _skip_cluster()
+                         and not os.environ.get("RFT_KUBECONFIG")),
+    build=ensure_binaries)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Before the first test that needs a prerequisite, build it or wait for its build: outside the
+    test's timeout (this wrapper runs outside pytest-timeout's)."""
+    prereqs.before(item)
+    yield
 
 
 @pytest.fixture(scope="session")
@@ -65,12 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
                         pytrace=False)
         yield c
         return
-    if _build_error is not None:
-        pytest.fail(str(_build_error), pytrace=False)
-    try:
-        bin_path = ensure_binaries()
-    except BuildError as e:
-        pytest.fail(str(e), pytrace=False)
+    bin_path = _CONTROL_PLANE.get()
     c = LocalCluster(tmp_path_factory.mktemp("cluster"), bin=bin_path, die_with_parent=True)
     c.start(timeout=300)
     try:
@@ -123,5 +121,7 @@ def namespace(kube: "kubernetes.client.ApiClient") -> Iterator[str]:  # noqa: F8
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     """Run e2e tests last: their real node (``e2e/node.py``) registers a Node for the rest of the
     session, and the integration tier assumes a control plane with no kubelet (its tests write pod status
-    themselves, and some expect pods to stay unscheduled)."""
+    themselves, and some expect pods to stay unscheduled). Before that, the tests needing nothing built
+    first, then by when what they need is ready (:func:`tests.support.prereqs.order`)."""
+    prereqs.order(items)
     items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster import LocalCluster
-from e2e.node import LocalNode, NodeError, ensure_node_binaries
+from e2e.node import LocalNode, ensure_node_binaries
 from tests.e2e.stack import (
     IMAGES,
     JobDriver,
@@ -35,36 +35,35 @@ from tests.e2e.stack import (
     load_images,
     uninstall_platform,
 )
+from tests.support import prereqs
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-_NODE_BUILD_FAILURE: list[str] = []
-"""Why hack/build-node.sh failed in this run, once it has: the node is not built again for each test."""
 
 _IMAGES = [IMAGES]
 """The images this session's tests need: the vLLM image only when a collected test is marked ``vllm``."""
 
 
+def _builds_here() -> bool:
+    return os.environ.get("RFT_SKIP_CLUSTER") != "1" and os.geteuid() == 0
+
+
+# Cold, each takes longer than one test's timeout: built (or a background hack/prepare.sh waited for)
+# before the first test that needs it, outside its timeout, once (tests.support.prereqs).
+_NODE = prereqs.register(
+    "node binaries (hack/build-node.sh)", rank=4,
+    wanted=lambda item: _builds_here() and prereqs.uses_fixture("real_node", "on_real_node")(item),
+    build=ensure_node_binaries)
+_NODE_IMAGES = prereqs.register(
+    "images (hack/build-images.sh)", rank=4,
+    wanted=lambda item: _builds_here() and prereqs.uses_fixture("node_images")(item),
+    build=lambda: build_images(_IMAGES[0]))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the node's binaries and the images the collected tests need before any test when one runs
-    on the real node: cold, they take longer than one test's timeout (failures then fail those tests)."""
+    """The vLLM image is built only when a collected test is marked ``vllm``."""
     if not any(item.get_closest_marker("vllm") for item in session.items):
         _IMAGES[0] = " ".join(n for n in IMAGES.split() if n != "vllm")
-    if os.environ.get("RFT_SKIP_CLUSTER") == "1" or os.geteuid() != 0 or session.config.option.collectonly:
-        return
-    wants = {f for item in session.items for f in getattr(item, "fixturenames", ())}
-    if "real_node" in wants or "on_real_node" in wants:
-        try:
-            ensure_node_binaries()
-        except NodeError as e:
-            _NODE_BUILD_FAILURE.append(str(e))
-            return  # the real_node fixture reports it, without building again
-    if "node_images" in wants:
-        try:
-            build_images(_IMAGES[0])
-        except pytest.fail.Exception:
-            pass  # remembered: node_images reports it in the first test that needs it, and builds nothing again
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -78,13 +77,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
 def real_node(cluster: LocalCluster) -> Iterator[LocalNode]:
     if os.geteuid() != 0:
         pytest.skip("a real node needs root (network namespace, mounts, cgroups)")
-    if _NODE_BUILD_FAILURE:
-        pytest.fail(f"not built again in this run: {_NODE_BUILD_FAILURE[0]}", pytrace=False)
-    try:
-        node = LocalNode(cluster, bin=ensure_node_binaries())
-    except NodeError as e:
-        _NODE_BUILD_FAILURE.append(str(e))
-        pytest.fail(str(e), pytrace=False)
+    node = LocalNode(cluster, bin=_NODE.get())
     if os.environ.get("RFT_KUBECONFIG") and node.running() and node.ready():
         node.reused = True  # a `make cluster-up` node: left as it was found (schedulable)
         yield node
@@ -119,7 +112,7 @@ def on_real_node(cluster: LocalCluster, real_node: LocalNode) -> Iterator[LocalN
 def node_images(real_node: LocalNode) -> dict[str, Path]:
     """The operator and runtime images, and the vLLM image when a test needs it, built (cached by
     input hash) and imported into the node."""
-    images = build_images(_IMAGES[0])
+    images = _NODE_IMAGES.get()
     load_images(real_node, images)
     return images
 
