@@ -6,7 +6,9 @@ so a job that names no image pulls every role's image from the registry with the
 ``kubernetes.io/dockerconfigjson`` Secret. With a wrong password in that Secret the job fails
 ``PodCannotStart`` with the kubelet's ``ErrImagePull``/``ImagePullBackOff`` and the registry's refusal;
 with the right one every role runs from the registry's image (its pods' ``imageID`` is the registry's
-digest). ``hack/build-images.sh`` with ``REGISTRY=`` pushes the operator image there (the product's push)."""
+digest). ``hack/build-images.sh`` with ``REGISTRY=`` pushes the operator image there (the product's push).
+In front of the same registry, a proxy answering 429 for two minutes (:mod:`tests.support.throttle`)
+delays a job's pulls and the job still Succeeds."""
 from __future__ import annotations
 
 import os
@@ -22,6 +24,7 @@ from e2e.node import LocalNode
 from e2e.registry import LocalRegistry
 from tests.e2e.stack import EXAMPLES, ROOT, JobDriver, Platform, example_job, install_platform, uninstall_platform
 from tests.support.polling import wait_for
+from tests.support.throttle import ThrottlingProxy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
 
@@ -64,10 +67,13 @@ def platform(cluster: LocalCluster, on_real_node: LocalNode, registry: LocalRegi
         uninstall_platform(p)
 
 
-def _pull_secret(registry: LocalRegistry, password: str) -> dict:
+def _pull_secret(registry: LocalRegistry, password: str, address: str = "") -> dict:
+    """``regcred`` for the registry (or for ``address``, a proxy in front of it)."""
+    config = registry.dockerconfigjson(USER, password)
+    if address:
+        config = config.replace(f'"{registry.address}"', f'"{address}"')
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET},
-            "type": "kubernetes.io/dockerconfigjson",
-            "stringData": {".dockerconfigjson": registry.dockerconfigjson(USER, password)}}
+            "type": "kubernetes.io/dockerconfigjson", "stringData": {".dockerconfigjson": config}}
 
 
 def _condition(status: dict, ctype: str) -> dict:
@@ -148,3 +154,47 @@ def test_build_images_pushes_to_a_registry_with_basic_auth(registry: LocalRegist
     bad = subprocess.run(["bash", str(ROOT / "hack" / "build-images.sh")], env={**env, "REGISTRY_PASSWORD": "wrong"},
                          capture_output=True, text=True, timeout=900)
     assert bad.returncode != 0 and "push" in bad.stderr, bad.stderr[-2000:]
+
+
+THROTTLE_S = 120.0
+
+
+@pytest.mark.timeout(1500)
+def test_a_registry_answering_429_for_two_minutes_delays_the_job_which_still_succeeds(
+        driver: JobDriver, registry: LocalRegistry, on_real_node: LocalNode) -> None:
+    """Issue #55: every pull of the job's image goes through a proxy that answers 429 (``Retry-After``) for
+    two minutes, then forwards to the registry. Meanwhile the job's pods wait in ``ErrImagePull`` /
+    ``ImagePullBackOff`` with the registry's 429, the job's message says it waits on an image pull and it
+    does not fail (a transient pull error has ``PULL_ERROR_GRACE_S``); once the registry answers, the
+    kubelet's retry pulls the image and the job Succeeds, every pod from the registry's image."""
+    with ThrottlingProxy(registry.address, on_real_node.net.host_ip, throttle_s=THROTTLE_S) as proxy:
+        on_real_node.trust_registry(proxy.address)
+        image = f"{proxy.address}/rft/{RUNTIME_TAG}"
+        driver.apply_docs([_pull_secret(registry, PASSWORD, address=proxy.address)])
+        job = "throttled"
+        driver.apply_docs(example_job(EXAMPLES / "01-tiny-arith.yaml", job, runtimeImage=image,
+                                      trainer={"maxSteps": 2}))
+
+        def waits_on_the_pull() -> dict | None:
+            st = driver.job(job).get("status") or {}
+            return st if "waiting on an image pull" in st.get("message", "") else None
+
+        st = wait_for("the job's message to name the throttled pull", waits_on_the_pull, THROTTLE_S,
+                      on_timeout=lambda: driver.diagnostics(job))
+        assert "429" in st["message"] and st["phase"] != "Failed", st
+        while proxy.throttling:  # the whole window: the job waits, it never fails
+            assert driver.job(job)["status"]["phase"] != "Failed", driver.job(job)["status"]
+            time.sleep(5)
+        assert proxy.throttled >= 2 and proxy.forwarded == 0, (proxy.throttled, proxy.forwarded)
+
+        def started() -> set[str] | None:  # every role's containers started, from a pulled image
+            pods = [p for role in ("trainer", "inference", "rollout") for p in driver.pods(job, role)]
+            ids = {cs.get("imageID", "") for p in pods for cs in (p.get("status") or {}).get("containerStatuses") or []}
+            return ids if len(pods) >= 3 and ids and all(ids) else None
+
+        ids = wait_for("every role's pod started from the image pulled through the proxy", started, 600,
+                       on_timeout=lambda: driver.diagnostics(job))
+        assert all(i.startswith(f"{proxy.address}/rft/rft-runtime@sha256:") for i in ids), ids
+        assert proxy.forwarded >= 1
+        st = driver.wait_phase(job, "Succeeded", 900)
+        assert st.get("restarts", 0) == 0, st
