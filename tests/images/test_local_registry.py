@@ -7,10 +7,22 @@ import base64
 import json
 from pathlib import Path
 
-from e2e.registry import LocalRegistry
+import pytest
+
+from e2e.registry import LocalRegistry, registry_binary
+from tests.support import prereqs
+
+# Built (or a background hack/prepare.sh waited for) before this test, outside its timeout.
+_REGISTRY = prereqs.register("registry (hack/registry.sh)", rank=3, wanted=prereqs.uses_fixture("registry_exe"),
+                             build=registry_binary)
 
 
-def test_the_registry_admits_its_user_and_refuses_anyone_else(tmp_path: Path) -> None:
+@pytest.fixture
+def registry_exe() -> Path:
+    return _REGISTRY.get()
+
+
+def test_the_registry_admits_its_user_and_refuses_anyone_else(tmp_path: Path, registry_exe: Path) -> None:
     with LocalRegistry(tmp_path, users={"alice": "right horse", "bob": "b0b"}) as reg:
         assert reg.status("/v2/") == 401  # anonymous
         assert reg.status("/v2/", "alice", "right horse") == 200
