@@ -160,6 +160,7 @@ bench: venv vllm control-plane
 	$(PY) bench/e2e_step.py
 	$(PY) bench/trainer_vs_trl.py --trl-python $$(bash hack/trl-venv.sh)
 	$(PY) bench/sharded_loading.py --size 0.5b
+	$(PY) bench/image_install.py
 	if $(PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then $(PY) bench/gpu.py; \
 	else echo "bench/gpu.py: no GPU on this machine, skipped"; fi
 	$(PY) bench/report.py

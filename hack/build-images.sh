@@ -99,11 +99,11 @@ inputs_key() { # NAME -> hash of the Dockerfile, the files its COPY reads, the b
     echo "$base_key"
     if [ "$1" = vllm ]; then
       inputs_key runtime  # its base
-      sha256sum requirements/vllm.txt
+      sha256sum requirements/vllm.txt requirements/uv.txt
     else
-      # requirements/: only the two locks the Dockerfiles install (a test tool's lock rebuilds no image)
+      # requirements/: only the locks the Dockerfiles install (a test tool's lock rebuilds no image)
       git ls-files -co --exclude-standard -- pyproject.toml README.md requirements/operator.txt \
-        requirements/runtime.txt api operator runtime \
+        requirements/runtime.txt requirements/uv.txt api operator runtime \
         | grep -v -e '__pycache__' -e '/Dockerfile$' | sort | xargs -d '\n' sha256sum
     fi
     cat .dockerignore 2>/dev/null

