@@ -246,6 +246,27 @@ def test_custom_evaluator_file_from_configmap(driver: JobDriver) -> None:
     assert fractional, f"every step's mean reward is a multiple of 1/{per_step}: {[r['reward_mean'] for r in rows]}"
 
 
+def test_an_unmodified_openai_agent_trains_on_the_real_node(driver: JobDriver) -> None:
+    """Issue #57: ``examples/11-agent.yaml`` unchanged (a ConfigMap holding a tool-calling agent written for
+    the official ``openai`` SDK, up to 3 turns with a calculator tool; its own ``AsyncOpenAI`` client pointed
+    at the rollout pod's recording gateway) trains to Succeeded in the runtime image: every episode the agent
+    drove was accepted and scored without an error, and every step's trainer log-probs of the recorded
+    tokens equal what the engine sampled (the gateway recorded the sampled ids)."""
+    job = "openai-agent"
+    driver.apply_file(EXAMPLES / "11-agent.yaml")
+    spec = driver.job(job)["spec"]
+    max_steps = spec["trainer"]["maxSteps"]
+    per_step = spec["rollout"]["promptsPerStep"] * spec["rollout"]["samplesPerPrompt"]
+    st = driver.wait_phase(job, "Succeeded", START_S + 300)
+    assert st["step"] == max_steps and st["errors"]["runtimeErrors"] == 0 and st["errors"]["timeouts"] == 0, st
+    rows = driver.metrics_rows(job)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1))
+    for r in rows:
+        assert r["coord/episodes_accepted"] == per_step * r["step"], r
+        assert r["logprob_diff_abs_max"] < 1e-3, r
+    assert any(r["grad_norm"] > 0 for r in rows)
+
+
 def test_eval_protocol_evaluation_test_as_the_reward(driver: JobDriver) -> None:
     """Scenario 3c: ``examples/07-eval-protocol.yaml`` (a ConfigMap holding an Eval Protocol
     ``@evaluation_test`` written as its docs show) trains to Succeeded in the runtime image, each sample
