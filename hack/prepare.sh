@@ -3,7 +3,8 @@
 # prints how long each took. All of them are cached in ${RFT_CACHE:-$HOME/.cache/rft-operator} and return
 # at once when present, so a warm run costs seconds.
 #
-#   hack/prepare.sh [PART ...]      PART: venv vllm smollm2 hadolint seaweedfs registry control-plane node images
+#   hack/prepare.sh [PART ...]      PART: venv vllm smollm2 hadolint seaweedfs registry prometheus control-plane
+#                                   node images
 #                                   (default: all)
 #   hack/prepare.sh --background [PART ...]
 #                                   the same, detached from this shell (returns at once; its own output
@@ -17,8 +18,9 @@
 # Three chains run side by side (they share no inputs, and each is bound by something else: the Go
 # builds by the CPU, the venvs and images mostly by downloads and disk):
 #   python   venv -> vllm venv, hadolint, smollm2 (hack/smollm2.sh: the pretrained model tests/models runs),
-#            seaweedfs (the S3 server the storage tests run against), registry (hack/registry.sh: the OCI
-#            registry the image tests push to; about 90 s cold, 10 s with the Go caches warm)
+#            registry (hack/registry.sh: the OCI registry the image tests push to; about 90 s cold, 10 s
+#            with the Go caches warm), seaweedfs (the S3 server the storage tests run against),
+#            prometheus (hack/prometheus.sh: the Prometheus the monitoring e2e test runs)
 #   k8s      control-plane -> node (kubelet, kube-proxy, CoreDNS, kube-router; Debian packages)
 #   images   hack/build-images.sh (base, operator, runtime, vLLM-on-CPU; RFT_IMAGES picks a subset)
 # A part that fails stops nothing else; the script then exits 1 naming each failed part with the end of
@@ -45,10 +47,10 @@ if [ "${1:-}" = --wait ]; then  # for a background run: wait for it, print its p
   exit
 fi
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(venv vllm smollm2 hadolint seaweedfs registry control-plane node images)
+[ ${#parts[@]} -gt 0 ] || parts=(venv vllm smollm2 hadolint seaweedfs registry prometheus control-plane node images)
 wants() { local p; for p in "${parts[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 for p in "${parts[@]}"; do
-  case $p in venv|vllm|smollm2|hadolint|seaweedfs|registry|control-plane|node|images) ;; *) echo "[prepare] unknown part '$p'" >&2; exit 2 ;; esac
+  case $p in venv|vllm|smollm2|hadolint|seaweedfs|registry|prometheus|control-plane|node|images) ;; *) echo "[prepare] unknown part '$p'" >&2; exit 2 ;; esac
 done
 
 times=$logs/prepare-times.txt
@@ -64,15 +66,16 @@ step() { # NAME COMMAND... : runs one part, logs it, records its time; returns i
 t_all=$SECONDS
 bash "$root/hack/reclaim.sh" || true  # earlier sessions' node images and interrupted builds: disk first
 pids=()
-if wants venv || wants vllm || wants smollm2 || wants hadolint || wants seaweedfs || wants registry; then
+if wants venv || wants vllm || wants smollm2 || wants hadolint || wants seaweedfs || wants registry || wants prometheus; then
   (
     if wants venv || wants vllm || wants smollm2; then step venv bash "$root/hack/venv.sh" || exit 1; fi
     rc=0
     if wants vllm; then step vllm bash "$root/hack/vllm-venv.sh" || rc=1; fi
     if wants hadolint; then step hadolint bash "$root/hack/hadolint.sh" || rc=1; fi
     if wants smollm2; then step smollm2 bash "$root/hack/smollm2.sh" || rc=1; fi
-    if wants seaweedfs; then step seaweedfs bash "$root/hack/seaweedfs.sh" || rc=1; fi
     if wants registry; then step registry bash "$root/hack/registry.sh" || rc=1; fi
+    if wants seaweedfs; then step seaweedfs bash "$root/hack/seaweedfs.sh" || rc=1; fi
+    if wants prometheus; then step prometheus bash "$root/hack/prometheus.sh" || rc=1; fi
     exit $rc
   ) &
   pids+=($!)

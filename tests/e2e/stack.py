@@ -154,10 +154,11 @@ def _pod_ready(pod: Obj) -> bool:
 
 
 def render_chart(cluster: LocalCluster, namespace: str, release: str, values: dict[str, Any]) -> str:
-    """``helm template <release> charts/rft-operator --namespace <ns> --include-crds --set ...``."""
+    """``helm template <release> charts/rft-operator --namespace <ns> --include-crds --set ...`` (a list or a
+    dict value with ``--set-json``)."""
     cmd = [cluster.binary("helm"), "template", release, str(CHART), "--namespace", namespace, "--include-crds"]
     for k, v in values.items():
-        cmd += ["--set", f"{k}={v}"]
+        cmd += ["--set-json", f"{k}={json.dumps(v)}"] if isinstance(v, (list, dict)) else ["--set", f"{k}={v}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=cluster.env())
     if p.returncode != 0:
         raise AssertionError(f"helm template failed ({p.returncode}): {p.stderr.strip()}")
