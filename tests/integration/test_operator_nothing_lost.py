@@ -160,9 +160,18 @@ def test_an_unbound_checkpoint_claim_is_named_in_the_jobs_message(api, operator,
     create_job(api, namespace, job_manifest(JOB, checkpoint={"storageClassName": "no-such-class"}))
     (pod,) = wait_for("the trainer pod", lambda: pods_of(api, namespace, JOB, "trainer"))
     why = "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/1 nodes"
-    api.patch("Pod", namespace, pod["metadata"]["name"], {"status": {"phase": "Pending", "conditions": [{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why,
-        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, subresource="status")
-    st = wait_for("the claim named", lambda: (s := get_job(api, namespace, JOB).get("status") or {})
-                  and names.checkpoints(JOB) in s.get("message", "") and s)
+
+    def named() -> dict | None:
+        """The job's status once it names the claim. The control plane's real kube-scheduler (no node here)
+        may write its own PodScheduled condition over the one this test plays, so that is re-applied."""
+        live = api.get("Pod", namespace, pod["metadata"]["name"])
+        cond = next((c for c in (live.get("status") or {}).get("conditions") or [] if c["type"] == "PodScheduled"), {})
+        if cond.get("message") != why:
+            api.patch("Pod", namespace, pod["metadata"]["name"], {"status": {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why,
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}, subresource="status")
+        s = get_job(api, namespace, JOB).get("status") or {}
+        return s if names.checkpoints(JOB) in s.get("message", "") else None
+
+    st = wait_for("the claim named", named, timeout=120, interval=1.0)
     assert "unbound immediate PersistentVolumeClaims" in st["message"] and st["phase"] != "Failed", st["message"]
