@@ -96,6 +96,25 @@ def test_world_size_one_keeps_whole_state_and_bf16_dtype_halves_it() -> None:
     assert cpu.parts["gathered"] == 0  # float32 compute on the CPU
 
 
+def test_cpu_offload_moves_parameters_gradients_and_optimizer_to_the_host() -> None:
+    m = shape_from_config(REFERENCE_MODELS["Llama-2-70B"])
+    t = dict(world_size=8, micro_batch=8, prompt_tokens=512, response_tokens=512, gradient_checkpointing=True)
+    on, off = plan(m, TrainerShape(**t, cpu_offload=True), 80 * 10**9), plan(m, TrainerShape(**t), 80 * 10**9)
+    assert on.parts == off.parts and on.on_host == ("parameters", "gradients", "optimizer")
+    assert on.host_bytes == off.parts["parameters"] + off.parts["gradients"] + off.parts["optimizer"]
+    assert on.device_bytes == off.device_bytes - on.host_bytes
+    assert off.fits is False and on.fits is True
+    # one process offloaded is FSDP2 too: the root and two layers gathered, not autocast's copy of all
+    one = plan(shape_from_config(SMOLLM2), TrainerShape(world_size=1, micro_batch=1, prompt_tokens=8,
+                                                        response_tokens=8, cpu_offload=True))
+    s = shape_from_config(SMOLLM2)
+    assert one.parts["gathered"] == (s.root_parameters() + 2 * s.layer_parameters()) * 2
+    # on a CPU trainer the device is the host: nothing moves
+    cpu = plan(s, TrainerShape(world_size=1, micro_batch=1, prompt_tokens=8, response_tokens=8, gpu=False,
+                               cpu_offload=True))
+    assert cpu.on_host == () and cpu.host_bytes == 0 and cpu.device_bytes == sum(cpu.parts.values())
+
+
 def test_lora_trains_only_the_adapter() -> None:
     m = shape_from_config(SMOLLM2)
     t = TrainerShape(world_size=1, micro_batch=1, prompt_tokens=8, response_tokens=8, lora_rank=16,
@@ -165,12 +184,12 @@ def test_the_spec_shape_reads_the_trainer_fields():
            "spec": {"model": {"base": "builtin:tiny", "dtype": "bfloat16", "lora": {"rank": 8}},
                     "dataset": {"train": {"builtin": "arithmetic", "size": 16}}, "evaluator": {"builtin": "math"},
                     "rollout": {"maxTokens": 64, "maxPromptTokens": 100},
-                    "trainer": {"gradientCheckpointing": True, "microBatchSize": 3, "nodes": 2,
+                    "trainer": {"gradientCheckpointing": True, "cpuOffload": True, "microBatchSize": 3, "nodes": 2,
                                 "processesPerNode": 4, "resources": {"limits": {"nvidia.com/gpu": 4}}}}}
     t = trainer_shape(parse_manifest(doc).spec)
     assert t == TrainerShape(world_size=8, micro_batch=3, prompt_tokens=100, response_tokens=64, dtype="bfloat16",
                              gpu=True, lora_rank=8, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"),
-                             gradient_checkpointing=True)
+                             gradient_checkpointing=True, cpu_offload=True)
 
 
 def test_a_cpu_trainer_is_planned_against_its_memory_limit_per_process(tmp_path: Path,

@@ -1,6 +1,7 @@
-"""Sequence packing and gradient checkpointing on torch.distributed (CPU, gloo): a world-size-2 run with
-both trains, resumes from a checkpoint, and ends with the weights of one process (2e-5, as
-``test_distributed.py`` bounds world-size invariance), and of one process without either switch."""
+"""Sequence packing, gradient checkpointing and CPU offload on torch.distributed (CPU, gloo): a world-size-2
+run with all three trains, resumes from a checkpoint (saved by one offloaded process), and ends with the
+weights of one process with them (2e-5, as ``test_distributed.py`` bounds world-size invariance), and of
+one process without any (a plain module, no FSDP)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _config(tmp_path: Path, model_dir: Path, world: int, switches: bool) -> str:
         "rollout": {"samplesPerPrompt": 2, "promptsPerStep": 5, "maxTokens": 6},
         "trainer": {"algorithm": "grpo", "learningRate": 1e-3, "maxSteps": 3, "microBatchSize": 2,
                     "epochsPerStep": 2, "kl": {"coef": 0.05}, "processesPerNode": world,
-                    **({"sequencePacking": True, "gradientCheckpointing": True} if switches else {})},
+                    **({"sequencePacking": True, "gradientCheckpointing": True, "cpuOffload": True}
+                       if switches else {})},
     })
     return local_config("scale", spec, inference=["http://127.0.0.1:9"], checkpoints=tmp_path / "ckpt",
                         output=tmp_path / "out").to_json()
@@ -48,7 +50,9 @@ def _train(tmp_path: Path, model_dir: Path, world: int, name: str, switches: boo
         raise
     if switches:  # the switches really ran: every rank's log says its layers checkpoint
         for log in out.glob("rank-*.log"):
-            assert "activation checkpointing: 2 decoder layers" in log.read_text()
+            text = log.read_text()
+            assert "activation checkpointing: 2 decoder layers" in text
+            assert "CPU offload: the parameters, gradients and optimizer state of 2 decoder layers" in text
     return torch.load(out / "weights.pt")
 
 

@@ -77,8 +77,14 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
-    """The device ``model``'s parameters live on."""
-    return next(model.parameters()).device
+    """The device ``model`` computes on: where its parameters live, or, for parameters FSDP2 keeps on the
+    host (``trainer.cpuOffload``), their mesh's device."""
+    p = next(model.parameters())
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None or mesh.device_type == p.device.type:
+        return p.device
+    return torch.device("cuda", torch.cuda.current_device()) if mesh.device_type == "cuda" \
+        else torch.device(mesh.device_type)
 
 
 def response_start(loss_mask: torch.Tensor) -> int:

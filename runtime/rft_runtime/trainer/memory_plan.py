@@ -26,6 +26,10 @@ prints it. It counts what the trainer holds, as it holds it (``docs/how-to/memor
   ``logits_to_keep``) in the compute dtype and three float32 copies (the float32 logits, the
   log-softmax and its gradient): ``b·r·V·(e + 12)``.
 
+With ``trainer.cpuOffload`` on a GPU the parameters, gradients and AdamW state (sharded as above) are
+held in the host's memory, not the device's (FSDP2's CPU offload, every world size): the device keeps the
+gathered root and two layers, the activations and the logits. On a CPU trainer offload moves nothing.
+
 A device *fits* when the total is at most :data:`USABLE_FRACTION` of its memory (the rest: the CUDA
 context, the allocator's fragmentation, communication buffers).
 """
@@ -165,6 +169,7 @@ class TrainerShape:
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] = ()
     gradient_checkpointing: bool = False
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in _STORED_BYTES:
@@ -192,22 +197,29 @@ def trainer_shape(spec: Any, gpu: bool | None = None) -> TrainerShape:
         response_tokens=spec.rollout.max_tokens * spec.rollout.max_turns, dtype=spec.model.dtype,
         gpu=gpu_count(t.resources) > 0 if gpu is None else gpu,
         lora_rank=None if lora is None else lora.rank, lora_targets=tuple(lora.target_modules) if lora else (),
-        gradient_checkpointing=bool(t.gradient_checkpointing),
+        gradient_checkpointing=bool(t.gradient_checkpointing), cpu_offload=bool(t.cpu_offload),
     )
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Per-rank bytes by part (:data:`PARTS`), and whether the device holds them."""
+    """Per-rank bytes by part (:data:`PARTS`), which of them the host holds (``trainer.cpuOffload``), and
+    whether the device holds the rest."""
 
     parameters_total: int
     trainable: int
     parts: dict[str, int]
     device_memory: int | None
+    on_host: tuple[str, ...] = ()
 
     @property
     def device_bytes(self) -> int:
-        return sum(self.parts.values())
+        return sum(v for k, v in self.parts.items() if k not in self.on_host)
+
+    @property
+    def host_bytes(self) -> int:
+        """What the host holds for the device (offloaded parts); 0 without offload."""
+        return sum(v for k, v in self.parts.items() if k in self.on_host)
 
     @property
     def fits(self) -> bool | None:
@@ -218,6 +230,9 @@ class MemoryPlan:
 
 
 PARTS = ("parameters", "gathered", "gradients", "optimizer", "activations", "logits")
+
+OFFLOADED = ("parameters", "gradients", "optimizer")
+"""The parts ``trainer.cpuOffload`` keeps on the host."""
 
 
 def activation_bytes(m: ModelShape, t: TrainerShape) -> int:
@@ -235,7 +250,8 @@ def plan(m: ModelShape, t: TrainerShape, device_memory: int | None = None) -> Me
     n, p = t.world_size, m.parameters()
     trainable = p if t.lora_rank is None else m.lora_parameters(t.lora_rank, list(t.lora_targets))
     stored = p + (trainable if t.lora_rank is not None else 0)
-    if n > 1:
+    offload = t.cpu_offload and t.gpu
+    if n > 1 or offload:  # FSDP2 (offloaded: at every world size): the root and two layers unsharded
         gathered = (m.root_parameters() + 2 * m.layer_parameters()) * t.compute_bytes
     else:
         gathered = p * 2 if t.compute_bytes < t.stored_bytes else 0
@@ -247,7 +263,7 @@ def plan(m: ModelShape, t: TrainerShape, device_memory: int | None = None) -> Me
         "activations": activation_bytes(m, t),
         "logits": t.micro_batch * t.response_tokens * m.vocab * (t.compute_bytes + 12),
     }
-    return MemoryPlan(p, trainable, parts, device_memory)
+    return MemoryPlan(p, trainable, parts, device_memory, OFFLOADED if offload else ())
 
 
 def gib(n: int) -> str:
@@ -264,13 +280,16 @@ def render(mp: MemoryPlan, m: ModelShape, t: TrainerShape) -> str:
         f"trainer: world size {t.world_size}, {'GPU' if t.gpu else 'CPU'}, model.dtype {t.dtype} (stored "
         f"{t.stored_bytes} B, compute {t.compute_bytes} B), micro-batch {t.micro_batch} x "
         f"{t.prompt_tokens}+{t.response_tokens} tokens, gradient checkpointing "
-        f"{'on' if t.gradient_checkpointing else 'off'}",
+        f"{'on' if t.gradient_checkpointing else 'off'}, CPU offload "
+        + ("on" if mp.on_host else "on (moves nothing on a CPU trainer)" if t.cpu_offload else "off"),
         "",
         f"{'per rank':<14}{'bytes':>18}{'':>14}",
     ]
     for k in PARTS:
-        lines.append(f"{k:<14}{mp.parts[k]:>18,}{gib(mp.parts[k]):>14}")
+        lines.append(f"{k:<14}{mp.parts[k]:>18,}{gib(mp.parts[k]):>14}" + ("  (host)" if k in mp.on_host else ""))
     lines.append(f"{'device total':<14}{mp.device_bytes:>18,}{gib(mp.device_bytes):>14}")
+    if mp.on_host:
+        lines.append(f"{'host total':<14}{mp.host_bytes:>18,}{gib(mp.host_bytes):>14}  (per rank, offloaded)")
     if mp.device_memory is None:
         lines.append("fits: unknown (pass --device-memory, e.g. 80GiB)")
     else:
@@ -352,20 +371,21 @@ DOC_SHAPE = {"micro_batch": 8, "prompt_tokens": 512, "response_tokens": 512, "dt
 def doc_table(device_memory: int = 80 * 10**9, gpus_per_node: int = 8) -> str:
     """The Markdown table of ``docs/how-to/memory.md``: full fine-tuning of :data:`REFERENCE_MODELS` on nodes of
     ``gpus_per_node`` devices of ``device_memory`` bytes (80 GB), per rank, in GiB."""
-    rows = [("Qwen2.5-0.5B", 1), ("Llama-2-7B", 1), ("Llama-2-70B", 1), ("Llama-2-70B", 2), ("Llama-2-70B", 4)]
-    out = ["| model | parameters | nodes × GPUs | gradient checkpointing | params + gathered | grads | AdamW "
-           "| activations + logits | device total | fits 80 GB |",
-           "|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
-    for name, nodes in rows:
+    rows = [("Qwen2.5-0.5B", 1, False), ("Llama-2-7B", 1, False), ("Llama-2-70B", 1, False),
+            ("Llama-2-70B", 2, False), ("Llama-2-70B", 4, False), ("Llama-2-70B", 1, True)]
+    out = ["| model | parameters | nodes × GPUs | gradient checkpointing | CPU offload | params + gathered | grads "
+           "| AdamW | activations + logits | device total | host (offloaded) | fits 80 GB |",
+           "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, nodes, offload in rows:
         m = shape_from_config(REFERENCE_MODELS[name])
         for ckpt in (False, True):
-            t = TrainerShape(world_size=nodes * gpus_per_node, gradient_checkpointing=ckpt,
+            t = TrainerShape(world_size=nodes * gpus_per_node, gradient_checkpointing=ckpt, cpu_offload=offload,
                              **DOC_SHAPE)  # type: ignore[arg-type]
             mp = plan(m, t, device_memory)
             g = {k: v / GIB for k, v in mp.parts.items()}
             out.append(f"| {name} | {mp.parameters_total / 1e9:.2f} B | {nodes} × {gpus_per_node} | "
-                       f"{'on' if ckpt else 'off'} | "
+                       f"{'on' if ckpt else 'off'} | {'on' if offload else 'off'} | "
                        f"{g['parameters'] + g['gathered']:.1f} | {g['gradients']:.1f} | {g['optimizer']:.1f} | "
                        f"{g['activations'] + g['logits']:.1f} | {mp.device_bytes / GIB:.1f} | "
-                       f"{'yes' if mp.fits else 'no'} |")
+                       f"{mp.host_bytes / GIB:.1f} | {'yes' if mp.fits else 'no'} |")
     return "\n".join(out) + "\n"

@@ -128,12 +128,19 @@ def missing(model: torch.nn.Module, lp: LoadPlan) -> list[str]:
     return [k for k in model.state_dict() if k not in tied and k not in lp.sources]
 
 
-def materialise(model: torch.nn.Module, lp: LoadPlan, device: torch.device) -> torch.nn.Module:
+def materialise(model: torch.nn.Module, lp: LoadPlan, device: torch.device,
+                buffer_device: torch.device | None = None) -> torch.nn.Module:
     """Allocate this rank's shards of the (FSDP2-sharded, meta) ``model`` on ``device`` and read them
-    from the files of ``lp``; buffers back from the CPU, tied parameters tied again. Returns ``model``."""
+    from the files of ``lp``; buffers back from the CPU (onto ``buffer_device``, default ``device``: the
+    compute device where the shards stay on the host), tied parameters tied again. Returns ``model``."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers() if b.device.type != "meta"}
     tied = tied_names(model)
     model.to_empty(device=device)
+    if buffer_device is not None and buffer_device != device:
+        for m in model.modules():
+            for name, b in list(m._buffers.items()):
+                if b is not None:
+                    m._buffers[name] = b.to(buffer_device)
     for copy, name in tied.items():
         _set_parameter(model, copy, model.get_parameter(name))
     with torch.no_grad():
@@ -209,7 +216,7 @@ def load_sharded(model_dir: Path, dtype: torch.dtype, warm_start: str | None, ct
         for p in model.parameters():
             p.requires_grad_(False)
     model = shard(model, ctx, compute, compile_layers)
-    materialise(model, lp, ctx.device)
+    materialise(model, lp, ctx.storage_device, ctx.device)
     log.info("built %s on the meta device and read this rank's shards from %d safetensors file(s)",
              lp.config_dir, len(set(lp.sources.values())))
     return model

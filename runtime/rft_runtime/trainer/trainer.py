@@ -262,7 +262,7 @@ class Trainer:
         if dist is None and cfg.spec.trainer.world_size() > 1:
             raise ValueError(f"a trainer of {cfg.spec.trainer.world_size()} processes (trainer.nodes x "
                              "processesPerNode) needs its DistContext: rft trainer and rft run start its ranks")
-        self.dist = dist or DistContext()
+        self.dist = dist or DistContext(cpu_offload=bool(cfg.spec.trainer.cpu_offload))
         if not self.dist.is_main:
             raise ValueError(f"the Trainer is rank 0; rank {self.dist.rank} follows it (trainer.follow)")
         self.cfg = cfg
