@@ -123,6 +123,15 @@ class RetryRecord(ApiModel):
     """When it was last retried."""
 
 
+class DisruptionRecord(ApiModel):
+    job_uid: str = Field("", max_length=64)
+    """The trainer Job (uid) a disrupted pod belonged to: its failure is recreated without spending a restart."""
+    pod: Text = ""
+    """The pod, the reason and the message of its DisruptionTarget condition."""
+    time: Optional[Time] = None
+    """When the operator first saw it."""
+
+
 class RFTJobStatus(ApiModel):
     phase: Phase = "Pending"
     """Pending, Provisioning, Running, Succeeded, Failed, Suspended or ValidationFailed."""
@@ -164,6 +173,8 @@ class RFTJobStatus(ApiModel):
     """Counters of evaluator errors and coordinator drops."""
     restarts: int = Field(0, ge=0)
     """Trainer restarts so far (bounded by spec.restartLimit, counted from the last retry)."""
+    trainer_disruption: Optional[DisruptionRecord] = None
+    """The last trainer pod seen disrupted (evicted, preempted, node drained), kept until its Job is replaced."""
     retry: Optional[RetryRecord] = None
     """Set once a Failed job was retried: it resumed from its latest checkpoint instead of staying Failed."""
     start_time: Optional[Time] = None

@@ -51,6 +51,7 @@ class TrainerObs:
     """No pod of the Job is active or terminating (a pod may still write its SIGTERM checkpoint)."""
     config_hash: str = ""
     template_hash: str = ""
+    uid: str = ""
 
     @property
     def finished(self) -> bool:
@@ -165,6 +166,8 @@ class Observed:
     trainer_disruptions: tuple[str, ...] = ()
     """Trainer pods with a ``DisruptionTarget`` condition (evicted, preempted, their node drained or
     tainted), each as ``pod: reason: message``."""
+    trainer_disrupted_jobs: tuple[str, ...] = ()
+    """The uids of the trainer Jobs those pods belong to (:func:`owner_job`), in the same order."""
     crashloops: tuple[CrashLoop, ...] = ()
     """Containers of the Deployment roles (inference, reward, rollout) waiting in ``CrashLoopBackOff``
     (:func:`crash_looping`), ordered by role and pod."""
@@ -244,7 +247,7 @@ def observe_job(obj: Obj) -> TrainerObs:
         reason=(terminal or {}).get("reason", "") or "", message=(terminal or {}).get("message", "") or "",
         terminating=bool(obj["metadata"].get("deletionTimestamp")), pods_gone=pods_gone,
         config_hash=_template_hash(obj, names.ANNOTATION_CONFIG_HASH),
-        template_hash=annotations.get(names.ANNOTATION_TEMPLATE_HASH, ""),
+        template_hash=annotations.get(names.ANNOTATION_TEMPLATE_HASH, ""), uid=obj["metadata"].get("uid", "") or "",
     )
 
 
@@ -522,6 +525,18 @@ def disruption(obj: Obj) -> Optional[str]:
     return f"{obj['metadata']['name']}: {c.get('reason') or 'DisruptionTarget'}: {c.get('message') or ''}".strip(": ")[:512]
 
 
+def owner_job(pod: Obj) -> str:
+    """The uid of the Job that owns ``pod``: its controller reference, else the Job controller's label."""
+    for ref in pod["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == "Job" and ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return str((pod["metadata"].get("labels") or {}).get(JOB_UID_LABEL, ""))
+
+
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+"""The label the Job controller puts on each of its pods: the Job's uid."""
+
+
 def observe_progress(obj: Optional[Obj]) -> tuple[Optional[Progress], Optional[str]]:
     """The parsed progress record, or the reason it could not be parsed."""
     if obj is None:
@@ -542,7 +557,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
     messages: list[str] = []
     fetch, fetch_said = None, []
     pulls: list[PodProblem] = []
-    disrupted: list[str] = []
+    disrupted: list[tuple[str, str]] = []
     loops: list[CrashLoop] = []
     pending: list[Pending] = []
     no_token = False
@@ -562,7 +577,7 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
             pulls += pulling(obj, now)
             if role == "trainer":
                 messages += m
-                disrupted += [d for d in (disruption(obj),) if d]
+                disrupted += [(d, owner_job(obj)) for d in (disruption(obj),) if d]
             elif role == "fetch":
                 fetch_said += _ended_with(obj)
             continue
@@ -583,7 +598,8 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
                     children=frozenset(children), pod_problems=tuple(sorted(problems, key=lambda p: (p.role, p.pod))),
                     trainer_messages=tuple(sorted(messages)), fetch=fetch,
                     fetch_messages=tuple(m for _, m in sorted(fetch_said)),
-                    pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(sorted(disrupted)),
+                    pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(d for d, _ in sorted(disrupted)),
+                    trainer_disrupted_jobs=tuple(u for _, u in sorted(disrupted)),
                     crashloops=tuple(sorted(loops, key=lambda c: (c.role, c.pod, c.container))), token_missing=no_token,
                     pending=tuple(sorted(pending, key=lambda x: (x.role, x.what))),
                     claim=observe_claim(claim_obj, unbound, now))

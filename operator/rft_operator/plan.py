@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
+from rft_api.status import DisruptionRecord
+
 from .observe import Observed
 from .policies import failure, suspend
 from .policies.inputs import InputsState
@@ -45,10 +47,12 @@ class Plan:
 
 
 def make_plan(suspend_: bool, phase: str, observed: Observed, persisted_restarts: int,
-              trainer_template_hash: str = "", inputs: Optional[InputsState] = None) -> Plan:
+              trainer_template_hash: str = "", inputs: Optional[InputsState] = None,
+              disruption: Optional[DisruptionRecord] = None) -> Plan:
     """What to apply and delete this reconcile (``persisted_restarts``: ``status.restarts`` as stored;
     ``trainer_template_hash``: that of the trainer Job that should run; ``inputs``: where the fetch of
-    the job's inputs stands, whose completion the roles wait for)."""
+    the job's inputs stands, whose completion the roles wait for; ``disruption``: the status's record of
+    a trainer pod disrupted, ``policies.failure.disruption_record``)."""
     t = observed.trainer
     ready = inputs is None or inputs.ready
     fetch = inputs is not None and inputs.wanted and phase != "ValidationFailed" and \
@@ -65,7 +69,7 @@ def make_plan(suspend_: bool, phase: str, observed: Observed, persisted_restarts
             step = TrainerStep.KEEP if t.finished else TrainerStep.DELETE
     else:
         action = failure.trainer_action(t, persisted_restarts, trainer_template_hash,
-                                        disrupted=bool(observed.trainer_disruptions))
+                                        disrupted=failure.disrupted(observed, disruption))
         step = {failure.TrainerAction.APPLY: TrainerStep.APPLY,
                 failure.TrainerAction.DELETE_STALE: TrainerStep.DELETE,
                 failure.TrainerAction.WAIT: TrainerStep.KEEP}[action]

@@ -496,7 +496,7 @@ def reconcile(api: Kube, job_obj: Obj, *, now: Optional[dt.datetime] = None,
                        image_pull_policy=site.image_pull_policy, image_pull_secrets=site.image_pull_secrets)
     trainer_hash = template_hash(job, ctx, cfg_hash)
     plan = make_plan(job.spec.suspend or gate.hold is not None, first.phase, observed, persisted_restarts, trainer_hash,
-                     inputs.state(job.spec, observed))
+                     inputs.state(job.spec, observed), first.trainer_disruption)
 
     desired = desired_children(job, ctx, deployments=plan.deployments, trainer_job=plan.trainer == TrainerStep.APPLY,
                                fetch_job=plan.fetch) if plan.stateful else []

@@ -121,12 +121,15 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
                               generation, now)
 
     inputs_state = inputs.state(spec, observed)
+    disruption = failure.disruption_record(observed, prev.trainer_disruption, now)
+    disruptions = observed.trainer_disruptions or (
+        (disruption.pod,) if disruption is not None and failure.disrupted(observed, disruption) else ())
     # failure policy: restart budget, deadline, evaluator, inputs
     if is_terminal(prev.phase) and job.status is not None:
         restarts, budget_failure = prev.restarts, None
     else:
         restarts, budget_failure = failure.next_restarts(
-            t, prev.restarts, spec.restart_limit, disrupted=bool(observed.trainer_disruptions),
+            t, prev.restarts, spec.restart_limit, disrupted=failure.disrupted(observed, disruption),
             counted_from=prev.retry.restarts_at_retry if prev.retry is not None else 0)
     restarting = restarts > prev.restarts or (t is not None and t.attempt < restarts)
     fail = (budget_failure
@@ -152,7 +155,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
     phase = decision.phase
 
     roles, values = _roles_and_conditions(spec, phase, decision, replicas, ready, t, restarting, restarts, hold,
-                                          observed.trainer_disruptions)
+                                          disruptions)
     _problem_conditions(values, observed, phase)
     if inputs_state.wanted:
         values["InputsReady"] = inputs_state.condition
@@ -195,6 +198,7 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
         final_model=_final_model(job, p) or prev.final_model,
         output=_output(p) or prev.output,
         restarts=restarts,
+        trainer_disruption=disruption,
         retry=prev.retry,
         start_time=started,
         completion_time=completed,

@@ -10,6 +10,7 @@ from rft_operator import names
 from rft_operator import observe as observe_mod
 from rft_operator.builders import BuildContext, config_hash, desired_children
 from rft_operator.observe import observe, observe_job
+from rft_operator.plan import TrainerStep, make_plan
 from rft_operator.policies import failure
 from rft_operator.policies.failure import TrainerAction
 from rft_operator.reconcile import template_hash
@@ -17,8 +18,8 @@ from rft_operator.status import compute_status
 from tests.operator.support import at, make_job
 
 
-def _job_obj(conditions, active=0, terminating=0, attempt="0", deleting=False):
-    meta = {"name": "tiny-arith-trainer", "annotations": {names.ANNOTATION_ATTEMPT: attempt}}
+def _job_obj(conditions, active=0, terminating=0, attempt="0", deleting=False, uid="job-uid-1"):
+    meta = {"name": "tiny-arith-trainer", "uid": uid, "annotations": {names.ANNOTATION_ATTEMPT: attempt}}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     return {"kind": "Job", "metadata": meta, "spec": {"parallelism": 1},
@@ -147,7 +148,9 @@ def test_a_disrupted_trainer_pod_does_not_spend_a_restart() -> None:
              "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": {
                  "exitCode": 1, "message": "RuntimeError: gloo: connection closed by peer"}}}]}}
     rank1 = {"kind": "Pod", "metadata": {"name": "tiny-arith-trainer-1-def", "labels": {names.LABEL_ROLE: "trainer"},
-                                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
+                                         "deletionTimestamp": "2026-01-01T00:00:00Z", "ownerReferences": [
+                                             {"kind": "Job", "name": "tiny-arith-trainer", "uid": "job-uid-1",
+                                              "controller": True}]},
              "status": {"phase": "Failed", "conditions": [
                  {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
                   "message": "Preempted in order to admit critical pod"}]}}
@@ -160,6 +163,25 @@ def test_a_disrupted_trainer_pod_does_not_spend_a_restart() -> None:
     assert tr.reason == "Disrupted" and "PreemptionByScheduler" in tr.message and "without spending a restart" in tr.message
     assert failure.trainer_action(obs.trainer, 0, disrupted=True) is TrainerAction.DELETE_STALE  # same attempt again
     assert failure.next_restarts(obs.trainer, 0, 3, disrupted=True) == (0, None)
+    assert s.trainer_disruption is not None and s.trainer_disruption.job_uid == "job-uid-1"
+    assert "PreemptionByScheduler" in s.trainer_disruption.pod
+    # the disrupted pod gone from the API before the Job's failure is seen: the status remembers it
+    job.status = s
+    gone = _observed([failed_job], [rank0])
+    assert gone.trainer_disruptions == ()
+    s2 = compute_status(job, gone)
+    assert s2.phase != "Failed" and s2.restarts == 0, s2.message
+    tr = next(c for c in s2.conditions if c.type == "TrainerRunning")
+    assert tr.reason == "Disrupted" and "PreemptionByScheduler" in tr.message
+    p = make_plan(False, s2.phase, gone, 0, "", None, s2.trainer_disruption)
+    assert p.trainer is TrainerStep.DELETE  # recreated, same attempt
+    # the recreated Job (another uid) fails: that failure counts, and the record is gone
+    job.status = s2
+    again = _observed([_job_obj([("Failed", "BackoffLimitExceeded", "")], uid="job-uid-2")], [rank0])
+    s3 = compute_status(job, again)
+    assert s3.restarts == 1 and s3.trainer_disruption is None
+    assert make_plan(False, s3.phase, again, 0, "", None, s2.trainer_disruption).trainer is TrainerStep.APPLY
+    job.status = None
     # no DisruptionTarget (or its status False): an ordinary failure, counted
     rank1["status"]["conditions"][0]["status"] = "False"
     obs = _observed([failed_job], [rank0, rank1])

@@ -24,8 +24,11 @@ A disruption does not spend the budget: the trainer Job's ``podFailurePolicy`` i
 it. With ``trainer.nodes > 1`` the other ranks then fail on their collective and the Job fails; when
 the trainer's pods, as observed, include one with that condition, the failure is a disruption
 (:func:`disrupted_failure`): the Job is deleted and the same attempt created again, resuming from the
-latest checkpoint, and ``status.restarts`` stays (condition ``TrainerRunning`` says why). A disrupted
-pod already gone from the API when the Job's failure is seen leaves nothing to tell: that failure counts.
+latest checkpoint, and ``status.restarts`` stays (condition ``TrainerRunning`` says why). The
+disruption is remembered in ``status.trainerDisruption`` with the uid of the Job its pod belongs to
+(:func:`disruption_record`), so a failure of that Job seen after the pod is gone from the API is still a
+disruption (:func:`disrupted`); the record goes once that Job is replaced. A disruption the operator
+never saw (it was down while the pod was evicted and deleted) counts as a restart.
 
 Terminal errors fail the job at once, without consuming the budget (:func:`terminal_failure`): the
 trainer exited with the terminal status (with the reason it gave, such as ``CheckpointLost``,
@@ -64,6 +67,7 @@ from typing import Optional
 from rft_api.constants import TRAINER_REASON_PREFIX, TRAINER_TERMINAL_REASONS
 from rft_api.progress import Progress
 from rft_api.spec import RFTJobSpec
+from rft_api.status import DisruptionRecord
 
 from ..observe import CLAIM_BIND_GRACE_S, CRASHLOOP_GRACE_S, CRASHLOOP_RESTART_LIMIT, Observed, TrainerObs
 
@@ -89,6 +93,31 @@ def fresh_failure(trainer: Optional[TrainerObs], restarts: int, disrupted: bool 
     counted yet nor terminal, nor a disruption (``disrupted``: a trainer pod has ``DisruptionTarget``)."""
     return (trainer is not None and trainer.failed_condition and not trainer.terminating
             and not trainer.terminal_failure and trainer.attempt >= restarts and not disrupted)
+
+
+def disruption_record(observed: Observed, prev: Optional[DisruptionRecord], now: str) -> Optional[DisruptionRecord]:
+    """What ``status.trainerDisruption`` keeps: a trainer pod disrupted now (its Job's uid; the earlier
+    record while it names the same Job), else the earlier record while its Job is not replaced by
+    another (kept while no trainer Job exists, dropped once a Job of another uid does)."""
+    if observed.trainer_disruptions:
+        uid = observed.trainer_disrupted_jobs[0] if observed.trainer_disrupted_jobs else ""
+        if prev is not None and prev.job_uid == uid:
+            return prev
+        return DisruptionRecord(job_uid=uid, pod=observed.trainer_disruptions[0], time=now)
+    t = observed.trainer
+    if prev is None or (t is not None and t.uid != prev.job_uid):
+        return None
+    return prev
+
+
+def disrupted(observed: Observed, record: Optional[DisruptionRecord]) -> bool:
+    """Whether the trainer Job's failure is a disruption: a trainer pod has ``DisruptionTarget`` now, or
+    the record (:func:`disruption_record`) names the observed Job (the pod may be gone by the time the
+    Job's failure is seen)."""
+    if observed.trainer_disruptions:
+        return True
+    t = observed.trainer
+    return record is not None and t is not None and bool(t.uid) and t.uid == record.job_uid
 
 
 def disrupted_failure(trainer: Optional[TrainerObs], restarts: int, disrupted: bool) -> bool:
