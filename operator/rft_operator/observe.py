@@ -594,12 +594,13 @@ def observe(job_name: str, objects: Iterable[Obj], now: dt.datetime) -> Observed
         elif kind == "PersistentVolumeClaim" and name == names.checkpoints(job_name):
             claim_obj = obj
     progress, error = observe_progress(progress_obj)
+    disrupted.sort()
     return Observed(now=now, workloads=workloads, trainer=trainer, progress=progress, progress_error=error,
                     children=frozenset(children), pod_problems=tuple(sorted(problems, key=lambda p: (p.role, p.pod))),
                     trainer_messages=tuple(sorted(messages)), fetch=fetch,
                     fetch_messages=tuple(m for _, m in sorted(fetch_said)),
-                    pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(d for d, _ in sorted(disrupted)),
-                    trainer_disrupted_jobs=tuple(u for _, u in sorted(disrupted)),
+                    pulls=tuple(sorted(pulls, key=lambda p: (p.role, p.pod))), trainer_disruptions=tuple(d for d, _ in disrupted),
+                    trainer_disrupted_jobs=tuple(u for _, u in disrupted),
                     crashloops=tuple(sorted(loops, key=lambda c: (c.role, c.pod, c.container))), token_missing=no_token,
                     pending=tuple(sorted(pending, key=lambda x: (x.role, x.what))),
                     claim=observe_claim(claim_obj, unbound, now))

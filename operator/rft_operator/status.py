@@ -122,14 +122,14 @@ def compute_status(job: RFTJob, observed: Observed, config_hash: str = "", hold:
 
     inputs_state = inputs.state(spec, observed)
     disruption = failure.disruption_record(observed, prev.trainer_disruption, now)
-    disruptions = observed.trainer_disruptions or (
-        (disruption.pod,) if disruption is not None and failure.disrupted(observed, disruption) else ())
+    disrupted = failure.disrupted(observed, disruption)
+    disruptions = observed.trainer_disruptions or ((disruption.pod,) if disrupted and disruption is not None else ())
     # failure policy: restart budget, deadline, evaluator, inputs
     if is_terminal(prev.phase) and job.status is not None:
         restarts, budget_failure = prev.restarts, None
     else:
         restarts, budget_failure = failure.next_restarts(
-            t, prev.restarts, spec.restart_limit, disrupted=failure.disrupted(observed, disruption),
+            t, prev.restarts, spec.restart_limit, disrupted=disrupted,
             counted_from=prev.retry.restarts_at_retry if prev.retry is not None else 0)
     restarting = restarts > prev.restarts or (t is not None and t.attempt < restarts)
     fail = (budget_failure
